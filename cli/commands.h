@@ -1,0 +1,18 @@
+/*
+** commands.h — the sparsetrace subcommands. Each takes the arguments after its own name
+** (argv[0] is the subcommand name), prints its own --help, and returns the process exit code:
+** 0 success, 1 failure (message on stderr, from st_errmsg()), 2 usage error.
+*/
+#ifndef ST_COMMANDS_H
+#define ST_COMMANDS_H
+
+int st_cmd_run(int argc, char **argv);      /* cli/cmd_run.c */
+int st_cmd_taps(int argc, char **argv);     /* cli/cmd_catalogue.c */
+int st_cmd_settings(int argc, char **argv); /* cli/cmd_catalogue.c */
+int st_cmd_query(int argc, char **argv);    /* cli/cmd_query.c */
+int st_cmd_inspect(int argc, char **argv);  /* cli/cmd_inspect.c */
+
+/* Shared by subcommands: prints "sparsetrace <cmd>: <st_errmsg()>" to stderr, returns 1. */
+int st_cli_report_error(const char *cmd);
+
+#endif

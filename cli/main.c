@@ -1,0 +1,51 @@
+/*
+** main.c — the sparsetrace command line: dispatches argv[1] to a subcommand.
+*/
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+#include "engine/base.h"
+
+typedef struct command {
+  const char *name;
+  int (*run)(int argc, char **argv);
+  const char *summary;
+} command;
+
+static const command commands[] = {
+  {"run", st_cmd_run, "run the reference engine on a prompt with taps armed, record a trace"},
+  {"query", st_cmd_query, "read-only SQL over the trace store's index"},
+  {"inspect", st_cmd_inspect, "show what a trace holds: taps, shapes, settings, build"},
+  {"taps", st_cmd_taps, "list the tap catalogue"},
+  {"settings", st_cmd_settings, "list the settings catalogue"},
+};
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: sparsetrace <command> [options]   (sparsetrace <command> --help)\n\n"
+             "Record-and-replay debugging for sparse-attention inference (DeepSeek-V4).\n\n"
+             "commands:\n");
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+}
+
+int st_cli_report_error(const char *cmd) {
+  fprintf(stderr, "sparsetrace %s: %s\n", cmd, st_errmsg());
+  return 1;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+    usage(stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (!strcmp(argv[1], "--version")) {
+    printf("sparsetrace %s (%s, %s)\n", ST_GIT_REVISION, ST_COMPILER, ST_BUILD_TYPE);
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+  fprintf(stderr, "sparsetrace: unknown command '%s'\n\n", argv[1]);
+  usage(stderr);
+  return 2;
+}
