@@ -48,4 +48,41 @@ st_status st_checkpoint_read_i32(st_checkpoint *ck, const char *canonical, int r
 /* Stored dtype of a tensor (after name mapping), for reports. */
 st_status st_checkpoint_dtype(const st_checkpoint *ck, const char *canonical, st_dtype *out);
 
+/* ---- Additions (below the original contract; nothing above changed) ---- */
+
+/* Stored layout of a tensor, for reports and for callers that size buffers from the file.
+** Pointers borrow from ck and stay valid until st_checkpoint_close. */
+typedef struct st_checkpoint_tensor_info {
+  const char *canonical; /* reference-dialect name */
+  const char *stored;    /* name as written in the shard */
+  const char *file;      /* shard path */
+  const char *dtype;     /* on-disk dtype string: "BF16", "F8_E4M3", "I8", ... */
+  int rank;
+  int64_t shape[8];      /* stored shape (FP4 packed: [out, in/2]) */
+  uint64_t n_bytes;
+} st_checkpoint_tensor_info;
+
+/* ST_ENOTFOUND (message names the directory and tensor) when absent. */
+st_status st_checkpoint_info(const st_checkpoint *ck, const char *canonical,
+                             st_checkpoint_tensor_info *out);
+
+/* Canonical names of every tensor, sorted; i < st_checkpoint_count. "mtp.*" tensors are not
+** listed (the MTP block is not part of the engine's model). */
+size_t st_checkpoint_count(const st_checkpoint *ck);
+const char *st_checkpoint_name_at(const st_checkpoint *ck, size_t i);
+
+/* Like st_checkpoint_read_i32, but every value must also lie in [lo, hi] (tid2eid: [0, E-1]);
+** the message names the tensor, the flat index and the value. */
+st_status st_checkpoint_read_i32_in(st_checkpoint *ck, const char *canonical, int rank,
+                                    const int64_t *shape, int64_t lo, int64_t hi, int32_t *dst);
+
+/* Bytes of tensor data (weights and their scales) read so far through this handle; opening
+** reads none. Lets tests and `inspect` prove that loading one layer touches only that layer. */
+uint64_t st_checkpoint_bytes_read(const st_checkpoint *ck);
+
+/* Maps a stored tensor name of either dialect to its canonical name through the loader's name
+** table. Returns 1 and fills buf, 0 when the name is deliberately ignored ("mtp.*"), -1 when buf
+** is too small. */
+int st_checkpoint_canonical_name(const char *stored, char *buf, size_t size);
+
 #endif
