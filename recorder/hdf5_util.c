@@ -1,0 +1,226 @@
+/* hdf5_util.c — HDF5 error translation, attributes and dtype mapping (see hdf5_util.h). */
+#include "hdf5_util.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void st_h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
+
+typedef struct stack_text {
+  char buf[1024];
+  size_t len;
+  unsigned n;
+} stack_text;
+
+/* H5Ewalk2 callback: appends "func: desc" for the first few frames, innermost last. */
+static herr_t walk_frame(unsigned n, const H5E_error2_t *e, void *data) {
+  stack_text *t = data;
+  if (t->n++ >= 4 || t->len + 8 >= sizeof t->buf) return 0;
+  int w = snprintf(t->buf + t->len, sizeof t->buf - t->len, "%s%s: %s", t->len ? " <- " : "",
+                   e->func_name ? e->func_name : "?", e->desc ? e->desc : "?");
+  if (w > 0) t->len = ST_MIN(t->len + (size_t)w, sizeof t->buf - 1);
+  return 0;
+}
+
+st_status st_h5_fail(st_status s, const char *fmt, ...) {
+  char head[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(head, sizeof head, fmt, ap);
+  va_end(ap);
+  stack_text t = {.len = 0, .n = 0};
+  t.buf[0] = 0;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk_frame, &t);
+  H5Eclear2(H5E_DEFAULT);
+  if (t.len) return st_fail(s, "%s: %s", head, t.buf);
+  return st_fail(s, "%s", head);
+}
+
+/* Opens a fresh attribute, deleting any of the same name first. */
+static hid_t attr_create(hid_t obj, const char *name, hid_t type, hid_t space) {
+  if (H5Aexists(obj, name) > 0) H5Adelete(obj, name);
+  return H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+}
+
+st_status st_h5_attr_write_string(hid_t obj, const char *name, const char *value) {
+  if (!value) return ST_OK;
+  st_status st = ST_OK;
+  hid_t type = H5Tcopy(H5T_C_S1), space = -1, attr = -1;
+  if (type < 0 || H5Tset_size(type, H5T_VARIABLE) < 0 || H5Tset_cset(type, H5T_CSET_UTF8) < 0) {
+    st = st_h5_fail(ST_EHDF5, "string type for attribute '%s'", name);
+    goto out;
+  }
+  space = H5Screate(H5S_SCALAR);
+  attr = space < 0 ? -1 : attr_create(obj, name, type, space);
+  if (attr < 0 || H5Awrite(attr, type, &value) < 0)
+    st = st_h5_fail(ST_EHDF5, "writing attribute '%s'", name);
+out:
+  if (attr >= 0) H5Aclose(attr);
+  if (space >= 0) H5Sclose(space);
+  if (type >= 0) H5Tclose(type);
+  return st;
+}
+
+static st_status attr_write_scalar(hid_t obj, const char *name, hid_t file_type, hid_t mem_type,
+                                   const void *value) {
+  st_status st = ST_OK;
+  hid_t space = H5Screate(H5S_SCALAR);
+  hid_t attr = space < 0 ? -1 : attr_create(obj, name, file_type, space);
+  if (attr < 0 || H5Awrite(attr, mem_type, value) < 0)
+    st = st_h5_fail(ST_EHDF5, "writing attribute '%s'", name);
+  if (attr >= 0) H5Aclose(attr);
+  if (space >= 0) H5Sclose(space);
+  return st;
+}
+
+st_status st_h5_attr_write_int(hid_t obj, const char *name, int64_t value) {
+  return attr_write_scalar(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value);
+}
+
+st_status st_h5_attr_write_double(hid_t obj, const char *name, double value) {
+  return attr_write_scalar(obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &value);
+}
+
+/* Opens attribute name of obj; -2 when absent (no message), -1 on error (message set). */
+static hid_t attr_open(hid_t obj, const char *name) {
+  htri_t exists = H5Aexists(obj, name);
+  if (exists == 0) return -2;
+  if (exists < 0) {
+    st_h5_fail(ST_EHDF5, "looking up attribute '%s'", name);
+    return -1;
+  }
+  hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
+  if (a < 0) st_h5_fail(ST_EHDF5, "opening attribute '%s'", name);
+  return a;
+}
+
+st_status st_h5_attr_read_string(hid_t obj, const char *name, char **out) {
+  *out = NULL;
+  hid_t attr = attr_open(obj, name);
+  if (attr == -2) return ST_ENOTFOUND;
+  if (attr < 0) return ST_EHDF5;
+  st_status st = ST_OK;
+  hid_t ftype = H5Aget_type(attr), mtype = -1, space = H5Aget_space(attr);
+  if (ftype < 0 || space < 0 || H5Tget_class(ftype) != H5T_STRING ||
+      H5Sget_simple_extent_npoints(space) != 1) {
+    st = st_fail(ST_EFORMAT, "attribute '%s' is not a single string", name);
+    goto out;
+  }
+  if (H5Tis_variable_str(ftype) > 0) {
+    mtype = H5Tcopy(H5T_C_S1);
+    H5Tset_size(mtype, H5T_VARIABLE);
+    H5Tset_cset(mtype, H5Tget_cset(ftype));
+    char *value = NULL;
+    if (H5Aread(attr, mtype, &value) < 0) {
+      st = st_h5_fail(ST_EHDF5, "reading attribute '%s'", name);
+      goto out;
+    }
+    *out = strdup(value ? value : "");
+    H5free_memory(value);
+  } else {
+    size_t size = H5Tget_size(ftype);
+    mtype = H5Tcopy(H5T_C_S1);
+    H5Tset_size(mtype, size + 1); /* room for the terminator HDF5 adds (NULLTERM) */
+    H5Tset_strpad(mtype, H5T_STR_NULLTERM);
+    char *value = calloc(size + 2, 1);
+    if (!value) {
+      st = st_fail(ST_ENOMEM, "reading attribute '%s'", name);
+      goto out;
+    }
+    if (H5Aread(attr, mtype, value) < 0) {
+      free(value);
+      st = st_h5_fail(ST_EHDF5, "reading attribute '%s'", name);
+      goto out;
+    }
+    *out = value;
+  }
+  if (!*out) st = st_fail(ST_ENOMEM, "reading attribute '%s'", name);
+out:
+  if (mtype >= 0) H5Tclose(mtype);
+  if (ftype >= 0) H5Tclose(ftype);
+  if (space >= 0) H5Sclose(space);
+  H5Aclose(attr);
+  return st;
+}
+
+static st_status attr_read_scalar(hid_t obj, const char *name, hid_t mem_type, void *out) {
+  hid_t attr = attr_open(obj, name);
+  if (attr == -2) return ST_ENOTFOUND;
+  if (attr < 0) return ST_EHDF5;
+  st_status st = ST_OK;
+  hid_t ftype = H5Aget_type(attr), space = H5Aget_space(attr);
+  H5T_class_t cls = ftype < 0 ? H5T_NO_CLASS : H5Tget_class(ftype);
+  if (space < 0 || (cls != H5T_INTEGER && cls != H5T_FLOAT) ||
+      H5Sget_simple_extent_npoints(space) != 1)
+    st = st_fail(ST_EFORMAT, "attribute '%s' is not a single number", name);
+  else if (H5Aread(attr, mem_type, out) < 0)
+    st = st_h5_fail(ST_EHDF5, "reading attribute '%s'", name);
+  if (ftype >= 0) H5Tclose(ftype);
+  if (space >= 0) H5Sclose(space);
+  H5Aclose(attr);
+  return st;
+}
+
+st_status st_h5_attr_read_int(hid_t obj, const char *name, int64_t *out) {
+  return attr_read_scalar(obj, name, H5T_NATIVE_INT64, out);
+}
+
+st_status st_h5_attr_read_double(hid_t obj, const char *name, double *out) {
+  return attr_read_scalar(obj, name, H5T_NATIVE_DOUBLE, out);
+}
+
+/* IEEE binary16, little endian: HDF5 has no predefined one in 1.10. Created once, never closed
+** (the library releases it at exit). */
+static hid_t half_type = -1;
+static pthread_once_t half_once = PTHREAD_ONCE_INIT;
+
+static void make_half_type(void) {
+  hid_t t = H5Tcopy(H5T_IEEE_F32LE);
+  if (t < 0) return;
+  if (H5Tset_fields(t, 15, 10, 5, 0, 10) < 0 || H5Tset_precision(t, 16) < 0 ||
+      H5Tset_size(t, 2) < 0 || H5Tset_ebias(t, 15) < 0) {
+    H5Tclose(t);
+    return;
+  }
+  half_type = t;
+}
+
+hid_t st_h5_file_type(st_dtype t) {
+  switch (t) {
+  case ST_F32: return H5T_IEEE_F32LE;
+  case ST_F64: return H5T_IEEE_F64LE;
+  case ST_I32: return H5T_STD_I32LE;
+  case ST_I64: return H5T_STD_I64LE;
+  case ST_I8: return H5T_STD_I8LE;
+  case ST_U8: case ST_BOOL: case ST_F8_E4M3FN: case ST_F8_E4M3FNUZ: case ST_F8_E8M0:
+    return H5T_STD_U8LE;
+  case ST_BF16: return H5T_STD_U16LE;
+  case ST_F16:
+    pthread_once(&half_once, make_half_type);
+    if (half_type < 0) st_h5_fail(ST_EHDF5, "creating the float16 type");
+    return half_type;
+  case ST_F4_E2M1: case ST_DTYPE_COUNT: break;
+  }
+  st_fail(ST_EUNSUPPORTED, "dtype %s cannot be stored in a trace", st_dtype_name(t));
+  return -1;
+}
+
+hid_t st_h5_mem_type(st_dtype t) {
+  switch (t) {
+  case ST_F32: return H5T_NATIVE_FLOAT;
+  case ST_F64: return H5T_NATIVE_DOUBLE;
+  case ST_I32: return H5T_NATIVE_INT32;
+  case ST_I64: return H5T_NATIVE_INT64;
+  case ST_I8: return H5T_NATIVE_INT8;
+  case ST_U8: case ST_BOOL: case ST_F8_E4M3FN: case ST_F8_E4M3FNUZ: case ST_F8_E8M0:
+    return H5T_NATIVE_UINT8;
+  case ST_BF16: return H5T_NATIVE_UINT16;
+  case ST_F16: return st_h5_file_type(ST_F16); /* raw half bits, x86/arm hosts are little endian */
+  case ST_F4_E2M1: case ST_DTYPE_COUNT: break;
+  }
+  st_fail(ST_EUNSUPPORTED, "dtype %s cannot be stored in a trace", st_dtype_name(t));
+  return -1;
+}

@@ -1,0 +1,45 @@
+/*
+** hdf5_util.h — the HDF5 boundary shared by the trace writer and reader: error translation,
+** string and scalar attributes, and the mapping between st_dtype and HDF5 types.
+**
+** Every function here calls HDF5, so callers decide on which thread it runs (the writer keeps all
+** its HDF5 calls on its own thread). HDF5's automatic error printing is switched off per thread
+** by st_h5_quiet(); failures are turned into st_fail messages that end with the walked error
+** stack ("H5Dcreate2: unable to create dataset <- ...").
+*/
+#ifndef ST_HDF5_UTIL_H
+#define ST_HDF5_UTIL_H
+
+#include <hdf5.h>
+#include <stdint.h>
+
+#include "engine/base.h"
+
+/* Turns off HDF5's printing of errors for the calling thread. Idempotent, cheap. */
+void st_h5_quiet(void);
+
+/* st_fail(s, fmt...) with ": <HDF5 error stack>" appended, then clears the stack. Returns s. */
+st_status st_h5_fail(st_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Writes a scalar variable-length UTF-8 string attribute (h5py reads it as str). value NULL:
+** nothing is written and ST_OK returned. Replaces an existing attribute of that name. */
+st_status st_h5_attr_write_string(hid_t obj, const char *name, const char *value);
+/* Writes scalar int64 / float64 attributes (replacing any of that name). */
+st_status st_h5_attr_write_int(hid_t obj, const char *name, int64_t value);
+st_status st_h5_attr_write_double(hid_t obj, const char *name, double value);
+
+/* Reads a string attribute (variable- or fixed-length) into a malloc'd string the caller frees.
+** Returns ST_ENOTFOUND (no message set) when obj has no attribute of that name. */
+st_status st_h5_attr_read_string(hid_t obj, const char *name, char **out);
+/* Reads a scalar numeric attribute converted to int64 / double; ST_ENOTFOUND when absent. */
+st_status st_h5_attr_read_int(hid_t obj, const char *name, int64_t *out);
+st_status st_h5_attr_read_double(hid_t obj, const char *name, double *out);
+
+/* The HDF5 file type a dtype is stored as, and the matching memory type for raw values in host
+** order. Both are predefined or cached types: never H5Tclose them. Returns -1 (and sets an
+** st_fail message) for dtypes a trace cannot hold (packed fp4). bf16/fp8 are stored as raw
+** uint16/uint8 (no numpy type exists); float16 as IEEE half, which h5py reads as float16. */
+hid_t st_h5_file_type(st_dtype t);
+hid_t st_h5_mem_type(st_dtype t);
+
+#endif

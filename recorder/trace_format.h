@@ -1,0 +1,60 @@
+/*
+** trace_format.h — names and small types shared by the HDF5 trace writer, the trace reader and
+** the index: what one recorded tap is (st_trace_tap) and the statistics kept for it.
+**
+** The layout itself is specified in schemas/trace-layout.md; the constants below are its C
+** spelling. Bump ST_TRACE_SCHEMA_VERSION when a reader of the old layout would misread a new file.
+*/
+#ifndef ST_TRACE_FORMAT_H
+#define ST_TRACE_FORMAT_H
+
+#include <stdint.h>
+
+#include "engine/base.h"
+#include "schemas/catalogue.h"
+
+#define ST_TRACE_SCHEMA_VERSION 1
+#define ST_TRACE_FORMAT_NAME "sparsetrace-trace" /* file attribute "format" */
+#define ST_TRACE_MAX_RANK 8
+#define ST_TRACE_MAX_NAME 128
+
+/* Summary statistics of every value written to one tap (fill values excluded).
+** Float taps: min/max/mean/rms over the finite values (has_range 0 when there are none);
+** nan_count and inf_count count the rest. Integer taps: min/max/mean over all values. */
+typedef struct st_tap_stats {
+  int64_t count;     /* elements written */
+  int64_t nan_count;
+  int64_t inf_count;
+  int has_range;     /* min/max/mean valid */
+  int has_rms;       /* rms valid (float taps) */
+  double min, max, mean, rms;
+} st_tap_stats;
+
+/* One tap as stored in a trace: the dataset /taps/<name>. */
+typedef struct st_trace_tap {
+  char name[ST_TRACE_MAX_NAME]; /* "layers.3.indexer.scores" */
+  st_tap_id id;                 /* catalogue id (ST_TAP_COUNT if the name is not in this build's catalogue) */
+  int layer;                    /* -1 for model-scope taps */
+  st_dtype dtype;
+  int rank;
+  int64_t shape[ST_TRACE_MAX_RANK]; /* shape[0] = rows */
+  int row_axis;                 /* 1: axis 0 is the compressed row; 0: token position */
+  int has_positions;            /* 1: /positions/<name> maps each row to its token position */
+  st_tap_stats stats;
+} st_trace_tap;
+
+/* "position" or "compressed_row" (dataset attribute axis0 and the index's taps.axis0). */
+static inline const char *st_trace_axis0_name(int row_axis) {
+  return row_axis ? "compressed_row" : "position";
+}
+
+/* Run-level metadata written as file attributes (all strings borrowed, NULL = absent). */
+typedef struct st_trace_run_attrs {
+  const char *run_id, *model, *model_dir, *settings_json, *config_json;
+  const char *build_revision, *compiler, *build_type, *backend, *kernel_mode;
+  const char *created_at, *command_line, *request_id, *positions;
+  int threads;
+  int n_layers;
+} st_trace_run_attrs;
+
+#endif

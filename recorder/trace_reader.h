@@ -1,0 +1,76 @@
+/*
+** trace_reader.h — reads a sparsetrace HDF5 trace (schemas/trace-layout.md): run metadata,
+** tokens, the list of recorded taps with shape, dtype and statistics, and a tap's rows.
+**
+** Used by `sparsetrace inspect` and by the replayer. Opening validates the file (HDF5 readable,
+** format attribute, schema version, complete mark, /tokens) so that a truncated, corrupt or
+** unfinished trace gives one clear error naming the file instead of failing later. Every read
+** makes its own HDF5 calls on the calling thread; one st_trace must not be used from two threads
+** at once.
+*/
+#ifndef ST_TRACE_READER_H
+#define ST_TRACE_READER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "trace_format.h"
+
+typedef struct st_trace st_trace;
+
+enum {
+  /* Open a trace that was not finished (a .part file, or no complete mark) instead of failing
+  ** with ST_EFORMAT; st_trace_is_complete() then tells. Its /tokens may be missing. */
+  ST_TRACE_OPEN_INCOMPLETE = 1u << 0,
+};
+
+/* Opens path read-only and loads the metadata, tokens and tap list. Errors name the file:
+** ST_ENOTFOUND (no such file), ST_EFORMAT (not HDF5, truncated, corrupt, not a sparsetrace
+** trace, unfinished), ST_EUNSUPPORTED (written by a newer schema). */
+st_status st_trace_open(const char *path, unsigned flags, st_trace **out);
+void st_trace_close(st_trace *t); /* NULL ok */
+
+const char *st_trace_path(const st_trace *t);
+/* 1 when the writer finished the file (complete mark present and the name is not .part). */
+int st_trace_is_complete(const st_trace *t);
+
+/* A string file attribute (run_id, model, model_dir, settings, config, build_revision, compiler,
+** build_type, backend, kernel_mode, created_at, command_line, request_id, positions, format),
+** or NULL when the trace has none. Valid until st_trace_close. */
+const char *st_trace_attr(const st_trace *t, const char *name);
+/* An integer file attribute (threads, n_layers, schema_version, complete), or fallback. */
+int64_t st_trace_attr_int(const st_trace *t, const char *name, int64_t fallback);
+
+/* Tokens (prompt then generated), valid until st_trace_close; n_prompt from /tokens. */
+const int32_t *st_trace_tokens(const st_trace *t, int64_t *n_tokens);
+int64_t st_trace_n_prompt(const st_trace *t);
+
+/* Taps in forward order (layer by layer in catalogue order, model-scope taps last). */
+int st_trace_tap_count(const st_trace *t);
+const st_trace_tap *st_trace_tap_at(const st_trace *t, int i);
+/* By full name ("layers.3.indexer.q") or by catalogue id and layer (-1 for model taps);
+** NULL when the trace does not hold that tap. */
+const st_trace_tap *st_trace_find_tap(const st_trace *t, const char *name);
+const st_trace_tap *st_trace_find_tap_id(const st_trace *t, st_tap_id id, int layer);
+
+/* Elements per row: the product of shape[1..rank-1] (1 for rank-1 taps). */
+size_t st_trace_row_elements(const st_trace_tap *tap);
+
+/* Reads rows [row0, row0 + n_rows) of tap into out (n_rows * st_trace_row_elements values,
+** row-major; caller's buffer). Converts: _f32 accepts float32/float64/float16/bfloat16 and
+** integer taps; _i32 accepts integer taps only. Elements that were never written hold the fill
+** value (-inf, -1). ST_EINVAL when the range is outside the tap or the dtype does not convert. */
+st_status st_trace_read_f32(st_trace *t, const st_trace_tap *tap, int64_t row0, int64_t n_rows,
+                            float *out);
+st_status st_trace_read_i32(st_trace *t, const st_trace_tap *tap, int64_t row0, int64_t n_rows,
+                            int32_t *out);
+
+/* The token position of every row (shape[0] values into out). Rows of row taps map to their row
+** index; position taps without a positions dataset map row i to position i. */
+st_status st_trace_read_positions(st_trace *t, const st_trace_tap *tap, int64_t *out);
+/* The row holding token position `position` (row index for row taps); ST_ENOTFOUND when the
+** trace did not keep it. */
+st_status st_trace_find_position(st_trace *t, const st_trace_tap *tap, int64_t position,
+                                 int64_t *row);
+
+#endif
