@@ -143,10 +143,21 @@ static st_status make_dirs(const char *dir) {
 
 /* Refuses databases that belong to something else. */
 static st_status check_identity(st_index *ix) {
+  /* One statement, hence one read transaction: a concurrent migration is seen whole or not. */
   int64_t app = 0, version = 0, objects = 0;
-  if (pragma_int(ix->db, "PRAGMA application_id", &app) != SQLITE_OK ||
-      pragma_int(ix->db, "PRAGMA user_version", &version) != SQLITE_OK ||
-      pragma_int(ix->db, "SELECT count(*) FROM sqlite_schema", &objects) != SQLITE_OK) {
+  sqlite3_stmt *s = NULL;
+  int rc = sqlite3_prepare_v2(ix->db,
+                              "SELECT (SELECT application_id FROM pragma_application_id), "
+                              "(SELECT user_version FROM pragma_user_version), "
+                              "(SELECT count(*) FROM sqlite_schema)", -1, &s, NULL);
+  if (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+    app = sqlite3_column_int64(s, 0);
+    version = sqlite3_column_int64(s, 1);
+    objects = sqlite3_column_int64(s, 2);
+    rc = SQLITE_OK;
+  }
+  sqlite3_finalize(s);
+  if (rc != SQLITE_OK) {
     int code = sqlite3_errcode(ix->db);
     if (code == SQLITE_NOTADB || code == SQLITE_CORRUPT)
       return st_fail(ST_EFORMAT, "%s is not a SQLite database (or is corrupt): %s", ix->path,
