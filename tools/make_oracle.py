@@ -24,13 +24,15 @@ from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
 FIXTURES = {
     # SPEC-dsv4 §7 in spirit, shrunk: every layer type, hash + score routing, hc_mult 4, YaRN,
-    # index_topk (32) well below the CSA rows at T = 520 (130 rows).
+    # index_topk (32) well below the CSA rows at T = 520 (130 rows). 16 indexer heads: with few
+    # heads many rows score exactly 0 (every ReLU closed) and top-k is decided by tie-breaking,
+    # which no two implementations share.
     "tiny": dict(
         config=dict(
             vocab_size=264, bos_token_id=256, eos_token_id=257, hidden_size=128,
             num_hidden_layers=4, compress_ratios=[0, 4, 128, 4, 0], num_nextn_predict_layers=1,
             num_attention_heads=4, num_key_value_heads=1, head_dim=128, qk_rope_head_dim=64,
-            q_lora_rank=128, o_groups=2, o_lora_rank=128, sliding_window=64, index_n_heads=4,
+            q_lora_rank=128, o_groups=2, o_lora_rank=128, sliding_window=64, index_n_heads=16,
             index_head_dim=128, index_topk=32, n_routed_experts=4, num_experts_per_tok=2,
             n_shared_experts=1, moe_intermediate_size=128, scoring_func="sqrtsoftplus",
             norm_topk_prob=True, routed_scaling_factor=1.5, swiglu_limit=10.0, num_hash_layers=1,
@@ -50,7 +52,7 @@ FIXTURES = {
             compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
             mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe", "moe"],
             num_attention_heads=3, num_key_value_heads=1, head_dim=40, partial_rotary_factor=0.4,
-            q_lora_rank=24, o_groups=3, o_lora_rank=20, sliding_window=16, index_n_heads=2,
+            q_lora_rank=24, o_groups=3, o_lora_rank=20, sliding_window=16, index_n_heads=7,
             index_head_dim=24, index_topk=5, n_routed_experts=5, num_experts_per_tok=2,
             n_shared_experts=1, moe_intermediate_size=36, routed_scaling_factor=2.5,
             swiglu_limit=10.0, hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6, rms_norm_eps=1e-6,

@@ -1,0 +1,102 @@
+/*
+** model.h — the DeepSeek-V4 reference engine: weights, per-request state, forward pass.
+**
+** st_model holds the weights (fp32, dequantised at load; one layer can be loaded alone).
+** st_session holds one request's state — the window ring, the compressor states and the
+** compressed rows of every layer — and runs tokens through the model in chunks. Every chunking
+** of the same tokens gives bit-identical results (prefill, chunked prefill and decode share one
+** code path), and so does every thread count.
+*/
+#ifndef ST_MODEL_H
+#define ST_MODEL_H
+
+#include <stdint.h>
+
+#include "kernels/backend.h"
+#include "base.h"
+#include "checkpoint.h"
+#include "config.h"
+#include "settings.h"
+#include "taps.h"
+
+/* One compressor's weights (SPEC §3.2): ratio m, output dim d, overlap = CSA layout (c = 2). */
+typedef struct st_compressor_weights {
+  int ratio, dim, overlap;
+  float *wkv, *wgate; /* [c d, D] */
+  float *ape;         /* [m, c d] */
+  float *norm;        /* [d] */
+} st_compressor_weights;
+
+typedef struct st_layer_weights {
+  int loaded;
+  float *attn_norm, *ffn_norm;                      /* [D] */
+  float *hc_attn_fn, *hc_attn_base, *hc_attn_scale; /* [(2+hc) hc, hc D], [(2+hc) hc], [3] */
+  float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
+  float *wq_a;       /* [q_lo, D] */
+  float *q_norm;     /* [q_lo] */
+  float *wq_b;       /* [H d, q_lo] */
+  float *wkv;        /* [d, D] */
+  float *kv_norm;    /* [d] */
+  float *wo_a;       /* [G R_o, H d / G]: group g is rows [g R_o, (g+1) R_o) */
+  float *wo_b;       /* [D, G R_o] */
+  float *attn_sink;  /* [H] */
+  st_compressor_weights compressor;       /* ratio > 0 */
+  st_compressor_weights index_compressor; /* CSA only */
+  float *index_wq_b;         /* [hI dI, q_lo] */
+  float *index_weights_proj; /* [hI, D] */
+  float *gate;       /* [E, D] */
+  float *gate_bias;  /* [E]; NULL on hash layers */
+  int32_t *tid2eid;  /* [V, kE] on hash layers */
+  float **w1, **w2, **w3; /* E experts: [F, D], [D, F], [F, D] */
+  float *shared_w1, *shared_w2, *shared_w3;
+} st_layer_weights;
+
+typedef struct st_model {
+  st_checkpoint *checkpoint;
+  const st_config *cfg;
+  float *embed;  /* [V, D] */
+  float *head;   /* [V, D] */
+  float *norm;   /* [D] */
+  float *hc_head_fn, *hc_head_base, *hc_head_scale; /* [hc, hc D], [hc], [1] */
+  st_layer_weights *layers; /* [n_layers] */
+} st_model;
+
+/* Opens the checkpoint in dir and loads the model-level tensors (embed, head, norm, hc_head). */
+st_status st_model_open(const char *dir, st_model **out);
+/* Loads one layer's tensors (idempotent). */
+st_status st_model_load_layer(st_model *m, int layer);
+st_status st_model_load_all(st_model *m);
+void st_model_close(st_model *m); /* accepts NULL */
+
+typedef struct st_session_options {
+  int64_t max_tokens;          /* capacity: prompt + generated */
+  int max_chunk;               /* tokens per internal chunk (default 256) */
+  st_settings settings;        /* resolved by st_session_create */
+  st_taps *taps;               /* borrowed; NULL = nothing recorded */
+  const st_backend_ops *backend; /* NULL = cpu-ref */
+} st_session_options;
+
+typedef struct st_session st_session;
+
+/* Allocates every buffer the forward pass will use (nothing is allocated afterwards). */
+st_status st_session_create(st_model *m, const st_session_options *opt, st_session **out);
+void st_session_free(st_session *s); /* accepts NULL */
+
+/* Runs tokens[0..n) at the next n positions. If logits is non-NULL it receives the logits of the
+** last token [V]; if all_logits is non-NULL it receives [n, V]. */
+st_status st_session_forward(st_session *s, const int32_t *tokens, int n, float *logits,
+                             float *all_logits);
+
+/* Tokens processed so far. */
+int64_t st_session_position(const st_session *s);
+const st_settings *st_session_settings(const st_session *s);
+
+/* Greedy generation: forwards the prompt, then up to max_new tokens (argmax, ties to the lower
+** id), stopping after eos when stop_at_eos. Generated ids go to out (capacity max_new). */
+st_status st_generate_greedy(st_session *s, const int32_t *prompt, int n_prompt, int max_new,
+                             int stop_at_eos, int32_t *out, int *n_out);
+
+/* RoPE inverse frequencies of one layer kind under the settings: [rope_dim / 2]. */
+void st_rope_inv_freq(const st_config *cfg, const st_settings *set, int compressed, double *out);
+
+#endif

@@ -1,0 +1,321 @@
+/*
+** cpu_ref.c — the cpu-ref backend: scalar, deterministic, allocation-free.
+**
+** Determinism rule: every output element is produced by exactly one thread, and every reduction
+** runs in a fixed order that depends only on the reduction length (dot products accumulate in 8
+** interleaved lanes combined by a fixed tree, which the compiler can vectorise without changing a
+** bit). So the result is the same for 1 or N threads and for any chunking of the tokens. The build
+** uses -ffp-contract=off: no fused multiply-add changes a rounding behind our back.
+*/
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/lowp.h"
+#include "kernels/backend.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#define THREAD_ID() omp_get_thread_num()
+#else
+#define THREAD_ID() 0
+#endif
+
+/* Dot product in a fixed order: 8 lanes, then a fixed tree, then the tail. */
+static inline float dot(const float *a, const float *b, int n) {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; l++) lane[l] += a[i + l] * b[i + l];
+  float s = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+  for (; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+static inline float sum_squares(const float *a, int n) { return dot(a, a, n); }
+
+static void cpu_matmul(float *y, const float *x, const float *w, int n, int in, int out) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int i = 0; i < n; i++)
+    for (int o = 0; o < out; o++) y[(size_t)i * out + o] = dot(x + (size_t)i * in, w + (size_t)o * in, in);
+}
+
+static void cpu_rmsnorm(float *y, const float *x, const float *weight, int n, int dim, float eps) {
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < n; i++) {
+    const float *xi = x + (size_t)i * dim;
+    float *yi = y + (size_t)i * dim;
+    float mean = sum_squares(xi, dim) / (float)dim;
+    float r = 1.0f / sqrtf(mean + eps);
+    for (int k = 0; k < dim; k++) yi[k] = weight ? weight[k] * (xi[k] * r) : xi[k] * r;
+  }
+}
+
+static void cpu_rope(float *x, int n, int heads, int head_dim, int rope_dim, const int64_t *positions,
+                     const float *cos_table, const float *sin_table, int neox, int inverse) {
+  int half = rope_dim / 2;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int i = 0; i < n; i++) {
+    for (int h = 0; h < heads; h++) {
+      float *v = x + ((size_t)i * heads + h) * head_dim + (head_dim - rope_dim);
+      const float *c = cos_table + (size_t)positions[i] * half;
+      const float *s = sin_table + (size_t)positions[i] * half;
+      for (int p = 0; p < half; p++) {
+        int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
+        float sn = inverse ? -s[p] : s[p];
+        float x0 = v[a], x1 = v[b];
+        /* same association as x*cos + rotate_half(x)*sin */
+        v[a] = x0 * c[p] + (-x1) * sn;
+        v[b] = x1 * c[p] + x0 * sn;
+      }
+    }
+  }
+}
+
+static void cpu_hadamard(float *x, int n, int dim) {
+  float scale = 1.0f / sqrtf((float)dim);
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < n; i++) {
+    float *v = x + (size_t)i * dim;
+    /* in-place fast Walsh-Hadamard transform, Sylvester order */
+    for (int len = 1; len < dim; len <<= 1)
+      for (int start = 0; start < dim; start += 2 * len)
+        for (int k = start; k < start + len; k++) {
+          float a = v[k], b = v[k + len];
+          v[k] = a + b;
+          v[k + len] = a - b;
+        }
+    for (int k = 0; k < dim; k++) v[k] *= scale;
+  }
+}
+
+static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static void cpu_hc_weights(float *pre, float *post, float *comb, const float *X, const float *fn,
+                           const float *base, const float *scale, int n, int hc, int D,
+                           float norm_eps, float hc_eps, int sinkhorn_iters) {
+  int flat = hc * D, mixes = (2 + hc) * hc;
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < n; i++) {
+    const float *x = X + (size_t)i * flat;
+    float r = 1.0f / sqrtf(sum_squares(x, flat) / (float)flat + norm_eps);
+    float mix[(2 + 16) * 16]; /* hc <= 16 */
+    for (int m = 0; m < mixes; m++) mix[m] = dot(x, fn + (size_t)m * flat, flat) * r;
+    float *p = pre + (size_t)i * hc, *q = post + (size_t)i * hc, *C = comb + (size_t)i * hc * hc;
+    for (int a = 0; a < hc; a++) {
+      p[a] = sigmoidf(mix[a] * scale[0] + base[a]) + hc_eps;
+      q[a] = 2.0f * sigmoidf(mix[hc + a] * scale[1] + base[hc + a]);
+    }
+    for (int a = 0; a < hc; a++) { /* softmax over b of each row a, plus eps */
+      float *row = C + a * hc, mx = -INFINITY, sum = 0;
+      for (int b = 0; b < hc; b++) {
+        row[b] = mix[2 * hc + a * hc + b] * scale[2] + base[2 * hc + a * hc + b];
+        mx = fmaxf(mx, row[b]);
+      }
+      for (int b = 0; b < hc; b++) sum += (row[b] = expf(row[b] - mx));
+      for (int b = 0; b < hc; b++) row[b] = row[b] / sum + hc_eps;
+    }
+    for (int it = 0; it < sinkhorn_iters; it++) {
+      if (it > 0) /* row normalise */
+        for (int a = 0; a < hc; a++) {
+          float s = 0;
+          for (int b = 0; b < hc; b++) s += C[a * hc + b];
+          for (int b = 0; b < hc; b++) C[a * hc + b] /= s + hc_eps;
+        }
+      for (int b = 0; b < hc; b++) { /* column normalise */
+        float s = 0;
+        for (int a = 0; a < hc; a++) s += C[a * hc + b];
+        for (int a = 0; a < hc; a++) C[a * hc + b] /= s + hc_eps;
+      }
+    }
+  }
+}
+
+static void cpu_hc_collapse(float *x, const float *X, const float *pre, int n, int hc, int D) {
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < D; k++) {
+      float s = 0;
+      for (int a = 0; a < hc; a++) s += pre[(size_t)i * hc + a] * X[((size_t)i * hc + a) * D + k];
+      x[(size_t)i * D + k] = s;
+    }
+}
+
+static void cpu_hc_expand(float *Xout, const float *a, const float *X, const float *post,
+                          const float *comb, int n, int hc, int D) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < hc; j++) {
+      const float *C = comb + (size_t)i * hc * hc;
+      float pj = post[(size_t)i * hc + j];
+      for (int k = 0; k < D; k++) {
+        float s = 0;
+        for (int src = 0; src < hc; src++) s += C[src * hc + j] * X[((size_t)i * hc + src) * D + k];
+        Xout[((size_t)i * hc + j) * D + k] = pj * a[(size_t)i * D + k] + s;
+      }
+    }
+}
+
+static void cpu_hc_head(float *y, const float *X, const float *fn, const float *base,
+                        const float *scale, int n, int hc, int D, float norm_eps, float hc_eps) {
+  int flat = hc * D;
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < n; i++) {
+    const float *x = X + (size_t)i * flat;
+    float r = 1.0f / sqrtf(sum_squares(x, flat) / (float)flat + norm_eps);
+    float pre[16];
+    for (int a = 0; a < hc; a++)
+      pre[a] = sigmoidf(dot(x, fn + (size_t)a * flat, flat) * r * scale[0] + base[a]) + hc_eps;
+    for (int k = 0; k < D; k++) {
+      float s = 0;
+      for (int a = 0; a < hc; a++) s += pre[a] * x[(size_t)a * D + k];
+      y[(size_t)i * D + k] = s;
+    }
+  }
+}
+
+static void cpu_compressor_pool(float *row, const float *kv, const float *score, int slots,
+                                int stride, const int *col_offset, int d) {
+  for (int k = 0; k < d; k++) {
+    float mx = -INFINITY;
+    for (int s = 0; s < slots; s++) mx = fmaxf(mx, score[(size_t)s * stride + col_offset[s] + k]);
+    float den = 0, num = 0;
+    if (mx == -INFINITY) { row[k] = 0; continue; } /* unreachable: block j always has its m tokens */
+    for (int s = 0; s < slots; s++) den += expf(score[(size_t)s * stride + col_offset[s] + k] - mx);
+    for (int s = 0; s < slots; s++) {
+      float p = expf(score[(size_t)s * stride + col_offset[s] + k] - mx) / den;
+      num += kv[(size_t)s * stride + col_offset[s] + k] * p;
+    }
+    row[k] = num;
+  }
+}
+
+static void cpu_indexer_scores(float *scores, const float *q, const float *w, const float *k, int n,
+                               int rows, int heads, int dim, const int *visible) {
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int i = 0; i < n; i++) {
+    float *out = scores + (size_t)i * rows;
+    const float *qi = q + (size_t)i * heads * dim;
+    const float *wi = w + (size_t)i * heads;
+    for (int j = 0; j < rows; j++) {
+      if (j >= visible[i]) { out[j] = -INFINITY; continue; }
+      const float *kj = k + (size_t)j * dim;
+      float s = 0;
+      for (int h = 0; h < heads; h++) {
+        float d = dot(qi + (size_t)h * dim, kj, dim);
+        s += wi[h] * (d > 0 ? d : 0);
+      }
+      out[j] = s;
+    }
+  }
+}
+
+typedef struct scored { float score; int index; } scored;
+
+/* Strict total order: higher score first, then lower index; NaN ranks lowest. */
+static inline int better(scored a, scored b) {
+  float sa = isnan(a.score) ? -INFINITY : a.score, sb = isnan(b.score) ? -INFINITY : b.score;
+  return sa > sb || (sa == sb && a.index < b.index);
+}
+
+/* Moves the k best of v[0..n) to v[0..k) (any order). Quickselect on a strict total order. */
+static void select_best(scored *v, int n, int k) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    scored pivot = v[lo + (hi - lo) / 2];
+    int i = lo, j = hi;
+    while (i <= j) {
+      while (better(v[i], pivot)) i++;
+      while (better(pivot, v[j])) j--;
+      if (i <= j) { scored t = v[i]; v[i] = v[j]; v[j] = t; i++; j--; }
+    }
+    if (k - 1 <= j) hi = j;
+    else if (k - 1 >= i) lo = i;
+    else break;
+  }
+}
+
+static int compare_int32(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
+
+size_t st_topk_scratch_size(int rows, int threads) { return (size_t)rows * threads * sizeof(scored); }
+
+static void cpu_topk(int32_t *idx, const float *scores, int n, int rows, const int *visible, int k,
+                     int width, void *scratch) {
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int i = 0; i < n; i++) {
+    scored *v = (scored *)scratch + (size_t)THREAD_ID() * rows;
+    int vis = visible[i] < rows ? visible[i] : rows;
+    int take = k < vis ? k : vis;
+    if (take > width) take = width;
+    for (int j = 0; j < vis; j++) v[j] = (scored){scores[(size_t)i * rows + j], j};
+    if (take < vis) select_best(v, vis, take);
+    int32_t *out = idx + (size_t)i * width;
+    for (int c = 0; c < take; c++) out[c] = v[c].index;
+    qsort(out, (size_t)take, sizeof *out, compare_int32);
+    for (int c = take; c < width; c++) out[c] = -1;
+  }
+}
+
+static void cpu_sparse_attention(float *out, const float *q, const float *kv, const int32_t *idx,
+                                 int n, int heads, int d, int width, const float *sinks, float scale,
+                                 int probs_bf16) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int i = 0; i < n; i++)
+    for (int h = 0; h < heads; h++) {
+      const float *qh = q + ((size_t)i * heads + h) * d;
+      const int32_t *cand = idx + (size_t)i * width;
+      float *o = out + ((size_t)i * heads + h) * d;
+      float logit[width > 0 ? width : 1]; /* width <= window + top-k: small */
+      float mx = sinks[h];
+      for (int c = 0; c < width; c++) {
+        if (cand[c] < 0) continue;
+        logit[c] = dot(qh, kv + (size_t)cand[c] * d, d) * scale;
+        mx = fmaxf(mx, logit[c]);
+      }
+      float den = 0;
+      for (int c = 0; c < width; c++)
+        if (cand[c] >= 0) den += (logit[c] = expf(logit[c] - mx));
+      den += expf(sinks[h] - mx);
+      for (int k = 0; k < d; k++) o[k] = 0;
+      for (int c = 0; c < width; c++) {
+        if (cand[c] < 0) continue;
+        const float *v = kv + (size_t)cand[c] * d;
+        float p = logit[c] / den;
+        if (probs_bf16) p = st_round_bf16(p);
+        for (int k = 0; k < d; k++) o[k] += p * v[k];
+      }
+    }
+}
+
+static void cpu_swiglu(float *h, const float *g, const float *u, int n, int F, float limit) {
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < F; k++) {
+      size_t at = (size_t)i * F + k;
+      float gv = fminf(g[at], limit);
+      float uv = fminf(fmaxf(u[at], -limit), limit);
+      h[at] = gv / (1.0f + expf(-gv)) * uv;
+    }
+}
+
+const st_backend_ops st_backend_cpu_ref = {
+  .name = "cpu-ref",
+  .kernel_mode = "deterministic",
+  .matmul = cpu_matmul,
+  .rmsnorm = cpu_rmsnorm,
+  .rope = cpu_rope,
+  .hadamard = cpu_hadamard,
+  .hc_weights = cpu_hc_weights,
+  .hc_collapse = cpu_hc_collapse,
+  .hc_expand = cpu_hc_expand,
+  .hc_head = cpu_hc_head,
+  .compressor_pool = cpu_compressor_pool,
+  .indexer_scores = cpu_indexer_scores,
+  .topk = cpu_topk,
+  .sparse_attention = cpu_sparse_attention,
+  .swiglu = cpu_swiglu,
+};
