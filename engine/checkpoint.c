@@ -36,6 +36,9 @@
 
 #define NAME_MAX_LEN 1024
 
+_Static_assert(ST_SAFETENSORS_MAX_RANK == sizeof(((st_checkpoint_tensor_info *)0)->shape) / sizeof(int64_t),
+               "st_checkpoint_tensor_info.shape must hold every rank the reader accepts");
+
 typedef struct entry {
   char *canonical;                  /* owned */
   const st_safetensors_tensor *t;   /* borrowed from shards[shard] */
@@ -518,35 +521,46 @@ static void convert_plain(const st_safetensors_tensor *t, float *dst) {
   }
 }
 
-/* FP8 e4m3fn [out, in] times one scale per bo x bi tile. */
+/* FP8 e4m3fn [out, in] times one scale per bo x bi tile. The product of an fp8 value and a
+** power-of-two scale is exact; with F32 scales it is one fp32 rounding, as in the reference. */
 static void dequant_fp8(const st_safetensors_tensor *w, const st_safetensors_tensor *s, int bo,
                         int bi, float *dst) {
   int64_t out = w->shape[0], in = w->shape[1], scale_cols = s->shape[1], work = out * in;
   (void)work;
+  float lut[256];
+  for (int i = 0; i < 256; i++) lut[i] = st_fp8_e4m3fn_to_f32((uint8_t)i);
   PARALLEL_FOR
   for (int64_t r = 0; r < out; r++) {
     const unsigned char *q = w->data + r * in;
+    float *d = dst + r * in;
     uint64_t srow = (uint64_t)((r / bo) * scale_cols);
-    for (int64_t c = 0; c < in; c++) {
-      float scale = (float)load_scalar(s->dtype, s->data, srow + (uint64_t)(c / bi));
-      dst[r * in + c] = st_fp8_e4m3fn_to_f32(q[c]) * scale;
+    for (int64_t c0 = 0; c0 < in; c0 += bi) {
+      int64_t c1 = ST_MIN(c0 + bi, in);
+      float scale = (float)load_scalar(s->dtype, s->data, srow + (uint64_t)(c0 / bi));
+      for (int64_t c = c0; c < c1; c++) d[c] = lut[q[c]] * scale;
     }
   }
 }
 
-/* FP4 e2m1 packed [out, in/2] (element 2k = low nibble of byte k) times e8m0 [out, in/32]. */
+/* FP4 e2m1 packed [out, in/2] (element 2k = low nibble of byte k) times e8m0 [out, in/32];
+** in % 32 == 0. Every product is exact (power-of-two scales). */
 static void dequant_fp4(const st_safetensors_tensor *w, const st_safetensors_tensor *s,
                         int64_t out, int64_t in, float *dst) {
   int64_t work = out * in;
   (void)work;
+  float lut[16];
+  for (int i = 0; i < 16; i++) lut[i] = st_fp4_e2m1_to_f32((uint8_t)i);
   PARALLEL_FOR
   for (int64_t r = 0; r < out; r++) {
     const unsigned char *q = w->data + r * (in / 2);
     const unsigned char *sc = s->data + r * (in / 32);
-    for (int64_t k = 0; k < in / 2; k++) {
-      float scale = st_e8m0_to_f32(sc[(2 * k) / 32]);
-      dst[r * in + 2 * k] = st_fp4_e2m1_to_f32(q[k] & 0xf) * scale;
-      dst[r * in + 2 * k + 1] = st_fp4_e2m1_to_f32(q[k] >> 4) * scale;
+    float *d = dst + r * in;
+    for (int64_t b = 0; b < in / 32; b++) {
+      float scale = st_e8m0_to_f32(sc[b]);
+      for (int64_t k = b * 16; k < b * 16 + 16; k++) {
+        d[2 * k] = lut[q[k] & 0xf] * scale;
+        d[2 * k + 1] = lut[q[k] >> 4] * scale;
+      }
     }
   }
 }
