@@ -14,7 +14,8 @@
 ** row becomes visible). Elements never written read back as the fill value: -inf for floats,
 ** -1 for signed integers, 0 otherwise. Chunks aim at chunk_target_bytes (64 KiB) and never
 ** exceed 1 MiB, so each dataset's current chunk stays in HDF5's per-dataset chunk cache and an
-** append is a memory copy until the chunk is full. No filter by default: activations recorded in
+** append is a memory copy until the chunk is full; they hold at most the first block's row
+** count rounded up to a power of two (>= 16 rows), so a tiny model's trace stays small. No filter by default: activations recorded in
 ** float32 barely compress and deflate runs at ~40 MB/s (LIBRARIES.md §1.6), which would make the
 ** writer, not the engine, the bottleneck.
 **
@@ -135,7 +136,11 @@ static void choose_chunk(const st_trace_writer *w, st_tap_id id, int rank, const
   size_t rows = (w->opts.chunk_target_bytes + inner - 1) / inner;
   rows = ST_MAX(rows, 1);
   rows = ST_MIN(rows, ST_MAX(MAX_CHUNK_BYTES / inner, 1));
-  chunk[0] = rows;
+  /* A chunk is stored whole once touched: keep small traces small by not reserving far more rows
+  ** than the first block brought (a prompt's worth; at least 16). */
+  size_t first = 16;
+  while (first < (size_t)shape[0] && first < rows) first *= 2;
+  chunk[0] = ST_MIN(rows, first);
 }
 
 static void fill_value_for(st_dtype t, void *out) {

@@ -1,0 +1,348 @@
+/*
+** cmd_query.c — `sparsetrace query`: one read-only SQL statement over a store's index.sqlite,
+** printed as an aligned table or as a JSON array of objects.
+**
+** Read-only twice over: the database is opened SQLITE_OPEN_READONLY (with query_only), and the
+** statement must satisfy sqlite3_stmt_readonly() before it runs (recorder/index.c). One statement
+** per call keeps --json a single array and makes "did anything run?" obvious when one fails.
+*/
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+#include "engine/base.h"
+#include "recorder/index.h"
+#include "recorder/recorder.h"
+
+#define CELL_MAX 80 /* table cells longer than this are cut (use --json for full values) */
+
+static const char *usage_text =
+  "usage: sparsetrace query [--store DIR] [--json] \"SQL\"\n"
+  "\n"
+  "Runs one read-only SQL statement against DIR/index.sqlite and prints the result as an\n"
+  "aligned table (cells over 80 characters are cut; NULL prints as NULL) or, with --json, as a\n"
+  "JSON array with one object per row (blobs as hex strings, non-finite reals as null).\n"
+  "\n"
+  "options:\n"
+  "  --store DIR   the trace store (default ./" ST_DEFAULT_STORE ")\n"
+  "  --json        JSON output\n"
+  "  -h, --help    this text\n"
+  "\n"
+  "The index is opened read-only, and statements that would change it (INSERT, UPDATE, DELETE,\n"
+  "CREATE, DROP, writing PRAGMAs, ...) are refused. One statement per call: a trailing ';' or\n"
+  "comment is fine, a second statement is refused (nothing runs). SQL given as several\n"
+  "arguments is joined with spaces; \"-\" reads the statement from standard input.\n"
+  "\n"
+  "Tables: runs, builds, taps, needles, needle_verdicts, replays, requests (captures).\n"
+  "Views: run_summary, tap_summary, needle_rank_by_layer. Schema and column meanings:\n"
+  "schemas/migrations/*.sql, or: sparsetrace query \"SELECT sql FROM sqlite_schema\"\n"
+  "\n"
+  "examples:\n"
+  "  sparsetrace query \"SELECT run_id, model, precision, rotate, n_prompt FROM run_summary\n"
+  "                     ORDER BY created_at DESC LIMIT 5\"\n"
+  "  sparsetrace query \"SELECT layer, best_rank, in_topk FROM needle_rank_by_layer\n"
+  "                     WHERE run_id = '...' ORDER BY layer\"\n"
+  "  sparsetrace query --json \"SELECT run_id, name, nan_count FROM taps WHERE nan_count > 0\"\n";
+
+/* ---------------------------------------------------------------- growable text buffer */
+
+typedef struct text_buf {
+  char *data;
+  size_t len, cap;
+  int failed;
+} text_buf;
+
+static void buf_add(text_buf *b, const char *s, size_t n) {
+  if (b->failed) return;
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap * 2 : 256;
+    while (cap < b->len + n + 1) cap *= 2;
+    char *grown = realloc(b->data, cap);
+    if (!grown) {
+      b->failed = 1;
+      return;
+    }
+    b->data = grown;
+    b->cap = cap;
+  }
+  memcpy(b->data + b->len, s, n);
+  b->len += n;
+  b->data[b->len] = 0;
+}
+
+static void buf_str(text_buf *b, const char *s) { buf_add(b, s, strlen(s)); }
+
+/* ---------------------------------------------------------------- JSON output */
+
+static void json_string(FILE *out, const unsigned char *s, size_t n) {
+  fputc('"', out);
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = s[i];
+    switch (c) {
+    case '"': fputs("\\\"", out); break;
+    case '\\': fputs("\\\\", out); break;
+    case '\n': fputs("\\n", out); break;
+    case '\r': fputs("\\r", out); break;
+    case '\t': fputs("\\t", out); break;
+    default:
+      if (c < 0x20) fprintf(out, "\\u%04x", c);
+      else fputc(c, out);
+    }
+  }
+  fputc('"', out);
+}
+
+static void json_value(FILE *out, sqlite3_stmt *s, int col) {
+  switch (sqlite3_column_type(s, col)) {
+  case SQLITE_INTEGER: fprintf(out, "%lld", (long long)sqlite3_column_int64(s, col)); break;
+  case SQLITE_FLOAT: {
+    double v = sqlite3_column_double(s, col);
+    if (isfinite(v)) fprintf(out, "%.17g", v);
+    else fputs("null", out);
+    break;
+  }
+  case SQLITE_TEXT:
+    json_string(out, sqlite3_column_text(s, col), (size_t)sqlite3_column_bytes(s, col));
+    break;
+  case SQLITE_BLOB: {
+    const unsigned char *p = sqlite3_column_blob(s, col);
+    int n = sqlite3_column_bytes(s, col);
+    fputc('"', out);
+    for (int i = 0; i < n; i++) fprintf(out, "%02x", p[i]);
+    fputc('"', out);
+    break;
+  }
+  default: fputs("null", out); break;
+  }
+}
+
+static st_status print_json(sqlite3_stmt *s, sqlite3 *db, FILE *out) {
+  int cols = sqlite3_column_count(s);
+  int rc, rows = 0;
+  fputc('[', out);
+  while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+    fputs(rows++ ? ",\n  {" : "\n  {", out);
+    for (int c = 0; c < cols; c++) {
+      const char *name = sqlite3_column_name(s, c);
+      if (c) fputs(", ", out);
+      json_string(out, (const unsigned char *)(name ? name : ""), name ? strlen(name) : 0);
+      fputs(": ", out);
+      json_value(out, s, c);
+    }
+    fputc('}', out);
+  }
+  fputs(rows ? "\n]\n" : "]\n", out);
+  if (rc != SQLITE_DONE) return st_fail(ST_ESQLITE, "query failed: %s", sqlite3_errmsg(db));
+  return ST_OK;
+}
+
+/* ---------------------------------------------------------------- table output */
+
+/* Display width of UTF-8 text: code points, not bytes. */
+static size_t text_width(const char *s) {
+  size_t w = 0;
+  for (; *s; s++)
+    if (((unsigned char)*s & 0xC0) != 0x80) w++;
+  return w;
+}
+
+/* The cell text of one value: one line, at most CELL_MAX code points. */
+static void cell_text(sqlite3_stmt *s, int col, text_buf *out) {
+  char num[64];
+  switch (sqlite3_column_type(s, col)) {
+  case SQLITE_NULL: buf_str(out, "NULL"); return;
+  case SQLITE_INTEGER:
+    snprintf(num, sizeof num, "%lld", (long long)sqlite3_column_int64(s, col));
+    buf_str(out, num);
+    return;
+  case SQLITE_FLOAT:
+    snprintf(num, sizeof num, "%.10g", sqlite3_column_double(s, col));
+    buf_str(out, num);
+    return;
+  case SQLITE_BLOB:
+    snprintf(num, sizeof num, "<blob %d bytes>", sqlite3_column_bytes(s, col));
+    buf_str(out, num);
+    return;
+  default: break;
+  }
+  const char *t = (const char *)sqlite3_column_text(s, col);
+  size_t width = 0;
+  for (size_t i = 0; t && t[i]; i++) {
+    unsigned char c = (unsigned char)t[i];
+    if ((c & 0xC0) != 0x80 && ++width > CELL_MAX - 3) {
+      buf_str(out, "...");
+      return;
+    }
+    if (c == '\n' || c == '\r' || c == '\t') buf_add(out, " ", 1);
+    else if (c < 0x20) buf_add(out, "?", 1);
+    else buf_add(out, (const char *)&t[i], 1);
+  }
+}
+
+static st_status print_table(sqlite3_stmt *s, sqlite3 *db, FILE *out) {
+  int cols = sqlite3_column_count(s);
+  if (cols == 0) { /* a statement without result columns */
+    int rc;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {}
+    if (rc != SQLITE_DONE) return st_fail(ST_ESQLITE, "query failed: %s", sqlite3_errmsg(db));
+    return ST_OK;
+  }
+  /* Cells are kept as NUL-separated strings in one buffer; offsets index them. */
+  text_buf cells = {0};
+  size_t *offsets = NULL, n_cells = 0, cap_cells = 0;
+  size_t *width = calloc((size_t)cols, sizeof *width);
+  int *numeric = calloc((size_t)cols, sizeof *numeric);
+  st_status st = ST_OK;
+  if (!width || !numeric) {
+    st = st_fail(ST_ENOMEM, "query result");
+    goto out;
+  }
+  for (int c = 0; c < cols; c++) {
+    const char *name = sqlite3_column_name(s, c);
+    width[c] = text_width(name ? name : "");
+    numeric[c] = 1;
+  }
+  int rc;
+  long long rows = 0;
+  while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+    rows++;
+    for (int c = 0; c < cols; c++) {
+      if (n_cells == cap_cells) {
+        cap_cells = cap_cells ? cap_cells * 2 : 256;
+        size_t *grown = realloc(offsets, cap_cells * sizeof *grown);
+        if (!grown) {
+          st = st_fail(ST_ENOMEM, "query result");
+          goto out;
+        }
+        offsets = grown;
+      }
+      int type = sqlite3_column_type(s, c);
+      if (type != SQLITE_INTEGER && type != SQLITE_FLOAT && type != SQLITE_NULL) numeric[c] = 0;
+      offsets[n_cells++] = cells.len;
+      cell_text(s, c, &cells);
+      buf_add(&cells, "", 1); /* the NUL that ends this cell */
+    }
+    if (cells.failed) {
+      st = st_fail(ST_ENOMEM, "query result");
+      goto out;
+    }
+    for (int c = 0; c < cols; c++) {
+      size_t w = text_width(cells.data + offsets[n_cells - (size_t)cols + (size_t)c]);
+      if (w > width[c]) width[c] = w;
+    }
+  }
+  if (rc != SQLITE_DONE) {
+    st = st_fail(ST_ESQLITE, "query failed: %s", sqlite3_errmsg(db));
+    goto out;
+  }
+  for (int c = 0; c < cols; c++) {
+    const char *name = sqlite3_column_name(s, c);
+    name = name ? name : "";
+    int pad = (int)(width[c] - text_width(name));
+    if (numeric[c] && rows) fprintf(out, "%s%*s%s", c ? "  " : "", pad, "", name);
+    else fprintf(out, "%s%s%*s", c ? "  " : "", name, c + 1 < cols ? pad : 0, "");
+  }
+  fputc('\n', out);
+  for (int c = 0; c < cols; c++) {
+    fputs(c ? "  " : "", out);
+    for (size_t i = 0; i < width[c]; i++) fputc('-', out);
+  }
+  fputc('\n', out);
+  for (size_t i = 0; i < n_cells; i++) {
+    int c = (int)(i % (size_t)cols);
+    const char *text = cells.data + offsets[i];
+    int pad = (int)(width[c] - text_width(text));
+    if (numeric[c]) fprintf(out, "%s%*s%s", c ? "  " : "", pad, "", text);
+    else fprintf(out, "%s%s%*s", c ? "  " : "", text, c + 1 < cols ? pad : 0, "");
+    if (c + 1 == cols) fputc('\n', out);
+  }
+  fprintf(out, "(%lld row%s)\n", rows, rows == 1 ? "" : "s");
+out:
+  free(cells.data);
+  free(offsets);
+  free(width);
+  free(numeric);
+  return st;
+}
+
+/* ---------------------------------------------------------------- command */
+
+static char *read_stdin(void) {
+  text_buf b = {0};
+  char chunk[4096];
+  size_t n;
+  while ((n = fread(chunk, 1, sizeof chunk, stdin)) > 0) buf_add(&b, chunk, n);
+  if (b.failed) {
+    free(b.data);
+    return NULL;
+  }
+  if (!b.data) return strdup("");
+  return b.data;
+}
+
+int st_cmd_query(int argc, char **argv) {
+  static const struct option options[] = {
+    {"store", required_argument, NULL, 's'},
+    {"json", no_argument, NULL, 'j'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+  };
+  const char *store = ST_DEFAULT_STORE;
+  int json = 0, opt;
+  optind = 0; /* reset getopt for a subcommand's argv */
+  while ((opt = getopt_long(argc, argv, "+h", options, NULL)) != -1) {
+    switch (opt) {
+    case 's': store = optarg; break;
+    case 'j': json = 1; break;
+    case 'h': fputs(usage_text, stdout); return 0;
+    default: fputs(usage_text, stderr); return 2;
+    }
+  }
+  /* Options may also follow the SQL: gather positionals, honour --json/--store after them. */
+  text_buf sql = {0};
+  int n_sql = 0;
+  for (int i = optind; i < argc; i++) {
+    if (!strcmp(argv[i], "--json")) {
+      json = 1;
+    } else if (!strcmp(argv[i], "--store") && i + 1 < argc) {
+      store = argv[++i];
+    } else if (!strncmp(argv[i], "--store=", 8)) {
+      store = argv[i] + 8;
+    } else {
+      if (n_sql++) buf_add(&sql, " ", 1);
+      buf_str(&sql, argv[i]);
+    }
+  }
+  if (n_sql == 0) {
+    fprintf(stderr, "sparsetrace query: no SQL given\n\n%s", usage_text);
+    free(sql.data);
+    return 2;
+  }
+  if (sql.failed) {
+    free(sql.data);
+    st_fail(ST_ENOMEM, "reading the SQL");
+    return st_cli_report_error("query");
+  }
+  if (n_sql == 1 && !strcmp(sql.data, "-")) {
+    free(sql.data);
+    sql.data = read_stdin();
+    if (!sql.data) {
+      st_fail(ST_ENOMEM, "reading the SQL from standard input");
+      return st_cli_report_error("query");
+    }
+  }
+  st_index *ix = NULL;
+  sqlite3_stmt *stmt = NULL;
+  st_status st = st_index_open(store, ST_INDEX_READ_ONLY, &ix);
+  if (!st) st = st_index_prepare_readonly(ix, sql.data, &stmt);
+  if (!st) st = json ? print_json(stmt, st_index_db(ix), stdout)
+                     : print_table(stmt, st_index_db(ix), stdout);
+  sqlite3_finalize(stmt);
+  st_index_close(ix);
+  free(sql.data);
+  if (st) return st_cli_report_error("query");
+  return fflush(stdout) == 0 ? 0 : 1;
+}
