@@ -1,0 +1,264 @@
+/*
+** cmd_run.c — `sparsetrace run`: run the reference engine on a prompt with taps armed and record
+** one trace (HDF5) plus its row in the store's index.
+*/
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "commands.h"
+#include "engine/model.h"
+#include "recorder/recorder.h"
+
+static const char run_help[] =
+  "usage: sparsetrace run --model DIR --prompt-tokens FILE.json [options]\n"
+  "\n"
+  "Runs the DeepSeek-V4 reference engine (cpu-ref) on a prompt, greedy-generates, and records a\n"
+  "trace: one HDF5 file with the tokens, the run's settings and build, and every armed tap.\n"
+  "\n"
+  "  --model DIR             checkpoint directory (config.json + safetensors)\n"
+  "  --prompt-tokens FILE    JSON array of token ids ('-' reads stdin)\n"
+  "  --max-new-tokens N      greedy tokens to generate after the prompt (default 0)\n"
+  "  --ignore-eos            keep generating after the end-of-sequence token\n"
+  "  --tap GLOB              arm the taps whose names match (repeatable; 'sparsetrace taps'\n"
+  "                          lists them), e.g. --tap 'layers.*.indexer.*' --tap logits\n"
+  "  --positions SPEC        token positions kept for armed taps: all | last | A:B (half-open)\n"
+  "                          (default all; compressed-row taps are always kept whole)\n"
+  "  --set KEY=VALUE         engine setting (repeatable; 'sparsetrace settings' lists them)\n"
+  "  --trace OUT.h5          where to write the trace (default STORE/runs/<run id>.h5)\n"
+  "  --store DIR             trace store holding index.sqlite (default ./traces)\n"
+  "  --threads N             OpenMP threads (results are identical for any N)\n"
+  "  --chunk N               tokens per internal prefill chunk (default 256; results identical)\n"
+  "  --json                  print the result as one JSON object\n";
+
+typedef struct run_args {
+  const char *model, *prompt_path, *trace, *store, *positions;
+  int max_new, ignore_eos, threads, chunk, json;
+  const char **taps;
+  int n_taps;
+  st_settings settings;
+} run_args;
+
+/* Reads a JSON array of token ids. Errors name the file, line and column. */
+static st_status read_prompt(const char *path, int32_t **out, int *n_out) {
+  json_error_t jerr;
+  json_t *root = strcmp(path, "-") ? json_load_file(path, JSON_REJECT_DUPLICATES, &jerr)
+                                   : json_loadf(stdin, JSON_REJECT_DUPLICATES, &jerr);
+  if (!root)
+    return st_fail(ST_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
+  st_status rc = ST_OK;
+  if (!json_is_array(root) || json_array_size(root) == 0) {
+    rc = st_fail(ST_EFORMAT, "%s: expected a non-empty JSON array of token ids", path);
+    goto out;
+  }
+  size_t n = json_array_size(root);
+  int32_t *ids = malloc(sizeof(int32_t) * n);
+  if (!ids) { rc = st_fail(ST_ENOMEM, "prompt of %zu tokens", n); goto out; }
+  for (size_t i = 0; i < n; i++) {
+    json_t *v = json_array_get(root, i);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
+      free(ids);
+      rc = st_fail(ST_EFORMAT, "%s: element %zu is not a token id (a non-negative integer)", path, i);
+      goto out;
+    }
+    ids[i] = (int32_t)json_integer_value(v);
+  }
+  *out = ids;
+  *n_out = (int)n;
+out:
+  json_decref(root);
+  return rc;
+}
+
+static char *read_text_file(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long size = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *text = size >= 0 ? malloc((size_t)size + 1) : NULL;
+  if (text && fread(text, 1, (size_t)size, f) == (size_t)size) text[size] = 0;
+  else { free(text); text = NULL; }
+  fclose(f);
+  return text;
+}
+
+static double seconds_since(const struct timespec *t0) {
+  struct timespec t1;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
+}
+
+static int parse_args(int argc, char **argv, run_args *a) {
+  enum { OPT_MODEL = 256, OPT_PROMPT, OPT_MAX_NEW, OPT_IGNORE_EOS, OPT_TAP, OPT_POSITIONS, OPT_SET,
+         OPT_TRACE, OPT_STORE, OPT_THREADS, OPT_CHUNK, OPT_JSON, OPT_HELP };
+  static const struct option options[] = {
+    {"model", required_argument, 0, OPT_MODEL}, {"prompt-tokens", required_argument, 0, OPT_PROMPT},
+    {"max-new-tokens", required_argument, 0, OPT_MAX_NEW}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
+    {"tap", required_argument, 0, OPT_TAP}, {"positions", required_argument, 0, OPT_POSITIONS},
+    {"set", required_argument, 0, OPT_SET}, {"trace", required_argument, 0, OPT_TRACE},
+    {"store", required_argument, 0, OPT_STORE}, {"threads", required_argument, 0, OPT_THREADS},
+    {"chunk", required_argument, 0, OPT_CHUNK}, {"json", no_argument, 0, OPT_JSON},
+    {"help", no_argument, 0, OPT_HELP}, {0, 0, 0, 0}};
+  memset(a, 0, sizeof *a);
+  a->store = ST_DEFAULT_STORE;
+  a->positions = "all";
+  a->taps = calloc((size_t)argc, sizeof(char *));
+  st_settings_default(&a->settings);
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+    char *end;
+    switch (c) {
+    case OPT_MODEL: a->model = optarg; break;
+    case OPT_PROMPT: a->prompt_path = optarg; break;
+    case OPT_MAX_NEW:
+      a->max_new = (int)strtol(optarg, &end, 10);
+      if (*end || a->max_new < 0) { fprintf(stderr, "sparsetrace run: --max-new-tokens '%s' is not a count\n", optarg); return 2; }
+      break;
+    case OPT_IGNORE_EOS: a->ignore_eos = 1; break;
+    case OPT_TAP: a->taps[a->n_taps++] = optarg; break;
+    case OPT_POSITIONS: a->positions = optarg; break;
+    case OPT_SET:
+      if (st_settings_set(&a->settings, optarg)) return st_cli_report_error("run") + 1;
+      break;
+    case OPT_TRACE: a->trace = optarg; break;
+    case OPT_STORE: a->store = optarg; break;
+    case OPT_THREADS:
+      a->threads = (int)strtol(optarg, &end, 10);
+      if (*end || a->threads < 1) { fprintf(stderr, "sparsetrace run: --threads '%s' is not a positive count\n", optarg); return 2; }
+      break;
+    case OPT_CHUNK:
+      a->chunk = (int)strtol(optarg, &end, 10);
+      if (*end || a->chunk < 1) { fprintf(stderr, "sparsetrace run: --chunk '%s' is not a positive count\n", optarg); return 2; }
+      break;
+    case OPT_JSON: a->json = 1; break;
+    case 'h': case OPT_HELP: printf("%s", run_help); return -1;
+    default:
+      fprintf(stderr, "sparsetrace run: unknown or incomplete option '%s'\n\n%s", argv[optind - 1], run_help);
+      return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "sparsetrace run: unexpected argument '%s'\n", argv[optind]);
+    return 2;
+  }
+  if (!a->model || !a->prompt_path) {
+    fprintf(stderr, "sparsetrace run: --model and --prompt-tokens are required\n\n%s", run_help);
+    return 2;
+  }
+  return 0;
+}
+
+int st_cmd_run(int argc, char **argv) {
+  run_args a;
+  int usage = parse_args(argc, argv, &a);
+  if (usage) {
+    free(a.taps);
+    return usage < 0 ? 0 : usage;
+  }
+#ifdef _OPENMP
+  if (a.threads) omp_set_num_threads(a.threads);
+  int threads = omp_get_max_threads();
+#else
+  int threads = 1;
+#endif
+  int exit_code = 1;
+  int32_t *tokens = NULL;
+  int n_prompt = 0, n_generated = 0;
+  st_model *model = NULL;
+  st_session *session = NULL;
+  st_recorder *recorder = NULL;
+  st_taps taps = {0};
+  char *config_text = NULL, *command_line = NULL, *model_copy = NULL;
+  char trace_path[4096], settings_json[1024];
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+
+  if (read_prompt(a.prompt_path, &tokens, &n_prompt)) goto out;
+  if (st_model_open(a.model, &model) || st_model_load_all(model)) goto out;
+  const st_config *cfg = model->cfg;
+  int32_t *grown = realloc(tokens, sizeof(int32_t) * ((size_t)n_prompt + a.max_new));
+  if (!grown) { st_fail(ST_ENOMEM, "token buffer"); goto out; }
+  tokens = grown;
+  for (int i = 0; i < n_prompt; i++)
+    if (tokens[i] >= cfg->vocab_size) {
+      st_fail(ST_EINVAL, "%s: token %d at position %d is outside the model's vocabulary [0, %d)",
+              a.prompt_path, tokens[i], i, cfg->vocab_size);
+      goto out;
+    }
+  if (st_taps_arm(&taps, cfg->num_hidden_layers, a.taps, a.n_taps)) goto out;
+
+  st_settings resolved = a.settings;
+  st_settings_resolve(&resolved, cfg);
+  st_settings_json(&resolved, settings_json, sizeof settings_json);
+  char config_path[4096];
+  snprintf(config_path, sizeof config_path, "%s/config.json", a.model);
+  config_text = read_text_file(config_path);
+  size_t cmd_len = 1;
+  for (int i = 0; i < argc; i++) cmd_len += strlen(argv[i]) + 1;
+  command_line = calloc(cmd_len + 16, 1);
+  strcpy(command_line, "sparsetrace");
+  for (int i = 0; i < argc; i++) strcat(strcat(command_line, " "), argv[i]);
+  model_copy = strdup(a.model);
+  st_run_meta meta = {
+    .model_dir = a.model, .model_name = basename(model_copy), .settings_json = settings_json,
+    .config_json = config_text ? config_text : "{}", .backend = st_backend_cpu_ref.name,
+    .kernel_mode = st_backend_cpu_ref.kernel_mode, .threads = threads,
+    .command_line = command_line, .positions = a.positions, .n_layers = cfg->num_hidden_layers};
+  st_run_id_new(&meta);
+  if (a.trace) snprintf(trace_path, sizeof trace_path, "%s", a.trace);
+  else snprintf(trace_path, sizeof trace_path, "%s/runs/%s.h5", a.store, meta.run_id);
+  if (st_recorder_open(trace_path, a.store, &meta, n_prompt, &recorder)) goto out;
+  taps.sink = st_recorder_sink(recorder);
+
+  st_session_options opt = {.max_tokens = (int64_t)n_prompt + a.max_new, .max_chunk = a.chunk,
+                            .settings = a.settings, .taps = &taps};
+  if (st_session_create(model, &opt, &session)) goto out;
+  if (st_generate_greedy(session, tokens, n_prompt, a.max_new, !a.ignore_eos, tokens + n_prompt,
+                         &n_generated))
+    goto out;
+  st_recorder *finishing = recorder;
+  recorder = NULL; /* finish frees it, whatever happens */
+  if (st_recorder_finish(finishing, tokens, (int64_t)n_prompt + n_generated, n_prompt)) goto out;
+
+  double seconds = seconds_since(&t0);
+  if (a.json) {
+    printf("{\"run_id\":\"%s\",\"trace\":\"%s\",\"store\":\"%s\",\"n_prompt\":%d,\"n_generated\":%d,"
+           "\"generated\":[", meta.run_id, trace_path, a.store, n_prompt, n_generated);
+    for (int i = 0; i < n_generated; i++) printf("%s%d", i ? "," : "", tokens[n_prompt + i]);
+    printf("],\"settings\":%s,\"threads\":%d,\"seconds\":%.3f}\n", settings_json, threads, seconds);
+  } else {
+    printf("run %s: %d prompt tokens, %d generated", meta.run_id, n_prompt, n_generated);
+    if (n_generated) {
+      printf(" [");
+      for (int i = 0; i < n_generated; i++) printf("%s%d", i ? " " : "", tokens[n_prompt + i]);
+      printf("]");
+    }
+    printf(" in %.2f s (%d threads)\nsettings %s\ntrace: %s\nindex: %s/index.sqlite\n", seconds,
+           threads, settings_json, trace_path, a.store);
+  }
+  exit_code = 0;
+out:
+  if (exit_code) st_cli_report_error("run");
+  st_recorder_abort(recorder);
+  st_session_free(session);
+  st_model_close(model);
+  st_taps_free(&taps);
+  free(tokens);
+  free(config_text);
+  free(command_line);
+  free(model_copy);
+  free(a.taps);
+  return exit_code;
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages sparsetrace builds and tests with, when any is missing.
+# Idempotent; needs root (or sudo) only when something must be installed.
+set -euo pipefail
+packages=(
+  build-essential cmake pkg-config git
+  libhdf5-dev hdf5-tools libsqlite3-dev sqlite3 libcurl4-openssl-dev curl libjansson-dev
+  libpcre2-dev libcivetweb-dev libmicrohttpd-dev libcmocka-dev
+  python3-h5py python3-numpy
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+echo "deps: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "deps: done"

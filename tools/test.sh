@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The test suite, as CI runs it: a normal build and an AddressSanitizer + UndefinedBehaviorSanitizer
+# build, each running every ctest test. GPU tests exit 77 (skipped) where there is no GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/deps.sh
+jobs=$(nproc 2>/dev/null || echo 2)
+
+echo "== build (RelWithDebInfo)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$jobs"
+echo "== build (ASan + UBSan)"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DST_SANITIZE=ON -DCMAKE_C_FLAGS=-O1 >/dev/null
+cmake --build build-asan -j"$jobs"
+
+echo "== tests, ASan + UBSan build"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-asan --output-on-failure --no-tests=error -j"$jobs"
+echo "== tests, RelWithDebInfo build"
+ctest --test-dir build --output-on-failure --no-tests=error -j"$jobs"
