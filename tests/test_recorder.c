@@ -834,8 +834,32 @@ static int teardown(void **state) {
   return system(cmd) == 0 ? 0 : -1;
 }
 
-int main(void) {
+/* `test_recorder --fixture DIR`: records the scenario into the store DIR (positions all and
+** last) plus an aborted DIR/runs/aborted.h5.part, for tests/test_query_cli.sh. */
+static int write_fixture(const char *store) {
+  const char *specs[] = {"all", "last"};
+  for (int i = 0; i < 2; i++) {
+    char h5[1024];
+    st_run_meta meta;
+    fill_meta(&meta, specs[i]);
+    snprintf(h5, sizeof h5, "%s/runs/fixture-%s.h5", store, specs[i]);
+    st_recorder *r = record_scenario(h5, store, &meta);
+    if (st_recorder_finish(r, tokens, N_TOKENS, N_PROMPT)) {
+      fprintf(stderr, "fixture: %s\n", st_errmsg());
+      return 1;
+    }
+  }
+  char h5[1024];
+  st_run_meta meta;
+  fill_meta(&meta, "all");
+  snprintf(h5, sizeof h5, "%s/runs/aborted.h5", store);
+  st_recorder_abort(record_scenario(h5, store, &meta));
+  return 0;
+}
+
+int main(int argc, char **argv) {
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  if (argc == 3 && !strcmp(argv[1], "--fixture")) return write_fixture(argv[2]);
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_round_trip_all),
     cmocka_unit_test(test_round_trip_last),

@@ -148,7 +148,7 @@ FROM runs r JOIN builds b USING (build_id);
 -- "which runs have NaN anywhere" or "rms of layers.*.output by build".
 CREATE VIEW tap_summary AS
 SELECT t.run_id, r.created_at, r.model, b.revision, r.precision, r.index_k, r.index_q, r.rotate,
-       r.topk, t.name, t.layer, t.tap, t.dtype, t.shape, t.rows, t.axis0, t.count, t.nan_count,
+       r.topk, r.positions, t.name, t.layer, t.tap, t.dtype, t.shape, t.rows, t.axis0, t.count, t.nan_count,
        t.inf_count, t.min, t.max, t.mean, t.rms
 FROM taps t JOIN runs r USING (run_id) JOIN builds b USING (build_id);
 
