@@ -11,6 +11,8 @@ int st_cmd_taps(int argc, char **argv);     /* cli/cmd_catalogue.c */
 int st_cmd_settings(int argc, char **argv); /* cli/cmd_catalogue.c */
 int st_cmd_query(int argc, char **argv);    /* cli/cmd_query.c */
 int st_cmd_inspect(int argc, char **argv);  /* cli/cmd_inspect.c */
+int st_cmd_capture(int argc, char **argv);  /* cli/cmd_capture.c */
+int st_cmd_requests(int argc, char **argv); /* cli/cmd_requests.c */
 
 /* Shared by subcommands: prints "sparsetrace <cmd>: <st_errmsg()>" to stderr, returns 1. */
 int st_cli_report_error(const char *cmd);

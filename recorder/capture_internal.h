@@ -1,0 +1,336 @@
+/*
+** capture_internal.h — what the capture_*.c files share and nobody else sees.
+**
+** One HTTP exchange through the proxy is a `capture_exchange`. The worker thread that civetweb
+** gives the request owns it while relaying; the store writer reads it twice: once when the
+** request has been read (to insert the 'open' row) and once when the exchange is over (to
+** finish the row). The fields the first read uses are immutable after submission, and the
+** second submission happens after the worker is done with everything else, so the two never
+** race; a reference count decides who frees it.
+**
+** Small helpers live here as static inline functions: a growable byte buffer (capture_buf) and
+** an ordered list of header pairs (capture_headers), because every file needs them and they are
+** too small to deserve a file of their own.
+*/
+#ifndef ST_CAPTURE_INTERNAL_H
+#define ST_CAPTURE_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <jansson.h>
+
+#include "capture.h"
+#include "capture_sse.h"
+
+/* ---- growable byte buffer -------------------------------------------------------------- */
+
+typedef struct capture_buf {
+  char *data; /* NUL-terminated when len > 0 (one spare byte is always reserved) */
+  size_t len, cap;
+} capture_buf;
+
+/* Appends n bytes; 0 on success, -1 when out of memory (the buffer is left as it was). */
+static inline int capture_buf_append(capture_buf *b, const void *p, size_t n) {
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + n + 1) cap *= 2;
+    char *d = realloc(b->data, cap);
+    if (!d) return -1;
+    b->data = d;
+    b->cap = cap;
+  }
+  if (n) memcpy(b->data + b->len, p, n);
+  b->len += n;
+  b->data[b->len] = 0;
+  return 0;
+}
+static inline int capture_buf_puts(capture_buf *b, const char *s) {
+  return capture_buf_append(b, s, strlen(s));
+}
+static inline void capture_buf_free(capture_buf *b) {
+  free(b->data);
+  b->data = NULL;
+  b->len = b->cap = 0;
+}
+/* Hands the bytes over as a NUL-terminated malloc'd string ("" when empty); b becomes empty. */
+static inline char *capture_buf_steal(capture_buf *b) {
+  char *s = b->data ? b->data : strdup("");
+  b->data = NULL;
+  b->len = b->cap = 0;
+  return s;
+}
+
+/* ---- ordered header list --------------------------------------------------------------- */
+
+typedef struct capture_header {
+  char *name, *value; /* owned; value without surrounding whitespace */
+} capture_header;
+
+typedef struct capture_headers {
+  capture_header *items;
+  size_t n, cap;
+} capture_headers;
+
+static inline int capture_headers_add(capture_headers *h, const char *name, size_t name_len,
+                                      const char *value, size_t value_len) {
+  if (h->n == h->cap) {
+    size_t cap = h->cap ? 2 * h->cap : 16;
+    capture_header *items = realloc(h->items, cap * sizeof *items);
+    if (!items) return -1;
+    h->items = items;
+    h->cap = cap;
+  }
+  char *n = strndup(name, name_len), *v = strndup(value, value_len);
+  if (!n || !v) {
+    free(n);
+    free(v);
+    return -1;
+  }
+  h->items[h->n].name = n;
+  h->items[h->n].value = v;
+  h->n++;
+  return 0;
+}
+static inline void capture_headers_clear(capture_headers *h) {
+  for (size_t i = 0; i < h->n; i++) {
+    free(h->items[i].name);
+    free(h->items[i].value);
+  }
+  h->n = 0;
+}
+static inline void capture_headers_free(capture_headers *h) {
+  capture_headers_clear(h);
+  free(h->items);
+  h->items = NULL;
+  h->cap = 0;
+}
+/* First value of a header by case-insensitive name, or NULL. */
+static inline const char *capture_headers_get(const capture_headers *h, const char *name) {
+  for (size_t i = 0; i < h->n; i++)
+    if (!strcasecmp(h->items[i].name, name)) return h->items[i].value;
+  return NULL;
+}
+
+/* ---- APIs the proxy understands ----------------------------------------------------------- */
+
+typedef enum capture_api {
+  CAPTURE_API_OTHER = 0,          /* relayed and recorded, nothing reassembled */
+  CAPTURE_API_ANTHROPIC_MESSAGES, /* POST .../v1/messages */
+  CAPTURE_API_OPENAI_CHAT,        /* POST .../v1/chat/completions */
+  CAPTURE_API_OPENAI_COMPLETIONS, /* POST .../v1/completions */
+  CAPTURE_API_OPENAI_RESPONSES,   /* POST .../v1/responses */
+} capture_api;
+
+/* Classifies by path (prefixes such as /api are allowed; the query string must be removed). */
+capture_api capture_api_from_path(const char *path);
+/* "anthropic.messages", "openai.chat", "openai.completions", "openai.responses", "other". */
+const char *capture_api_name(capture_api api);
+
+/* Final states of a record (the `state` column). Text values are a contract. */
+typedef enum capture_state {
+  CAPTURE_OPEN = 0,       /* being relayed (or the proxy died mid-exchange) */
+  CAPTURE_COMPLETE,       /* relayed to the end, whatever the upstream's status */
+  CAPTURE_UPSTREAM_ERROR, /* upstream down, reset, timed out; client got an error */
+  CAPTURE_CLIENT_ABORTED, /* client went away; upstream transfer cancelled */
+  CAPTURE_INTERRUPTED,    /* proxy stopped mid-exchange after its grace period */
+  CAPTURE_REJECTED,       /* proxy answered itself (413 too large, 400 unreadable) */
+} capture_state;
+const char *capture_state_name(capture_state s);
+
+/* ---- redaction (capture_redact.c) ----------------------------------------------------------- */
+
+/* 1 when a header (by name) carries a credential: its value is replaced by "[redacted]" in
+** anything written, and remembered so that it can be scrubbed from bodies and messages. */
+int capture_header_is_secret(const char *name);
+/* 1 when a query parameter (by name) carries a credential (key, api_key, token, ...). */
+int capture_query_param_is_secret(const char *name, size_t len);
+
+#define CAPTURE_REDACTED "[redacted]"
+
+/* The credential values seen in one exchange (never written anywhere). Shorter values than
+** CAPTURE_SECRET_MIN are redacted in headers but not searched for in bodies. */
+#define CAPTURE_SECRET_MIN 8
+typedef struct capture_secrets {
+  char **values;
+  size_t n, cap;
+} capture_secrets;
+
+/* Remembers a header's value when capture_header_is_secret(name): the whole value, plus the
+** credential part of "Bearer X" / "Basic X" and each value of a cookie list. 0 or -1 (OOM). */
+int capture_secrets_add_header(capture_secrets *s, const char *name, const char *value);
+int capture_secrets_add(capture_secrets *s, const char *value, size_t len);
+/* Copy of a query string with secret parameters' values replaced by "[redacted]" (values are
+** remembered in s). NULL query -> NULL. Returns NULL also on OOM (then *oom = 1). */
+char *capture_redact_query(capture_secrets *s, const char *query, int *oom);
+/* Overwrites, in place, every occurrence of a remembered secret in buf with '*' (same length,
+** so byte offsets into recorded bodies stay valid). Returns the number of occurrences. */
+size_t capture_secrets_mask(const capture_secrets *s, char *buf, size_t len);
+/* New string: text with every remembered secret replaced by "[redacted]". NULL on OOM. */
+char *capture_secrets_scrub(const capture_secrets *s, const char *text);
+void capture_secrets_free(capture_secrets *s);
+/* Copy of a URL with any user:password@ removed (for logs and records). NULL on OOM. */
+char *capture_url_without_credentials(const char *url);
+
+/* ---- one exchange ------------------------------------------------------------------------------ */
+
+typedef struct capture_event {
+  int64_t t_ns;       /* when the chunk that completed the event arrived, since exchange start */
+  size_t offset;      /* first byte of the event's block in the response body */
+  size_t length;      /* bytes of the block, through the blank line that dispatched it */
+  char *event;        /* SSE "event:" field, or NULL */
+  char *data;         /* joined data lines (owned) */
+  size_t data_len;
+} capture_event;
+
+typedef struct capture_exchange {
+  atomic_int refs;
+  char id[40];               /* uuid v4 */
+  char received_at[32];      /* ISO 8601 UTC with milliseconds */
+  int64_t t0_ns;             /* CLOCK_MONOTONIC at handler entry */
+  char method[16];
+  char *path;                /* raw request path, no query */
+  char *query;               /* redacted query string, or NULL */
+  capture_api api;
+  char client_addr[64];      /* "ip:port" */
+  const char *upstream;      /* credentials-free upstream base URL (borrowed from the proxy) */
+  capture_headers request_headers; /* as received (values include credentials: never written
+                                      without capture_header_is_secret() filtering) */
+  capture_buf request_body;
+  size_t request_declared_bytes; /* Content-Length when the body was refused */
+  capture_secrets secrets;
+
+  /* response side, written by the worker while relaying */
+  int status;                /* what the client got; 0 = nothing sent */
+  capture_headers response_headers; /* as relayed (proxy-made responses: as made) */
+  int stream;                /* response is text/event-stream (or request asked stream:true) */
+  capture_buf response_body; /* the bytes the client got, up to max_record_bytes */
+  size_t response_bytes;     /* all body bytes relayed */
+  int response_truncated;
+  capture_sse_parser sse;
+  capture_event *events;
+  size_t n_events, cap_events;
+  int events_oom;
+  int64_t t_headers_ns, t_first_byte_ns, t_end_ns; /* -1: never */
+  char *upstream_error;      /* scrubbed message, or NULL */
+  char *client_error;
+  capture_state state;
+} capture_exchange;
+
+capture_exchange *capture_exchange_new(void);
+void capture_exchange_ref(capture_exchange *x);
+void capture_exchange_unref(capture_exchange *x);
+/* Replaces *slot with a scrubbed copy of the formatted message. */
+void capture_exchange_set_error(capture_exchange *x, char **slot, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- derived facts, computed once the exchange is over (capture_message.c) ---------------- */
+
+typedef struct capture_summary {
+  int request_malformed;   /* POST to a JSON API whose body is not JSON */
+  char *request_json_error; /* "line 1 column 7: ..." or NULL */
+  char *model;             /* request's "model", or NULL */
+  int request_stream;      /* request's "stream": true */
+  json_t *final_message;   /* normalised final message (schema: capture.schema.json), or NULL */
+  char *stop_reason;
+  int64_t input_tokens, output_tokens; /* -1: not reported */
+  double max_gap_ms;       /* largest gap between consecutive SSE events, -1 if < 2 events */
+} capture_summary;
+
+/* Parses the request body and reassembles the response (from the SSE events for streams, from
+** the JSON body otherwise). Never fails: what cannot be derived stays NULL/-1. */
+void capture_summarize(const capture_exchange *x, capture_summary *out);
+void capture_summary_free(capture_summary *s);
+
+/* Reassembly entry points, exposed for tests. Return a new normalised message or NULL. */
+json_t *capture_message_from_events(capture_api api, const capture_event *ev, size_t n);
+json_t *capture_message_from_body(capture_api api, const char *body, size_t len);
+/* Name for an event in the index: its SSE event field, else the JSON "type", else "message",
+** "[DONE]" for OpenAI's terminator. Returns a static string or a pointer into ev. */
+const char *capture_event_name(const capture_event *ev, char *scratch, size_t scratch_len);
+
+/* ---- store (capture_store.c) ------------------------------------------------------------------ */
+
+typedef struct capture_store capture_store;
+
+typedef struct capture_store_options {
+  const char *dir;
+  size_t inline_max_bytes;
+  void (*log)(void *user, const char *line);
+  void *log_user;
+} capture_store_options;
+
+st_status capture_store_open(const capture_store_options *o, capture_store **out);
+/* Queues the 'open' row of x (takes a reference). Never blocks on the disk. */
+void capture_store_submit_open(capture_store *s, capture_exchange *x);
+/* Queues the finishing update of x with its summary (takes a reference to x and ownership of
+** summary's contents). */
+void capture_store_submit_finish(capture_store *s, capture_exchange *x, capture_summary *summary);
+/* Drains the queue, stops the writer, closes the database. Returns the first error seen. */
+st_status capture_store_close(capture_store *s);
+uint64_t capture_store_recorded(const capture_store *s);
+uint64_t capture_store_errors(const capture_store *s);
+
+/* ---- upstream (capture_upstream.c) ------------------------------------------------------------ */
+
+typedef struct capture_upstream capture_upstream;
+
+typedef struct capture_upstream_options {
+  const char *base_url;       /* with credentials if the user gave them */
+  const char *proxy;          /* see st_capture_config.upstream_proxy */
+  int connect_timeout_ms;
+  int idle_timeout_ms;
+} capture_upstream_options;
+
+st_status capture_upstream_new(const capture_upstream_options *o, capture_upstream **out);
+void capture_upstream_free(capture_upstream *u);
+/* Adds the credentials embedded in the upstream and proxy URLs (user:password@) to s, so that
+** they are scrubbed like header credentials. 0 or -1 (OOM). */
+int capture_upstream_add_secrets(const capture_upstream *u, capture_secrets *s);
+
+typedef enum capture_upstream_outcome {
+  CAPTURE_UPSTREAM_OK = 0,
+  CAPTURE_UPSTREAM_UNREACHABLE,   /* connect/resolve failed: 502 */
+  CAPTURE_UPSTREAM_TIMEOUT,       /* connect timeout or idle timeout: 504 */
+  CAPTURE_UPSTREAM_FAILED,        /* reset, closed early, protocol error: 502 */
+  CAPTURE_UPSTREAM_CLIENT_GONE,   /* a hook said the client left */
+  CAPTURE_UPSTREAM_SHUTDOWN,      /* a hook said the proxy is stopping */
+} capture_upstream_outcome;
+
+typedef struct capture_upstream_hooks {
+  void *user;
+  /* The final (non-1xx) response head: status, reason phrase, headers in order. Return 0 to go
+  ** on, -1 to abort (client gone). */
+  int (*on_head)(void *user, int status, const char *reason, const capture_headers *headers);
+  /* Body bytes as they arrive. Return 0 to go on, -1 to abort (client gone). */
+  int (*on_body)(void *user, const char *p, size_t n);
+  /* Polled while the transfer runs (several times a second while data flows, at least once a
+  ** second when idle): 0 go on, 1 client gone, 2 proxy shutting down. */
+  int (*poll_abort)(void *user);
+} capture_upstream_hooks;
+
+/* Sends method + path?query with headers (already filtered of hop-by-hop ones) and body to the
+** upstream and streams the answer into the hooks. Returns the outcome; *message gets a
+** human-readable detail (credentials-free upstream URL, curl's error) for anything but OK. */
+capture_upstream_outcome capture_upstream_perform(capture_upstream *u, const char *method,
+                                                  const char *path, const char *query,
+                                                  const capture_headers *headers,
+                                                  const void *body, size_t body_len,
+                                                  const capture_upstream_hooks *hooks,
+                                                  char *message, size_t message_len);
+
+/* 1 for hop-by-hop headers (RFC 9110 §7.6.1) plus those the proxy sets itself (Host,
+** Content-Length, Expect); `connection` is the request's Connection header value (its tokens
+** are hop-by-hop too), may be NULL. */
+int capture_header_is_hop_by_hop(const char *name, const char *connection);
+
+/* ---- small shared utilities ---------------------------------------------------------------- */
+
+int64_t capture_now_ns(void); /* CLOCK_MONOTONIC */
+void capture_utc_now(char out[32]); /* "2025-05-01T12:34:56.789Z" */
+void capture_uuid_v4(char out[40]);
+
+#endif

@@ -1,0 +1,746 @@
+/*
+** capture_server.c — the proxy's listening side and the relay (civetweb in, libcurl out).
+**
+** Threading model. civetweb runs a pool of worker threads (--threads, default 256); each
+** request is handled start to finish on one of them by relay_request(), which calls the upstream
+** synchronously (capture_upstream.c) and writes the answer to the client from curl's callbacks.
+** This is LIBRARIES.md §1.2's choice: the handler can wait for the upstream's status and headers
+** before choosing its own, so 4xx/5xx/529 pass through as they are, and the code reads top to
+** bottom. Concurrency is capped by the pool; extra connections wait in civetweb's queue.
+**
+** Faithful relay. The request goes upstream with the client's method, raw path and query, and
+** headers in order, minus hop-by-hop ones (Connection and what it names, Keep-Alive, TE,
+** Transfer-Encoding, Upgrade, Trailer, Proxy-Connection) and those the next hop owns (Host,
+** Content-Length, Expect). One deliberate change: Accept-Encoding is replaced by "identity", so
+** that what is relayed and recorded is plaintext (a gzip'd SSE stream could not be teed). The
+** answer comes back with the upstream's status line (reason phrase included) and headers in
+** order, minus hop-by-hop ones, written by the relay in one write (not civetweb's response API,
+** which would add Date/Connection headers of its own). Bodies are relayed byte for byte: a
+** Content-Length answer as is, anything else re-chunked one chunk per upstream read, so an SSE
+** event reaches the client in the same read it reached the proxy (TCP_NODELAY on both sides).
+**
+** Failure handling, and what the client sees:
+**   - upstream unreachable / connect timeout / idle timeout / reset before the head: a 502 or 504
+**     in the API's own JSON error shape (Anthropic {"type":"error","error":{...}} or OpenAI
+**     {"error":{...}}), with an x-sparsetrace-request-id header naming the record;
+**   - the same after an SSE head was sent: the API's stream error event (Anthropic
+**     `event: error`, Responses `event: error` with type "error", chat/completions a data chunk
+**     {"error":{...}}), then a clean end of stream; a non-stream body is cut (connection closed);
+**   - client disconnects: detected by a failing write, or by polling the client socket for
+**     hang-up while the upstream is silent; the upstream transfer is cancelled;
+**   - request body over --max-body: 413 in the API's shape, body not read, connection closed;
+**   - proxy stopping: in-flight exchanges get the grace period, then the stream error event (or
+**     503) and state 'interrupted'.
+** Everything the client got — proxy-made answers and injected events included — is what the
+** record's response side holds.
+**
+** Finding the client socket. civetweb does not expose a connection's descriptor, and a streaming
+** upstream can stay silent for minutes (a model thinking), during which no write would reveal
+** that the client left. For exchanges still running after 200 ms, the relay finds the descriptor
+** once by matching local and peer ports under /proc/self/fd, then polls it for POLLRDHUP (never
+** reads it). A client that half-closes its sending side after the request (rare for HTTP
+** clients) would be taken as gone.
+*/
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+
+#include <civetweb.h>
+
+#include "capture_internal.h"
+#include "index.h"
+#include "recorder.h"
+
+struct st_capture {
+  struct mg_context *ctx;
+  capture_upstream *upstream;
+  capture_store *store;
+  char *upstream_display;
+  char *store_dir;
+  size_t max_request_bytes, max_record_bytes;
+  void (*log)(void *, const char *);
+  void *log_user;
+  int port;
+  char url[200];
+  atomic_int stopping;
+  _Atomic int64_t deadline_ns;
+  int grace_ms;
+  atomic_uint_least64_t accepted, in_flight, completed, failed;
+};
+
+static void proxy_log(st_capture *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void proxy_log(st_capture *p, const char *fmt, ...) {
+  if (!p->log) return;
+  char line[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  p->log(p->log_user, line);
+}
+
+/* ---- error shapes ------------------------------------------------------------------------- */
+
+/* Anthropic's shape for Anthropic clients (and unknown paths whose request looks Anthropic),
+** OpenAI's for the rest. */
+static int anthropic_style(const capture_exchange *x) {
+  if (x->api == CAPTURE_API_ANTHROPIC_MESSAGES) return 1;
+  if (x->api != CAPTURE_API_OTHER) return 0;
+  return capture_headers_get(&x->request_headers, "anthropic-version") ||
+         capture_headers_get(&x->request_headers, "x-api-key");
+}
+
+/* The JSON error body for status (compact, one line). */
+static char *error_body(const capture_exchange *x, int status, const char *code, const char *msg) {
+  json_t *j;
+  if (anthropic_style(x)) {
+    const char *type = status == 413 ? "request_too_large"
+                       : status == 400 ? "invalid_request_error"
+                       : status == 504 ? "timeout_error"
+                       : status == 503 ? "overloaded_error"
+                                       : "api_error";
+    j = json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type", type, "message", msg);
+  } else {
+    const char *type = status < 500 ? "invalid_request_error" : "server_error";
+    j = json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type", type, "param",
+                  "code", code);
+  }
+  char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+  json_decref(j);
+  return s;
+}
+
+/* The stream's own error event for an SSE answer cut short. */
+static char *error_event(const capture_exchange *x, const char *code, const char *msg) {
+  json_t *j = NULL;
+  const char *prefix = "data: ";
+  if (x->api == CAPTURE_API_OPENAI_RESPONSES) {
+    j = json_pack("{s:s, s:s, s:s, s:n, s:I}", "type", "error", "code", code, "message", msg,
+                  "param", "sequence_number", (json_int_t)x->n_events);
+    prefix = "event: error\ndata: ";
+  } else if (anthropic_style(x)) {
+    j = json_pack("{s:s, s:{s:s, s:s}}", "type", "error", "error", "type", "api_error", "message",
+                  msg);
+    prefix = "event: error\ndata: ";
+  } else {
+    j = json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type", "server_error",
+                  "param", "code", code);
+  }
+  char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+  json_decref(j);
+  char *event = NULL;
+  if (body && asprintf(&event, "%s%s\n\n", prefix, body) < 0) event = NULL;
+  free(body);
+  return event;
+}
+
+/* ---- the relay ---------------------------------------------------------------------------- */
+
+enum relay_mode { RELAY_NONE, RELAY_LENGTH, RELAY_CHUNKED, RELAY_CLOSE };
+
+typedef struct relay {
+  st_capture *p;
+  struct mg_connection *conn;
+  capture_exchange *x;
+  int client_http10;
+  int head_request;
+  int head_sent;
+  enum relay_mode mode;
+  int client_gone;
+  int fd_looked, client_fd;
+  int64_t chunk_t_ns; /* arrival time of the chunk being fed to the SSE parser */
+  capture_buf frame;  /* chunk framing scratch */
+} relay;
+
+static int client_write(relay *r, const void *p, size_t n) {
+  if (r->client_gone) return -1;
+  if (n == 0) return 0;
+  int w = mg_write(r->conn, p, n);
+  if (w < 0 || (size_t)w != n) {
+    r->client_gone = 1;
+    return -1;
+  }
+  return 0;
+}
+
+static int on_sse_event(void *user, const char *event, size_t event_len, const char *data,
+                        size_t data_len, size_t offset, size_t length) {
+  relay *r = user;
+  capture_exchange *x = r->x;
+  if (x->events_oom) return 0;
+  if (x->n_events == x->cap_events) {
+    size_t cap = x->cap_events ? 2 * x->cap_events : 64;
+    capture_event *ev = realloc(x->events, cap * sizeof *ev);
+    if (!ev) {
+      x->events_oom = 1;
+      return 0;
+    }
+    x->events = ev;
+    x->cap_events = cap;
+  }
+  capture_event *ev = &x->events[x->n_events];
+  ev->t_ns = r->chunk_t_ns;
+  ev->offset = offset;
+  ev->length = length;
+  ev->event = event ? strndup(event, event_len) : NULL;
+  ev->data = malloc(data_len + 1);
+  ev->data_len = data_len;
+  if ((event && !ev->event) || !ev->data) {
+    free(ev->event);
+    free(ev->data);
+    x->events_oom = 1;
+    return 0;
+  }
+  memcpy(ev->data, data, data_len);
+  ev->data[data_len] = 0;
+  x->n_events++;
+  return 0;
+}
+
+/* Sends body bytes to the client in the current framing and tees them into the record. */
+static int relay_body(relay *r, const char *p, size_t n) {
+  capture_exchange *x = r->x;
+  int64_t now = capture_now_ns();
+  if (x->t_first_byte_ns < 0) x->t_first_byte_ns = now;
+  int rc = 0;
+  if (r->mode == RELAY_CHUNKED) {
+    char len[24];
+    int m = snprintf(len, sizeof len, "%zx\r\n", n);
+    r->frame.len = 0;
+    if (capture_buf_append(&r->frame, len, (size_t)m) < 0 || capture_buf_append(&r->frame, p, n) < 0 ||
+        capture_buf_append(&r->frame, "\r\n", 2) < 0)
+      rc = client_write(r, len, (size_t)m) || client_write(r, p, n) || client_write(r, "\r\n", 2) ? -1 : 0;
+    else
+      rc = client_write(r, r->frame.data, r->frame.len);
+  } else if (r->mode != RELAY_NONE) {
+    rc = client_write(r, p, n);
+  }
+  if (rc < 0) {
+    if (!x->client_error)
+      capture_exchange_set_error(x, &x->client_error,
+                                 "client closed the connection after %zu response bytes",
+                                 x->response_bytes);
+    return -1;
+  }
+  x->response_bytes += n;
+  if (!x->response_truncated) {
+    size_t room = r->p->max_record_bytes > x->response_body.len ? r->p->max_record_bytes - x->response_body.len : 0;
+    size_t keep = n < room ? n : room;
+    if (capture_buf_append(&x->response_body, p, keep) < 0 || keep < n) x->response_truncated = 1;
+    if (x->stream && !x->response_truncated) {
+      r->chunk_t_ns = now - x->t0_ns;
+      capture_sse_feed(&x->sse, p, n);
+    }
+  }
+  return 0;
+}
+
+static int hook_head(void *user, int status, const char *reason, const capture_headers *h) {
+  relay *r = user;
+  capture_exchange *x = r->x;
+  const char *connection = capture_headers_get(h, "connection");
+  const char *ctype = capture_headers_get(h, "content-type");
+  const char *clen = capture_headers_get(h, "content-length");
+  x->status = status;
+  x->stream = ctype && !strncasecmp(ctype, "text/event-stream", 17);
+  if (x->stream) capture_sse_init(&x->sse, on_sse_event, r);
+  int bodyless = r->head_request || status == 204 || status == 304 || (status >= 100 && status < 200);
+  r->mode = bodyless ? RELAY_NONE : clen ? RELAY_LENGTH : r->client_http10 ? RELAY_CLOSE : RELAY_CHUNKED;
+
+  capture_buf head = {0};
+  char line[256];
+  snprintf(line, sizeof line, "HTTP/%s %d %s\r\n", r->client_http10 ? "1.0" : "1.1", status,
+           reason && reason[0] ? reason : mg_get_response_code_text(r->conn, status));
+  int fail = capture_buf_puts(&head, line);
+  for (size_t i = 0; i < h->n; i++) {
+    const char *name = h->items[i].name;
+    int is_length = !strcasecmp(name, "content-length");
+    if (!is_length && capture_header_is_hop_by_hop(name, connection)) continue;
+    if (is_length && r->mode != RELAY_LENGTH && !(r->mode == RELAY_NONE && r->head_request)) continue;
+    fail |= capture_headers_add(&x->response_headers, name, strlen(name), h->items[i].value,
+                                strlen(h->items[i].value));
+    fail |= capture_buf_puts(&head, name) | capture_buf_puts(&head, ": ") |
+            capture_buf_puts(&head, h->items[i].value) | capture_buf_puts(&head, "\r\n");
+  }
+  if (r->mode == RELAY_CHUNKED) {
+    fail |= capture_buf_puts(&head, "Transfer-Encoding: chunked\r\n");
+    fail |= capture_headers_add(&x->response_headers, "Transfer-Encoding", 17, "chunked", 7);
+  } else if (r->mode == RELAY_CLOSE) {
+    fail |= capture_buf_puts(&head, "Connection: close\r\n");
+    mg_disable_connection_keep_alive(r->conn);
+  }
+  fail |= capture_buf_puts(&head, "\r\n");
+  int rc = fail ? -1 : client_write(r, head.data, head.len);
+  capture_buf_free(&head);
+  if (rc < 0) {
+    if (!x->client_error)
+      capture_exchange_set_error(x, &x->client_error, fail ? "out of memory relaying the head"
+                                                           : "client closed the connection before "
+                                                             "the response head");
+    return -1;
+  }
+  r->head_sent = 1;
+  x->t_headers_ns = capture_now_ns();
+  return 0;
+}
+
+static int hook_body(void *user, const char *p, size_t n) { return relay_body(user, p, n); }
+
+/* The connection's descriptor, found by its ports (see the top of the file); -1 if not found. */
+static int find_client_fd(const struct mg_request_info *ri) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int found = -1;
+  struct dirent *e;
+  while (found < 0 && (e = readdir(d))) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    int fd = atoi(e->d_name);
+    struct sockaddr_storage peer, local;
+    socklen_t pl = sizeof peer, ll = sizeof local;
+    if (getpeername(fd, (struct sockaddr *)&peer, &pl) != 0) continue;
+    if (getsockname(fd, (struct sockaddr *)&local, &ll) != 0) continue;
+    int peer_port = -1, local_port = -1;
+    char addr[INET6_ADDRSTRLEN] = "";
+    if (peer.ss_family == AF_INET) {
+      peer_port = ntohs(((struct sockaddr_in *)&peer)->sin_port);
+      local_port = ntohs(((struct sockaddr_in *)&local)->sin_port);
+      inet_ntop(AF_INET, &((struct sockaddr_in *)&peer)->sin_addr, addr, sizeof addr);
+    } else if (peer.ss_family == AF_INET6) {
+      peer_port = ntohs(((struct sockaddr_in6 *)&peer)->sin6_port);
+      local_port = ntohs(((struct sockaddr_in6 *)&local)->sin6_port);
+      inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&peer)->sin6_addr, addr, sizeof addr);
+    }
+    if (peer_port == ri->remote_port && local_port == ri->server_port &&
+        (peer.ss_family != AF_INET || !strcmp(addr, ri->remote_addr)))
+      found = fd;
+  }
+  closedir(d);
+  return found;
+}
+
+static int hook_poll(void *user) {
+  relay *r = user;
+  st_capture *p = r->p;
+  int64_t now = capture_now_ns();
+  if (atomic_load(&p->stopping) && now >= atomic_load(&p->deadline_ns)) return 2;
+  if (!r->fd_looked && now - r->x->t0_ns > 200 * 1000000LL) {
+    r->fd_looked = 1;
+    r->client_fd = find_client_fd(mg_get_request_info(r->conn));
+  }
+  if (r->client_fd >= 0) {
+    struct pollfd pfd = {.fd = r->client_fd, .events = POLLRDHUP};
+    if (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+      r->client_gone = 1;
+      if (!r->x->client_error)
+        capture_exchange_set_error(r->x, &r->x->client_error,
+                                   "client closed the connection after %zu response bytes",
+                                   r->x->response_bytes);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* A whole answer made by the proxy itself (errors, 413), recorded like a relayed one. */
+static void send_own_answer(relay *r, int status, const char *code, const char *msg, int close) {
+  capture_exchange *x = r->x;
+  char *body = error_body(x, status, code, msg);
+  if (!body) body = strdup("{}");
+  size_t len = body ? strlen(body) : 0;
+  char len_text[24];
+  snprintf(len_text, sizeof len_text, "%zu", len);
+  capture_headers_clear(&x->response_headers);
+  capture_headers_add(&x->response_headers, "Content-Type", 12, "application/json", 16);
+  capture_headers_add(&x->response_headers, "Content-Length", 14, len_text, strlen(len_text));
+  capture_headers_add(&x->response_headers, "x-sparsetrace-request-id", 24, x->id, strlen(x->id));
+  if (close) capture_headers_add(&x->response_headers, "Connection", 10, "close", 5);
+  capture_buf head = {0};
+  char line[256];
+  snprintf(line, sizeof line, "HTTP/%s %d %s\r\n", r->client_http10 ? "1.0" : "1.1", status,
+           mg_get_response_code_text(r->conn, status));
+  capture_buf_puts(&head, line);
+  for (size_t i = 0; i < x->response_headers.n; i++) {
+    capture_buf_puts(&head, x->response_headers.items[i].name);
+    capture_buf_puts(&head, ": ");
+    capture_buf_puts(&head, x->response_headers.items[i].value);
+    capture_buf_puts(&head, "\r\n");
+  }
+  capture_buf_puts(&head, "\r\n");
+  if (close) mg_disable_connection_keep_alive(r->conn);
+  x->status = status;
+  r->mode = RELAY_LENGTH;
+  if (client_write(r, head.data, head.len) == 0) {
+    r->head_sent = 1;
+    x->t_headers_ns = capture_now_ns();
+    relay_body(r, body ? body : "", len);
+  } else if (!x->client_error) {
+    capture_exchange_set_error(x, &x->client_error, "client closed the connection before the "
+                                                    "proxy's %d answer", status);
+  }
+  capture_buf_free(&head);
+  free(body);
+}
+
+/* Cuts a relayed answer short after its head went out: the stream's error event for SSE, or a
+** closed connection otherwise. */
+static void cut_answer(relay *r, const char *code, const char *msg) {
+  capture_exchange *x = r->x;
+  if (x->stream && (r->mode == RELAY_CHUNKED || r->mode == RELAY_CLOSE) && !r->client_gone) {
+    /* An event cut mid-way cannot be cancelled in SSE; end it so ours parses on its own. */
+    if (capture_sse_pending(&x->sse)) relay_body(r, "\n\n", 2);
+    char *event = error_event(x, code, msg);
+    if (event) relay_body(r, event, strlen(event));
+    free(event);
+    if (r->mode == RELAY_CHUNKED) client_write(r, "0\r\n\r\n", 5);
+  }
+  mg_disable_connection_keep_alive(r->conn);
+}
+
+static int read_request(relay *r, const struct mg_request_info *ri) {
+  capture_exchange *x = r->x;
+  const char *expect = mg_get_header(r->conn, "Expect");
+  if (ri->content_length > (long long)r->p->max_request_bytes) {
+    x->request_declared_bytes = (size_t)ri->content_length;
+    return 413;
+  }
+  if (expect && !strcasecmp(expect, "100-continue") && ri->content_length != 0)
+    mg_printf(r->conn, "HTTP/1.1 100 Continue\r\n\r\n");
+  char buf[65536];
+  for (;;) {
+    int n = mg_read(r->conn, buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0) {
+      capture_exchange_set_error(x, &x->client_error,
+                                 "client stopped sending the request body after %zu bytes",
+                                 x->request_body.len);
+      return -1;
+    }
+    if (x->request_body.len + (size_t)n > r->p->max_request_bytes) {
+      x->request_declared_bytes = x->request_body.len + (size_t)n;
+      capture_buf_free(&x->request_body);
+      return 413;
+    }
+    if (capture_buf_append(&x->request_body, buf, (size_t)n) < 0) return 500;
+  }
+  return 0;
+}
+
+static int relay_request(struct mg_connection *conn) {
+  st_capture *p = mg_get_user_data(mg_get_context(conn));
+  const struct mg_request_info *ri = mg_get_request_info(conn);
+  capture_exchange *x = capture_exchange_new();
+  if (!x) {
+    mg_printf(conn, "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    mg_disable_connection_keep_alive(conn);
+    return 500;
+  }
+  atomic_fetch_add(&p->accepted, 1);
+  atomic_fetch_add(&p->in_flight, 1);
+  relay r = {.p = p, .conn = conn, .x = x, .client_fd = -1};
+  r.client_http10 = ri->http_version && !strcmp(ri->http_version, "1.0");
+  snprintf(x->method, sizeof x->method, "%s", ri->request_method ? ri->request_method : "GET");
+  r.head_request = !strcmp(x->method, "HEAD");
+  const char *raw_path = ri->local_uri_raw ? ri->local_uri_raw : ri->request_uri ? ri->request_uri : "/";
+  x->path = strdup(raw_path);
+  x->api = capture_api_from_path(raw_path);
+  x->upstream = p->upstream_display;
+  snprintf(x->client_addr, sizeof x->client_addr, "%s:%d", ri->remote_addr, ri->remote_port);
+
+  /* Headers: all recorded (redacted at write time), credentials remembered, hop-by-hop ones
+  ** and Accept-Encoding left out of what goes upstream. */
+  int oom = !x->path;
+  capture_headers forward = {0};
+  const char *connection = mg_get_header(conn, "Connection");
+  for (int i = 0; i < ri->num_headers && !oom; i++) {
+    const char *n = ri->http_headers[i].name, *v = ri->http_headers[i].value ? ri->http_headers[i].value : "";
+    oom |= capture_headers_add(&x->request_headers, n, strlen(n), v, strlen(v)) < 0;
+    oom |= capture_secrets_add_header(&x->secrets, n, v) < 0;
+    if (capture_header_is_hop_by_hop(n, connection) || !strcasecmp(n, "accept-encoding")) continue;
+    oom |= capture_headers_add(&forward, n, strlen(n), v, strlen(v)) < 0;
+  }
+  oom |= capture_headers_add(&forward, "Accept-Encoding", 15, "identity", 8) < 0;
+  oom |= capture_upstream_add_secrets(p->upstream, &x->secrets) < 0;
+  int qoom = 0;
+  x->query = capture_redact_query(&x->secrets, ri->query_string, &qoom);
+  oom |= qoom;
+
+  int verdict = oom ? 500 : read_request(&r, ri);
+  capture_store_submit_open(p->store, x);
+
+  char message[1024] = "";
+  if (verdict == 413) {
+    snprintf(message, sizeof message,
+             "sparsetrace capture: request body of %zu bytes is larger than the proxy's limit of "
+             "%zu bytes (--max-body)", x->request_declared_bytes, p->max_request_bytes);
+    x->state = CAPTURE_REJECTED;
+    send_own_answer(&r, 413, "request_too_large", message, 1);
+  } else if (verdict == 500) {
+    x->state = CAPTURE_REJECTED;
+    send_own_answer(&r, 500, "proxy_error", "sparsetrace capture: out of memory", 1);
+  } else if (verdict < 0) {
+    x->state = CAPTURE_CLIENT_ABORTED;
+    mg_disable_connection_keep_alive(conn);
+  } else {
+    capture_upstream_hooks hooks = {&r, hook_head, hook_body, hook_poll};
+    capture_upstream_outcome out = capture_upstream_perform(
+        p->upstream, x->method, raw_path, ri->query_string, &forward, x->request_body.data,
+        x->request_body.len, &hooks, message, sizeof message);
+    if (out == CAPTURE_UPSTREAM_OK) {
+      x->state = CAPTURE_COMPLETE;
+      if (r.mode == RELAY_CHUNKED && client_write(&r, "0\r\n\r\n", 5) < 0) {
+        x->state = CAPTURE_CLIENT_ABORTED;
+        capture_exchange_set_error(x, &x->client_error, "client closed the connection before the "
+                                                        "end of the response");
+      }
+    } else if (out == CAPTURE_UPSTREAM_CLIENT_GONE) {
+      x->state = CAPTURE_CLIENT_ABORTED;
+      if (!x->client_error) capture_exchange_set_error(x, &x->client_error, "%s", message);
+      mg_disable_connection_keep_alive(conn);
+    } else {
+      int shutdown = out == CAPTURE_UPSTREAM_SHUTDOWN;
+      int status = shutdown ? 503 : out == CAPTURE_UPSTREAM_TIMEOUT ? 504 : 502;
+      const char *code = shutdown ? "proxy_shutting_down"
+                         : out == CAPTURE_UPSTREAM_TIMEOUT ? "upstream_timeout"
+                         : out == CAPTURE_UPSTREAM_UNREACHABLE ? "upstream_unreachable"
+                                                               : "upstream_failed";
+      x->state = shutdown ? CAPTURE_INTERRUPTED : CAPTURE_UPSTREAM_ERROR;
+      if (shutdown)
+        capture_exchange_set_error(x, &x->upstream_error, "interrupted: proxy stopped; transfer "
+                                   "cut after its %d ms grace period", p->grace_ms);
+      else
+        capture_exchange_set_error(x, &x->upstream_error, "%s", message);
+      char client_msg[1200];
+      snprintf(client_msg, sizeof client_msg, "sparsetrace capture: %s", x->upstream_error);
+      if (!r.head_sent) send_own_answer(&r, status, code, client_msg, 0);
+      else cut_answer(&r, code, client_msg);
+    }
+  }
+  x->t_end_ns = capture_now_ns();
+
+  capture_summary sum;
+  capture_summarize(x, &sum);
+  int status = x->status;
+  proxy_log(p, "%s %s %s %s %d %s %.1f ms %zu B%s%s%s%s", x->id, x->method, x->path ? x->path : "",
+            capture_api_name(x->api), status, capture_state_name(x->state),
+            (double)(x->t_end_ns - x->t0_ns) / 1e6, x->response_bytes,
+            x->upstream_error ? " upstream: " : "", x->upstream_error ? x->upstream_error : "",
+            x->client_error ? " client: " : "", x->client_error ? x->client_error : "");
+  if (x->state == CAPTURE_COMPLETE) atomic_fetch_add(&p->completed, 1);
+  else atomic_fetch_add(&p->failed, 1);
+  capture_store_submit_finish(p->store, x, &sum);
+  capture_headers_free(&forward);
+  capture_buf_free(&r.frame);
+  capture_exchange_unref(x);
+  atomic_fetch_sub(&p->in_flight, 1);
+  return status > 0 ? status : 499;
+}
+
+static int civetweb_log(const struct mg_connection *conn, const char *message) {
+  st_capture *p = mg_get_user_data(mg_get_context(conn));
+  if (p) { /* a message may quote a URI: drop any query string, it can hold a key */
+    char clean[512];
+    snprintf(clean, sizeof clean, "%s", message);
+    char *q = strchr(clean, '?');
+    if (q) snprintf(q, sizeof clean - (size_t)(q - clean), "?[query removed]");
+    proxy_log(p, "civetweb: %s", clean);
+  }
+  return 1;
+}
+
+/* ---- start / stop --------------------------------------------------------------------------- */
+
+void st_capture_config_init(st_capture_config *c) {
+  memset(c, 0, sizeof *c);
+  c->listen = "127.0.0.1:8787";
+}
+
+/* "HOST:PORT", ":PORT", "PORT" -> civetweb's "IP:PORT"; host names other than localhost are
+** not resolved (give an address). */
+static st_status parse_listen(const char *listen, char *out, size_t out_len, int *loopback) {
+  const char *colon = strrchr(listen, ':');
+  const char *port = colon ? colon + 1 : listen;
+  char host[128] = "127.0.0.1";
+  if (colon && colon > listen) {
+    size_t n = (size_t)(colon - listen);
+    if (n >= sizeof host) return st_fail(ST_EINVAL, "--listen %s: host too long", listen);
+    memcpy(host, listen, n);
+    host[n] = 0;
+  }
+  char *end;
+  long v = strtol(port, &end, 10);
+  if (!*port || *end || v < 0 || v > 65535)
+    return st_fail(ST_EINVAL, "--listen %s: expected HOST:PORT (port 0-65535)", listen);
+  if (!strcmp(host, "localhost")) snprintf(host, sizeof host, "127.0.0.1");
+  struct in_addr a4;
+  struct in6_addr a6;
+  char bare[128];
+  snprintf(bare, sizeof bare, "%s", host);
+  if (bare[0] == '[') {
+    size_t n = strlen(bare);
+    if (n < 2 || bare[n - 1] != ']')
+      return st_fail(ST_EINVAL, "--listen %s: malformed IPv6 address", listen);
+    memmove(bare, bare + 1, n - 2);
+    bare[n - 2] = 0;
+  }
+  if (inet_pton(AF_INET, bare, &a4) == 1) {
+    *loopback = (ntohl(a4.s_addr) >> 24) == 127;
+  } else if (inet_pton(AF_INET6, bare, &a6) == 1) {
+    *loopback = IN6_IS_ADDR_LOOPBACK(&a6);
+    if (host[0] != '[') snprintf(host, sizeof host, "[%s]", bare);
+  } else {
+    return st_fail(ST_EINVAL, "--listen %s: '%s' is not an IP address (use 127.0.0.1, "
+                              "localhost, or an address of this machine)", listen, host);
+  }
+  snprintf(out, out_len, "%s:%ld", host, v);
+  return ST_OK;
+}
+
+st_status st_capture_start(const st_capture_config *cin, st_capture **out) {
+  *out = NULL;
+  st_capture_config c = *cin;
+  if (!c.listen) c.listen = "127.0.0.1:8787";
+  if (!c.upstream || !*c.upstream)
+    return st_fail(ST_EINVAL, "no upstream: give --upstream URL (e.g. https://api.anthropic.com)");
+  if (!c.store_dir) c.store_dir = ST_DEFAULT_STORE;
+  if (c.threads <= 0) c.threads = 256;
+  if (!c.max_request_bytes) c.max_request_bytes = 32u << 20;
+  if (!c.max_record_bytes) c.max_record_bytes = 256u << 20;
+  if (!c.inline_max_bytes) c.inline_max_bytes = 1u << 20;
+  if (c.connect_timeout_ms <= 0) c.connect_timeout_ms = 10000;
+  if (c.idle_timeout_ms <= 0) c.idle_timeout_ms = 600000;
+
+  char ports[160];
+  int loopback = 1;
+  st_status st = parse_listen(c.listen, ports, sizeof ports, &loopback);
+  if (st) return st;
+
+  st_capture *p = calloc(1, sizeof *p);
+  if (!p) return st_fail(ST_ENOMEM, "starting the capture proxy");
+  p->max_request_bytes = c.max_request_bytes;
+  p->max_record_bytes = c.max_record_bytes;
+  p->log = c.log;
+  p->log_user = c.log_user;
+  p->upstream_display = capture_url_without_credentials(c.upstream);
+  p->store_dir = strdup(c.store_dir);
+  if (!p->upstream_display || !p->store_dir) {
+    st = st_fail(ST_ENOMEM, "starting the capture proxy");
+    goto fail;
+  }
+  capture_upstream_options uo = {c.upstream, c.upstream_proxy, c.connect_timeout_ms,
+                                 c.idle_timeout_ms};
+  if ((st = capture_upstream_new(&uo, &p->upstream))) goto fail;
+  capture_store_options so = {c.store_dir, c.inline_max_bytes, c.log, c.log_user};
+  if ((st = capture_store_open(&so, &p->store))) {
+    st_fail_context(st, "capture store %s: ", c.store_dir);
+    goto fail;
+  }
+
+  char threads[16], queue[16];
+  snprintf(threads, sizeof threads, "%d", c.threads);
+  snprintf(queue, sizeof queue, "%d", c.threads * 4 > 1024 ? c.threads * 4 : 1024);
+  const char *options[] = {
+    "listening_ports", ports,
+    "num_threads", threads,
+    "connection_queue", queue,
+    "listen_backlog", "1024",
+    "enable_keep_alive", "yes",
+    "keep_alive_timeout_ms", "10000",
+    "request_timeout_ms", "60000",
+    "tcp_nodelay", "1",
+    "decode_url", "no",
+    "max_request_size", "65536",
+    NULL,
+  };
+  struct mg_callbacks cb;
+  memset(&cb, 0, sizeof cb);
+  cb.begin_request = relay_request;
+  cb.log_message = civetweb_log;
+  char error_text[256] = "";
+  struct mg_init_data init = {&cb, p, options};
+  struct mg_error_data err = {NULL, error_text, sizeof error_text};
+  p->ctx = mg_start2(&init, &err);
+  if (!p->ctx) {
+    st = st_fail(ST_EIO, "cannot listen on %s: %s", ports, error_text[0] ? error_text : "civetweb failed to start");
+    goto fail;
+  }
+  struct mg_server_port sp[4];
+  int n = mg_get_server_ports(p->ctx, 4, sp);
+  p->port = n > 0 ? sp[0].port : 0;
+  char host[sizeof ports];
+  snprintf(host, sizeof host, "%s", ports);
+  *strrchr(host, ':') = 0;
+  snprintf(p->url, sizeof p->url, "http://%s:%d", host, p->port);
+  proxy_log(p, "listening on %s, relaying to %s, recording into %s/%s", p->url, p->upstream_display,
+            c.store_dir, ST_INDEX_FILE);
+  if (!loopback)
+    proxy_log(p, "warning: listening on a non-loopback address: anyone who can reach %s can use "
+                 "the credentials your clients send through it", p->url);
+  *out = p;
+  return ST_OK;
+fail:
+  capture_store_close(p->store);
+  capture_upstream_free(p->upstream);
+  free(p->upstream_display);
+  free(p->store_dir);
+  free(p);
+  return st;
+}
+
+int st_capture_port(const st_capture *p) { return p->port; }
+const char *st_capture_url(const st_capture *p) { return p->url; }
+
+void st_capture_get_stats(const st_capture *p, st_capture_stats *s) {
+  s->accepted = atomic_load(&p->accepted);
+  s->in_flight = atomic_load(&p->in_flight);
+  s->completed = atomic_load(&p->completed);
+  s->failed = atomic_load(&p->failed);
+  s->recorded = p->store ? capture_store_recorded(p->store) : 0;
+  s->store_errors = p->store ? capture_store_errors(p->store) : 0;
+}
+
+st_status st_capture_shutdown(st_capture *p, int grace_ms) {
+  if (grace_ms < 0) grace_ms = 0;
+  p->grace_ms = grace_ms;
+  atomic_store(&p->deadline_ns, capture_now_ns() + (int64_t)grace_ms * 1000000);
+  atomic_store(&p->stopping, 1);
+  uint64_t in_flight = atomic_load(&p->in_flight);
+  if (in_flight)
+    proxy_log(p, "stopping: %llu exchange(s) in flight, waiting up to %d ms for them",
+              (unsigned long long)in_flight, grace_ms);
+  if (p->ctx) mg_stop(p->ctx); /* returns once every worker has finished its exchange */
+  p->ctx = NULL;
+  st_status st = capture_store_close(p->store);
+  p->store = NULL;
+  proxy_log(p, "stopped: %llu accepted, %llu complete, %llu other; all recorded%s",
+            (unsigned long long)atomic_load(&p->accepted),
+            (unsigned long long)atomic_load(&p->completed),
+            (unsigned long long)atomic_load(&p->failed), st ? " except as logged above" : "");
+  return st;
+}
+
+void st_capture_cut_now(st_capture *p) { atomic_store(&p->deadline_ns, capture_now_ns()); }
+
+void st_capture_free(st_capture *p) {
+  if (!p) return;
+  if (p->ctx || p->store) st_capture_shutdown(p, 0);
+  capture_upstream_free(p->upstream);
+  free(p->upstream_display);
+  free(p->store_dir);
+  free(p);
+}
+
+st_status st_capture_stop(st_capture *p, int grace_ms) {
+  if (!p) return ST_OK;
+  st_status st = st_capture_shutdown(p, grace_ms);
+  st_capture_free(p);
+  return st;
+}

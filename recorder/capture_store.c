@@ -1,0 +1,808 @@
+/*
+** capture_store.c — putting exchanges into the store's index.sqlite, and reading them back.
+**
+** Writing. The relay must not wait on the disk: a request's time to first byte through the proxy
+** should be within a millisecond of direct, and 200 concurrent streams must not serialise on a
+** SQLite write lock. So workers only queue jobs (a pointer and a reference count, no copy) and
+** one writer thread owns the database connection. It takes every job waiting, runs them in one
+** BEGIN IMMEDIATE transaction (each job inside its own SAVEPOINT, so one bad row cannot sink its
+** neighbours) and commits: under load, many exchanges share one commit. WAL with
+** synchronous=NORMAL (set by recorder/index.c) keeps a commit at a write() without fsync.
+**
+** Two jobs per exchange. 'open' inserts the row as soon as the request is read, before it goes
+** upstream: a proxy that dies mid-stream still leaves the request in the store. 'finish' is an
+** upsert of the whole row (so a finish whose open failed still lands) plus the SSE events.
+** Closing the store drains the queue first; st_capture_stop() closes it only after every worker
+** has finished its exchange, so nothing accepted is dropped.
+**
+** Redaction happens here, at the last moment before bytes are written: header values by name,
+** and every remembered credential value masked in bodies and scrubbed from text
+** (capture_redact.c). Bodies above inline_max_bytes go to <store>/captures/<id>.request|.response
+** (written to a temporary name and renamed, before the row that points at them commits).
+**
+** Reading. st_capture_db_* open the index read-only and turn rows into the JSON of
+** schemas/capture.schema.json; `sparsetrace requests` prints them and a later
+** `sparsetrace run --request` replays them.
+*/
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sqlite3.h>
+
+#include "capture_internal.h"
+#include "index.h"
+
+/* ---- writer ------------------------------------------------------------------------------ */
+
+typedef struct job {
+  struct job *next;
+  int finish; /* 0: open row, 1: finishing upsert */
+  capture_exchange *x;
+  capture_summary summary;
+} job;
+
+struct capture_store {
+  char *dir;
+  size_t inline_max;
+  void (*log)(void *, const char *);
+  void *log_user;
+  st_index *ix;
+  pthread_t thread;
+  int thread_started;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  job *head, *tail;
+  int stopping;
+  atomic_uint_least64_t recorded, errors;
+  st_status first_error;
+  char first_error_msg[512];
+};
+
+static void store_log(capture_store *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void store_log(capture_store *s, const char *fmt, ...) {
+  if (!s->log) return;
+  char line[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  s->log(s->log_user, line);
+}
+
+/* Records a failed job: counted, logged, first one kept for capture_store_close(). */
+static void store_error(capture_store *s, const capture_exchange *x, const char *what) {
+  atomic_fetch_add(&s->errors, 1);
+  store_log(s, "store: request %s: %s: %s", x->id, what, st_errmsg());
+  pthread_mutex_lock(&s->mu);
+  if (!s->first_error) {
+    s->first_error = ST_ESQLITE;
+    snprintf(s->first_error_msg, sizeof s->first_error_msg, "request %s: %s: %s", x->id, what,
+             st_errmsg());
+  }
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* JSON text of a header list: [[name, value], ...], credentials replaced and scrubbed. */
+static char *headers_json(const capture_headers *h, const capture_secrets *secrets) {
+  json_t *arr = json_array();
+  for (size_t i = 0; arr && i < h->n; i++) {
+    const char *v = capture_header_is_secret(h->items[i].name) ? CAPTURE_REDACTED : h->items[i].value;
+    char *clean = capture_secrets_scrub(secrets, v);
+    json_t *pair = json_pack("[ss]", h->items[i].name, clean ? clean : "");
+    if (!pair) /* not UTF-8: keep the bytes as Latin-1-ish escapes would lie; say so */
+      pair = json_pack("[ss]", "(header name or value not UTF-8)", "");
+    free(clean);
+    json_array_append_new(arr, pair);
+  }
+  char *text = arr ? json_dumps(arr, JSON_COMPACT) : NULL;
+  json_decref(arr);
+  return text;
+}
+
+/* Writes bytes to <dir>/captures/<id>.<suffix> atomically; *rel gets the store-relative path. */
+static st_status write_body_file(capture_store *s, const char *id, const char *suffix,
+                                 const char *data, size_t len, char **rel) {
+  char path[4096], tmp[4200];
+  int n = snprintf(path, sizeof path, "%s/captures", s->dir);
+  if (n < 0 || (size_t)n >= sizeof path) return st_fail(ST_EINVAL, "store path too long");
+  if (mkdir(path, 0777) != 0 && errno != EEXIST)
+    return st_fail(ST_EIO, "cannot create %s: %s", path, strerror(errno));
+  snprintf(path, sizeof path, "%s/captures/%s.%s", s->dir, id, suffix);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "wb");
+  if (!f) return st_fail(ST_EIO, "cannot create %s: %s", tmp, strerror(errno));
+  int ok = fwrite(data, 1, len, f) == len;
+  ok &= fflush(f) == 0;
+  ok &= fclose(f) == 0;
+  if (!ok || rename(tmp, path) != 0) {
+    st_status st = st_fail(ST_EIO, "cannot write %s: %s", path, strerror(errno));
+    unlink(tmp);
+    return st;
+  }
+  if (asprintf(rel, "captures/%s.%s", id, suffix) < 0) return st_fail(ST_ENOMEM, "body path");
+  return ST_OK;
+}
+
+/* A body ready to bind: data (masked if it held credentials) or a file path. */
+typedef struct body_bind {
+  const char *data;
+  size_t len;
+  char *owned;   /* masked copy, if one was needed */
+  char *file;    /* store-relative path when spilled */
+  size_t masked; /* credential occurrences masked */
+} body_bind;
+
+static st_status prepare_body(capture_store *s, const capture_exchange *x, const char *suffix,
+                              const char *data, size_t len, int may_modify, body_bind *out) {
+  memset(out, 0, sizeof *out);
+  out->data = data;
+  out->len = len;
+  if (!data || len == 0) return ST_OK;
+  /* Mask in a copy unless the caller owns the bytes outright (the worker may still be reading). */
+  int found = 0;
+  for (size_t i = 0; i < x->secrets.n && !found; i++) {
+    size_t n = strlen(x->secrets.values[i]);
+    found = n >= CAPTURE_SECRET_MIN && memmem(data, len, x->secrets.values[i], n) != NULL;
+  }
+  if (found) {
+    char *buf = (char *)data;
+    if (!may_modify) {
+      if (!(out->owned = malloc(len))) return st_fail(ST_ENOMEM, "masking a %zu-byte body", len);
+      memcpy(out->owned, data, len);
+      buf = out->owned;
+    }
+    out->masked = capture_secrets_mask(&x->secrets, buf, len);
+    out->data = buf;
+  }
+  if (len > s->inline_max) {
+    st_status st = write_body_file(s, x->id, suffix, out->data, len, &out->file);
+    if (st) return st;
+    out->data = NULL;
+  }
+  return ST_OK;
+}
+
+static void body_bind_free(body_bind *b) {
+  free(b->owned);
+  free(b->file);
+}
+
+static void bind_text(sqlite3_stmt *st, int i, const char *v) {
+  if (v) sqlite3_bind_text(st, i, v, -1, SQLITE_TRANSIENT);
+  else sqlite3_bind_null(st, i);
+}
+static void bind_ms(sqlite3_stmt *st, int i, const capture_exchange *x, int64_t t) {
+  if (t >= 0) sqlite3_bind_double(st, i, (double)(t - x->t0_ns) / 1e6);
+  else sqlite3_bind_null(st, i);
+}
+static void bind_blob(sqlite3_stmt *st, int i, const body_bind *b) {
+  if (b->data) sqlite3_bind_blob64(st, i, b->data, b->len, SQLITE_STATIC);
+  else sqlite3_bind_null(st, i);
+}
+
+static st_status step_done(sqlite3 *db, sqlite3_stmt *st, const char *what) {
+  int rc = sqlite3_step(st);
+  if (rc != SQLITE_DONE) return st_fail(ST_ESQLITE, "%s: %s", what, sqlite3_errmsg(db));
+  return ST_OK;
+}
+
+/* Columns both jobs write (the request side), numbered ?1..?13 in both statements. */
+#define REQUEST_COLUMNS                                                                           \
+  "id, received_at, method, endpoint, query, api, upstream, client_addr, request_headers, "      \
+  "request_body, request_body_file, request_bytes, redactions"
+#define REQUEST_PARAMS "?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13"
+
+static st_status bind_request(capture_store *s, sqlite3_stmt *st, const capture_exchange *x,
+                              body_bind *body) {
+  char *headers = headers_json(&x->request_headers, &x->secrets);
+  if (!headers) return st_fail(ST_ENOMEM, "request headers");
+  st_status rc = prepare_body(s, x, "request", x->request_body.data, x->request_body.len, 0, body);
+  if (rc) {
+    free(headers);
+    return rc;
+  }
+  bind_text(st, 1, x->id);
+  bind_text(st, 2, x->received_at);
+  bind_text(st, 3, x->method);
+  bind_text(st, 4, x->path ? x->path : "");
+  bind_text(st, 5, x->query);
+  bind_text(st, 6, capture_api_name(x->api));
+  bind_text(st, 7, x->upstream);
+  bind_text(st, 8, x->client_addr);
+  sqlite3_bind_text(st, 9, headers, -1, free);
+  bind_blob(st, 10, body);
+  bind_text(st, 11, body->file);
+  sqlite3_bind_int64(st, 12, (sqlite3_int64)(x->request_body.len ? x->request_body.len
+                                                                   : x->request_declared_bytes));
+  sqlite3_bind_int64(st, 13, (sqlite3_int64)body->masked);
+  return ST_OK;
+}
+
+static st_status write_open(capture_store *s, sqlite3 *db, job *j) {
+  const capture_exchange *x = j->x;
+  sqlite3_stmt *st = NULL;
+  body_bind body = {0};
+  st_status rc = ST_OK;
+  if (sqlite3_prepare_v2(db, "INSERT OR IGNORE INTO requests (" REQUEST_COLUMNS
+                             ", state) VALUES (" REQUEST_PARAMS ", 'open')",
+                         -1, &st, NULL) != SQLITE_OK) {
+    rc = st_fail(ST_ESQLITE, "preparing insert: %s", sqlite3_errmsg(db));
+    goto out;
+  }
+  if ((rc = bind_request(s, st, x, &body))) goto out;
+  rc = step_done(db, st, "inserting the open row");
+out:
+  sqlite3_finalize(st);
+  body_bind_free(&body);
+  return rc;
+}
+
+static st_status write_finish(capture_store *s, sqlite3 *db, job *j) {
+  capture_exchange *x = j->x;
+  capture_summary *sum = &j->summary;
+  sqlite3_stmt *st = NULL;
+  body_bind req = {0}, resp = {0};
+  char *final_text = NULL;
+  st_status rc = ST_OK;
+  static const char *sql =
+    "INSERT INTO requests (" REQUEST_COLUMNS ", stream, state, status, model, request_malformed, "
+    "request_json_error, response_headers, response_body, response_body_file, response_bytes, "
+    "response_truncated, final_message, stop_reason, input_tokens, output_tokens, n_events, "
+    "headers_ms, ttfb_ms, total_ms, max_gap_ms, upstream_error, client_error) VALUES ("
+    REQUEST_PARAMS ", ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28,"
+    " ?29, ?30, ?31, ?32, ?33, ?34, ?35) "
+    "ON CONFLICT (id) DO UPDATE SET stream = ?14, state = ?15, status = ?16, model = ?17, "
+    "request_malformed = ?18, request_json_error = ?19, response_headers = ?20, "
+    "response_body = ?21, response_body_file = ?22, response_bytes = ?23, "
+    "response_truncated = ?24, final_message = ?25, stop_reason = ?26, input_tokens = ?27, "
+    "output_tokens = ?28, n_events = ?29, headers_ms = ?30, ttfb_ms = ?31, total_ms = ?32, "
+    "max_gap_ms = ?33, upstream_error = ?34, client_error = ?35, redactions = ?13";
+  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
+    rc = st_fail(ST_ESQLITE, "preparing upsert: %s", sqlite3_errmsg(db));
+    goto out;
+  }
+  if ((rc = bind_request(s, st, x, &req))) goto out;
+  if ((rc = prepare_body(s, x, "response", x->response_body.data, x->response_body.len, 1, &resp)))
+    goto out;
+  sqlite3_bind_int(st, 14, x->stream || sum->request_stream);
+  bind_text(st, 15, capture_state_name(x->state));
+  if (x->status > 0) sqlite3_bind_int(st, 16, x->status);
+  else sqlite3_bind_null(st, 16);
+  bind_text(st, 17, sum->model);
+  sqlite3_bind_int(st, 18, sum->request_malformed);
+  bind_text(st, 19, sum->request_json_error);
+  if (x->status > 0) {
+    char *h = headers_json(&x->response_headers, &x->secrets);
+    if (!h) {
+      rc = st_fail(ST_ENOMEM, "response headers");
+      goto out;
+    }
+    sqlite3_bind_text(st, 20, h, -1, free);
+  } else {
+    sqlite3_bind_null(st, 20);
+  }
+  bind_blob(st, 21, &resp);
+  bind_text(st, 22, resp.file);
+  if (x->status > 0) sqlite3_bind_int64(st, 23, (sqlite3_int64)x->response_bytes);
+  else sqlite3_bind_null(st, 23);
+  sqlite3_bind_int(st, 24, x->response_truncated);
+  if (sum->final_message) {
+    char *raw = json_dumps(sum->final_message, JSON_COMPACT);
+    final_text = raw ? capture_secrets_scrub(&x->secrets, raw) : NULL;
+    free(raw);
+  }
+  bind_text(st, 25, final_text);
+  bind_text(st, 26, sum->stop_reason);
+  if (sum->input_tokens >= 0) sqlite3_bind_int64(st, 27, sum->input_tokens);
+  if (sum->output_tokens >= 0) sqlite3_bind_int64(st, 28, sum->output_tokens);
+  if (x->stream) sqlite3_bind_int64(st, 29, (sqlite3_int64)x->n_events);
+  bind_ms(st, 30, x, x->t_headers_ns);
+  bind_ms(st, 31, x, x->t_first_byte_ns);
+  bind_ms(st, 32, x, x->t_end_ns);
+  if (sum->max_gap_ms >= 0) sqlite3_bind_double(st, 33, sum->max_gap_ms);
+  bind_text(st, 34, x->upstream_error);
+  bind_text(st, 35, x->client_error);
+  sqlite3_bind_int64(st, 13, (sqlite3_int64)(req.masked + resp.masked));
+  if ((rc = step_done(db, st, "finishing the row"))) goto out;
+  sqlite3_finalize(st);
+  st = NULL;
+
+  if (x->n_events > 0) {
+    if (sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO request_events (request_id, seq, t_ms, "
+                               "byte_offset, byte_length, event) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                           -1, &st, NULL) != SQLITE_OK) {
+      rc = st_fail(ST_ESQLITE, "preparing event insert: %s", sqlite3_errmsg(db));
+      goto out;
+    }
+    for (size_t i = 0; i < x->n_events && !rc; i++) {
+      char scratch[128];
+      const capture_event *ev = &x->events[i];
+      char *name = capture_secrets_scrub(&x->secrets, capture_event_name(ev, scratch, sizeof scratch));
+      sqlite3_reset(st);
+      bind_text(st, 1, x->id);
+      sqlite3_bind_int64(st, 2, (sqlite3_int64)i);
+      sqlite3_bind_double(st, 3, (double)ev->t_ns / 1e6);
+      sqlite3_bind_int64(st, 4, (sqlite3_int64)ev->offset);
+      sqlite3_bind_int64(st, 5, (sqlite3_int64)ev->length);
+      sqlite3_bind_text(st, 6, name ? name : "message", -1, SQLITE_TRANSIENT);
+      free(name);
+      rc = step_done(db, st, "inserting an event");
+    }
+  }
+out:
+  sqlite3_finalize(st);
+  body_bind_free(&req);
+  body_bind_free(&resp);
+  free(final_text);
+  return rc;
+}
+
+static void job_free(job *j) {
+  capture_summary_free(&j->summary);
+  capture_exchange_unref(j->x);
+  free(j);
+}
+
+/* Runs a batch of jobs in one transaction, each in its own savepoint. */
+static void run_batch(capture_store *s, job *batch) {
+  sqlite3 *db = st_index_db(s->ix);
+  int in_txn = st_index_begin(s->ix) == ST_OK;
+  if (!in_txn) store_log(s, "store: %s (writing each request on its own)", st_errmsg());
+  int committed_any = 0;
+  job *done_list = NULL;
+  for (job *j = batch; j;) {
+    job *next = j->next;
+    sqlite3_exec(db, "SAVEPOINT capture_job", NULL, NULL, NULL);
+    st_status rc = j->finish ? write_finish(s, db, j) : write_open(s, db, j);
+    if (rc) {
+      sqlite3_exec(db, "ROLLBACK TO capture_job", NULL, NULL, NULL);
+      store_error(s, j->x, j->finish ? "recording the finished exchange" : "recording the request");
+    }
+    sqlite3_exec(db, "RELEASE capture_job", NULL, NULL, NULL);
+    if (!rc && j->finish) committed_any++;
+    j->next = done_list;
+    done_list = j;
+    j = next;
+  }
+  if (in_txn && st_index_commit(s->ix) != ST_OK) {
+    st_index_rollback(s->ix);
+    for (job *j = done_list; j; j = j->next) store_error(s, j->x, "committing");
+    committed_any = 0;
+  }
+  atomic_fetch_add(&s->recorded, (uint64_t)committed_any);
+  while (done_list) {
+    job *next = done_list->next;
+    job_free(done_list);
+    done_list = next;
+  }
+}
+
+static void *writer_main(void *arg) {
+  capture_store *s = arg;
+  for (;;) {
+    pthread_mutex_lock(&s->mu);
+    while (!s->head && !s->stopping) pthread_cond_wait(&s->cv, &s->mu);
+    job *batch = s->head;
+    s->head = s->tail = NULL;
+    int stop = s->stopping;
+    pthread_mutex_unlock(&s->mu);
+    if (batch) run_batch(s, batch);
+    else if (stop) break;
+  }
+  return NULL;
+}
+
+static void submit(capture_store *s, job *j) {
+  pthread_mutex_lock(&s->mu);
+  if (s->tail) s->tail->next = j;
+  else s->head = j;
+  s->tail = j;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+void capture_store_submit_open(capture_store *s, capture_exchange *x) {
+  job *j = calloc(1, sizeof *j);
+  if (!j) {
+    atomic_fetch_add(&s->errors, 1);
+    store_log(s, "store: request %s: out of memory queueing the open row", x->id);
+    return; /* the finish job (an upsert) still records the request */
+  }
+  capture_exchange_ref(x);
+  j->x = x;
+  submit(s, j);
+}
+
+void capture_store_submit_finish(capture_store *s, capture_exchange *x, capture_summary *sum) {
+  job *j = calloc(1, sizeof *j);
+  if (!j) {
+    atomic_fetch_add(&s->errors, 1);
+    store_log(s, "store: request %s: out of memory queueing the finished exchange", x->id);
+    capture_summary_free(sum);
+    return;
+  }
+  capture_exchange_ref(x);
+  j->x = x;
+  j->finish = 1;
+  j->summary = *sum;
+  memset(sum, 0, sizeof *sum);
+  submit(s, j);
+}
+
+st_status capture_store_open(const capture_store_options *o, capture_store **out) {
+  *out = NULL;
+  capture_store *s = calloc(1, sizeof *s);
+  if (!s) return st_fail(ST_ENOMEM, "opening the capture store");
+  s->dir = strdup(o->dir);
+  s->inline_max = o->inline_max_bytes;
+  s->log = o->log;
+  s->log_user = o->log_user;
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  st_status st = s->dir ? st_index_open(o->dir, ST_INDEX_READ_WRITE, &s->ix)
+                        : st_fail(ST_ENOMEM, "store path");
+  if (!st && pthread_create(&s->thread, NULL, writer_main, s) != 0)
+    st = st_fail(ST_EIO, "starting the capture store writer: %s", strerror(errno));
+  if (st) {
+    st_index_close(s->ix);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s->dir);
+    free(s);
+    return st;
+  }
+  s->thread_started = 1;
+  *out = s;
+  return ST_OK;
+}
+
+st_status capture_store_close(capture_store *s) {
+  if (!s) return ST_OK;
+  if (s->thread_started) {
+    pthread_mutex_lock(&s->mu);
+    s->stopping = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL);
+  }
+  st_index_close(s->ix);
+  st_status st = s->first_error;
+  if (st) st_fail(st, "capture store %s: %s", s->dir, s->first_error_msg);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+  free(s->dir);
+  free(s);
+  return st;
+}
+
+uint64_t capture_store_recorded(const capture_store *s) { return atomic_load(&s->recorded); }
+uint64_t capture_store_errors(const capture_store *s) { return atomic_load(&s->errors); }
+
+/* ---- reading ------------------------------------------------------------------------------- */
+
+struct st_capture_db {
+  st_index *ix;
+  char *dir;
+};
+
+st_status st_capture_db_open(const char *store_dir, st_capture_db **out) {
+  *out = NULL;
+  st_index *ix = NULL;
+  st_status st = st_index_open(store_dir, ST_INDEX_READ_ONLY, &ix);
+  if (st) return st;
+  sqlite3_stmt *q = NULL;
+  int found = 0;
+  if (sqlite3_prepare_v2(st_index_db(ix),
+                         "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'requests'",
+                         -1, &q, NULL) == SQLITE_OK)
+    found = sqlite3_step(q) == SQLITE_ROW;
+  sqlite3_finalize(q);
+  if (!found) {
+    st_index_close(ix);
+    return st_fail(ST_ENOTFOUND, "store %s has no captured requests (its index predates "
+                                 "`sparsetrace capture`; run a capture with --store %s)",
+                   store_dir, store_dir);
+  }
+  st_capture_db *db = calloc(1, sizeof *db);
+  if (!db || !(db->dir = strdup(store_dir))) {
+    free(db);
+    st_index_close(ix);
+    return st_fail(ST_ENOMEM, "opening %s", store_dir);
+  }
+  db->ix = ix;
+  *out = db;
+  return ST_OK;
+}
+
+void st_capture_db_close(st_capture_db *db) {
+  if (!db) return;
+  st_index_close(db->ix);
+  free(db->dir);
+  free(db);
+}
+
+st_status st_capture_db_resolve(st_capture_db *db, const char *ref, char id_out[40]) {
+  sqlite3 *sq = st_index_db(db->ix);
+  sqlite3_stmt *q = NULL;
+  int last = !strcmp(ref, "last");
+  if (!last && strlen(ref) < 4)
+    return st_fail(ST_EINVAL, "request id '%s' is too short: give at least 4 characters, or "
+                              "'last'", ref);
+  const char *sql = last ? "SELECT id FROM requests ORDER BY received_at DESC, rowid DESC LIMIT 1"
+                         : "SELECT id FROM requests WHERE substr(id, 1, length(?1)) = ?1 "
+                           "ORDER BY id LIMIT 3";
+  if (sqlite3_prepare_v2(sq, sql, -1, &q, NULL) != SQLITE_OK)
+    return st_fail(ST_ESQLITE, "looking up request %s: %s", ref, sqlite3_errmsg(sq));
+  if (!last) sqlite3_bind_text(q, 1, ref, -1, SQLITE_TRANSIENT);
+  int n = 0;
+  char first[40] = "", second[40] = "";
+  while (sqlite3_step(q) == SQLITE_ROW) {
+    snprintf(n == 0 ? first : second, 40, "%s", (const char *)sqlite3_column_text(q, 0));
+    if (++n == 2) break;
+  }
+  sqlite3_finalize(q);
+  if (n == 0)
+    return st_fail(ST_ENOTFOUND, last ? "no captured requests in store %s"
+                                      : "no captured request with id '%s' in store %s",
+                   last ? db->dir : ref, db->dir);
+  if (n > 1)
+    return st_fail(ST_EINVAL, "request id '%s' is ambiguous (%s, %s, ...): give more characters",
+                   ref, first, second);
+  snprintf(id_out, 40, "%s", first);
+  return ST_OK;
+}
+
+static json_t *col_text(sqlite3_stmt *q, int i) {
+  if (sqlite3_column_type(q, i) == SQLITE_NULL) return json_null();
+  json_t *s = json_stringn((const char *)sqlite3_column_text(q, i), (size_t)sqlite3_column_bytes(q, i));
+  return s ? s : json_null();
+}
+static json_t *col_int(sqlite3_stmt *q, int i) {
+  return sqlite3_column_type(q, i) == SQLITE_NULL ? json_null()
+                                                   : json_integer(sqlite3_column_int64(q, i));
+}
+static json_t *col_real(sqlite3_stmt *q, int i) {
+  if (sqlite3_column_type(q, i) == SQLITE_NULL) return json_null();
+  /* Milliseconds to microsecond precision: enough, and keeps exports readable. */
+  return json_real((double)(int64_t)(sqlite3_column_double(q, i) * 1000.0 + 0.5) / 1000.0);
+}
+static json_t *col_json(sqlite3_stmt *q, int i) {
+  if (sqlite3_column_type(q, i) == SQLITE_NULL) return json_null();
+  json_t *v = json_loadb((const char *)sqlite3_column_text(q, i), (size_t)sqlite3_column_bytes(q, i),
+                         JSON_DECODE_ANY, NULL);
+  return v ? v : json_null();
+}
+
+st_status st_capture_db_list(st_capture_db *db, int limit, json_t **out) {
+  *out = NULL;
+  sqlite3 *sq = st_index_db(db->ix);
+  sqlite3_stmt *q = NULL;
+  static const char *sql =
+    "SELECT id, received_at, method, endpoint, api, stream, state, status, model, input_tokens, "
+    "output_tokens, ttfb_ms, total_ms, request_bytes, response_bytes, request_malformed "
+    "FROM requests ORDER BY received_at DESC, rowid DESC LIMIT ?1";
+  if (sqlite3_prepare_v2(sq, sql, -1, &q, NULL) != SQLITE_OK)
+    return st_fail(ST_ESQLITE, "listing requests: %s", sqlite3_errmsg(sq));
+  sqlite3_bind_int64(q, 1, limit > 0 ? limit : -1);
+  json_t *arr = json_array();
+  int rc;
+  while (arr && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+    json_t *o = json_object();
+    json_object_set_new(o, "id", col_text(q, 0));
+    json_object_set_new(o, "received_at", col_text(q, 1));
+    json_object_set_new(o, "method", col_text(q, 2));
+    json_object_set_new(o, "endpoint", col_text(q, 3));
+    json_object_set_new(o, "api", col_text(q, 4));
+    json_object_set_new(o, "stream", json_boolean(sqlite3_column_int(q, 5)));
+    json_object_set_new(o, "state", col_text(q, 6));
+    json_object_set_new(o, "status", col_int(q, 7));
+    json_object_set_new(o, "model", col_text(q, 8));
+    json_object_set_new(o, "input_tokens", col_int(q, 9));
+    json_object_set_new(o, "output_tokens", col_int(q, 10));
+    json_object_set_new(o, "ttfb_ms", col_real(q, 11));
+    json_object_set_new(o, "total_ms", col_real(q, 12));
+    json_object_set_new(o, "request_bytes", col_int(q, 13));
+    json_object_set_new(o, "response_bytes", col_int(q, 14));
+    json_object_set_new(o, "request_malformed", json_boolean(sqlite3_column_int(q, 15)));
+    json_array_append_new(arr, o);
+  }
+  st_status st = ST_OK;
+  if (!arr) st = st_fail(ST_ENOMEM, "listing requests");
+  else if (rc != SQLITE_DONE) st = st_fail(ST_ESQLITE, "listing requests: %s", sqlite3_errmsg(sq));
+  sqlite3_finalize(q);
+  if (st) json_decref(arr);
+  else *out = arr;
+  return st;
+}
+
+static char *base64(const unsigned char *p, size_t n) {
+  static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  char *out = malloc((n + 2) / 3 * 4 + 1), *o = out;
+  if (!out) return NULL;
+  for (size_t i = 0; i < n; i += 3) {
+    uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) |
+                 (i + 2 < n ? p[i + 2] : 0);
+    *o++ = tab[v >> 18 & 63];
+    *o++ = tab[v >> 12 & 63];
+    *o++ = i + 1 < n ? tab[v >> 6 & 63] : '=';
+    *o++ = i + 2 < n ? tab[v & 63] : '=';
+  }
+  *o = 0;
+  return out;
+}
+
+/* Sets "body" (raw text) or "body_base64" (not UTF-8) on obj from a BLOB column or its file. */
+static st_status export_body(st_capture_db *db, sqlite3_stmt *q, int blob_col, int file_col,
+                             json_t *obj) {
+  const char *data = NULL;
+  size_t len = 0;
+  char *owned = NULL;
+  if (sqlite3_column_type(q, file_col) != SQLITE_NULL) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", db->dir, (const char *)sqlite3_column_text(q, file_col));
+    FILE *f = fopen(path, "rb");
+    if (!f) return st_fail(ST_EIO, "cannot open captured body %s: %s", path, strerror(errno));
+    capture_buf b = {0};
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
+      if (capture_buf_append(&b, chunk, n) < 0) {
+        fclose(f);
+        capture_buf_free(&b);
+        return st_fail(ST_ENOMEM, "reading %s", path);
+      }
+    fclose(f);
+    len = b.len;
+    data = owned = capture_buf_steal(&b);
+  } else if (sqlite3_column_type(q, blob_col) != SQLITE_NULL) {
+    data = sqlite3_column_blob(q, blob_col);
+    len = (size_t)sqlite3_column_bytes(q, blob_col);
+    if (!data) data = "";
+  }
+  if (!data) {
+    json_object_set_new(obj, "body", json_null());
+  } else {
+    /* Only valid UTF-8 goes in as text (json_stringn checks); anything else as base64. */
+    json_t *text = json_stringn(data, len);
+    if (text) {
+      json_object_set_new(obj, "body", text);
+    } else {
+      char *b64 = base64((const unsigned char *)data, len);
+      json_object_set_new(obj, "body", json_null());
+      json_object_set_new(obj, "body_base64", b64 ? json_string(b64) : json_null());
+      free(b64);
+    }
+  }
+  free(owned);
+  return ST_OK;
+}
+
+st_status st_capture_db_export(st_capture_db *db, const char *id, json_t **out) {
+  *out = NULL;
+  sqlite3 *sq = st_index_db(db->ix);
+  sqlite3_stmt *q = NULL;
+  static const char *sql =
+    "SELECT id, received_at, method, endpoint, query, api, stream, state, status, upstream, "
+    "client_addr, model, request_headers, request_body, request_body_file, request_bytes, "
+    "request_malformed, request_json_error, response_headers, response_body, response_body_file, "
+    "response_bytes, response_truncated, final_message, stop_reason, input_tokens, output_tokens, "
+    "n_events, headers_ms, ttfb_ms, total_ms, max_gap_ms, upstream_error, client_error, "
+    "redactions FROM requests WHERE id = ?1";
+  if (sqlite3_prepare_v2(sq, sql, -1, &q, NULL) != SQLITE_OK)
+    return st_fail(ST_ESQLITE, "reading request %s: %s", id, sqlite3_errmsg(sq));
+  sqlite3_bind_text(q, 1, id, -1, SQLITE_TRANSIENT);
+  if (sqlite3_step(q) != SQLITE_ROW) {
+    sqlite3_finalize(q);
+    return st_fail(ST_ENOTFOUND, "no captured request with id '%s' in store %s", id, db->dir);
+  }
+  json_t *r = json_object(), *req = json_object(), *resp = json_object(), *tim = json_object();
+  json_t *errs = json_object(), *usage = json_object(), *events = json_array();
+  st_status st = ST_OK;
+  if (!r || !req || !resp || !tim || !errs || !usage || !events) {
+    st = st_fail(ST_ENOMEM, "exporting request %s", id);
+    goto out;
+  }
+  json_object_set_new(r, "schema", json_string(ST_CAPTURE_RECORD_SCHEMA));
+  static const char *const top[] = {"id", "received_at", "method", "endpoint", "query", "api"};
+  for (int i = 0; i < 6; i++) json_object_set_new(r, top[i], col_text(q, i));
+  json_object_set_new(r, "stream", json_boolean(sqlite3_column_int(q, 6)));
+  json_object_set_new(r, "state", col_text(q, 7));
+  json_object_set_new(r, "status", col_int(q, 8));
+  json_object_set_new(r, "upstream", col_text(q, 9));
+  json_object_set_new(r, "client_addr", col_text(q, 10));
+  json_object_set_new(r, "model", col_text(q, 11));
+
+  json_object_set_new(req, "headers", col_json(q, 12));
+  if ((st = export_body(db, q, 13, 14, req))) goto out;
+  json_object_set_new(req, "bytes", col_int(q, 15));
+  json_object_set_new(req, "malformed", json_boolean(sqlite3_column_int(q, 16)));
+  json_object_set_new(req, "json_error", col_text(q, 17));
+  json_object_set(r, "request", req);
+
+  json_object_set_new(resp, "headers", col_json(q, 18));
+  if ((st = export_body(db, q, 19, 20, resp))) goto out;
+  json_object_set_new(resp, "bytes", col_int(q, 21));
+  json_object_set_new(resp, "truncated", json_boolean(sqlite3_column_int(q, 22)));
+  json_object_set(r, "response", resp);
+
+  json_object_set_new(r, "final_message", col_json(q, 23));
+  json_object_set_new(r, "stop_reason", col_text(q, 24));
+  json_object_set_new(usage, "input_tokens", col_int(q, 25));
+  json_object_set_new(usage, "output_tokens", col_int(q, 26));
+  json_object_set(r, "usage", usage);
+
+  json_object_set_new(tim, "n_events", col_int(q, 27));
+  json_object_set_new(tim, "headers_ms", col_real(q, 28));
+  json_object_set_new(tim, "ttfb_ms", col_real(q, 29));
+  json_object_set_new(tim, "total_ms", col_real(q, 30));
+  json_object_set_new(tim, "max_gap_ms", col_real(q, 31));
+  json_object_set_new(errs, "upstream", col_text(q, 32));
+  json_object_set_new(errs, "client", col_text(q, 33));
+  json_object_set(r, "errors", errs);
+  json_object_set_new(r, "redactions", col_int(q, 34));
+  sqlite3_finalize(q);
+  q = NULL;
+
+  if (sqlite3_prepare_v2(sq, "SELECT seq, t_ms, gap_ms, event, byte_offset, byte_length FROM "
+                             "request_event_gaps WHERE request_id = ?1 ORDER BY seq",
+                         -1, &q, NULL) != SQLITE_OK) {
+    st = st_fail(ST_ESQLITE, "reading events of %s: %s", id, sqlite3_errmsg(sq));
+    goto out;
+  }
+  sqlite3_bind_text(q, 1, id, -1, SQLITE_TRANSIENT);
+  while (sqlite3_step(q) == SQLITE_ROW) {
+    json_t *e = json_object();
+    json_object_set_new(e, "seq", col_int(q, 0));
+    json_object_set_new(e, "t_ms", col_real(q, 1));
+    json_object_set_new(e, "gap_ms", col_real(q, 2));
+    json_object_set_new(e, "event", col_text(q, 3));
+    json_object_set_new(e, "offset", col_int(q, 4));
+    json_object_set_new(e, "length", col_int(q, 5));
+    json_array_append_new(events, e);
+  }
+  json_object_set(tim, "events", events);
+  json_object_set(r, "timings", tim);
+out:
+  sqlite3_finalize(q);
+  json_decref(req);
+  json_decref(resp);
+  json_decref(tim);
+  json_decref(errs);
+  json_decref(usage);
+  json_decref(events);
+  if (st) json_decref(r);
+  else *out = r;
+  return st;
+}
+
+st_status st_capture_record_load(const char *path, json_t **out) {
+  *out = NULL;
+  json_error_t err;
+  json_t *r = json_load_file(path, 0, &err);
+  if (!r)
+    return st_fail(ST_EFORMAT, "%s:%d:%d: not a JSON capture record: %s", path, err.line,
+                   err.column, err.text);
+  const char *schema = json_string_value(json_object_get(r, "schema"));
+  const char *missing = NULL;
+  if (!schema || strcmp(schema, ST_CAPTURE_RECORD_SCHEMA)) missing = "\"schema\": \"" ST_CAPTURE_RECORD_SCHEMA "\"";
+  else if (!json_is_string(json_object_get(r, "api"))) missing = "\"api\"";
+  else if (!json_is_string(json_object_get(r, "endpoint"))) missing = "\"endpoint\"";
+  else if (!json_is_object(json_object_get(r, "request"))) missing = "\"request\"";
+  else if (!json_is_string(json_object_get(json_object_get(r, "request"), "body")) &&
+           !json_is_string(json_object_get(json_object_get(r, "request"), "body_base64")))
+    missing = "\"request\".\"body\"";
+  if (missing) {
+    json_decref(r);
+    return st_fail(ST_EFORMAT, "%s: not a capture record (%s missing or wrong; export one with "
+                               "`sparsetrace requests export ID`)", path, missing);
+  }
+  *out = r;
+  return ST_OK;
+}
