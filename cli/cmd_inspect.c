@@ -24,9 +24,10 @@ static const char *usage_text =
   "\n"
   "Shows what a trace holds: run id, model, settings, build, tokens, every tap with its shape,\n"
   "dtype, what axis 0 counts (token position or compressed row) and summary statistics\n"
-  "(count, NaN, inf, min, max, mean, rms over finite values), whether the file is complete,\n"
-  "and per CSA layer whether the trace can feed `replay --stage indexer` (needs indexer.q,\n"
-  "indexer.k, indexer.weights) and `--stage layer|rest` (needs layers.N.input).\n"
+  "(count, NaN, inf, min, max, mean, rms over finite values; \"-\" where there are none, as in\n"
+  "a recording that never finished), whether the file is complete, and per CSA layer whether\n"
+  "the trace can feed `replay --stage indexer` (needs indexer.q, indexer.k, indexer.weights)\n"
+  "and `--stage layer|rest` (needs layers.N.input).\n"
   "\n"
   "options:\n"
   "  --json      one JSON object instead of text\n"
@@ -153,8 +154,11 @@ static void print_text(const st_trace *t, long long file_bytes, const readiness 
          or_dash(st_trace_attr(t, "build_type")), or_dash(st_trace_attr(t, "backend")),
          or_dash(st_trace_attr(t, "kernel_mode")), (long long)st_trace_attr_int(t, "threads", 0));
   if (st_trace_attr(t, "command_line")) printf("command     %s\n", st_trace_attr(t, "command_line"));
-  printf("tokens      %lld (%lld prompt + %lld generated)\n", (long long)n_tokens,
-         (long long)n_prompt, (long long)(n_tokens - n_prompt));
+  if (!st_trace_is_complete(t) && n_tokens == 0)
+    printf("tokens      none (written when a recording finishes)\n");
+  else
+    printf("tokens      %lld (%lld prompt + %lld generated)\n", (long long)n_tokens,
+           (long long)n_prompt, (long long)(n_tokens - n_prompt));
   printf("positions   %s\n", or_dash(st_trace_attr(t, "positions")));
   int n = st_trace_tap_count(t);
   printf("taps        %d\n", n);
@@ -180,9 +184,13 @@ static void print_text(const st_trace *t, long long file_bytes, const readiness 
     num_text(s->max, s->has_range, mx, sizeof mx);
     num_text(s->mean, s->has_range, mean, sizeof mean);
     num_text(s->rms, s->has_rms, rms, sizeof rms);
-    printf("  %-*s  %-*s  %-8s  %-14s  %10lld  %6lld  %6lld  %12s  %12s  %12s  %12s\n", (int)wn,
+    char count[24], nan[24], inf[24];
+    snprintf(count, sizeof count, s->count < 0 ? "-" : "%lld", (long long)s->count);
+    snprintf(nan, sizeof nan, s->count < 0 ? "-" : "%lld", (long long)s->nan_count);
+    snprintf(inf, sizeof inf, s->count < 0 ? "-" : "%lld", (long long)s->inf_count);
+    printf("  %-*s  %-*s  %-8s  %-14s  %10s  %6s  %6s  %12s  %12s  %12s  %12s\n", (int)wn,
            tap->name, (int)ws, shape, st_dtype_name(tap->dtype), st_trace_axis0_name(tap->row_axis),
-           (long long)s->count, (long long)s->nan_count, (long long)s->inf_count, mn, mx, mean, rms);
+           count, nan, inf, mn, mx, mean, rms);
   }
   for (int i = 0; i < n; i++)
     if (st_trace_tap_at(t, i)->has_positions) {
@@ -251,9 +259,9 @@ static int print_json(const st_trace *t, long long file_bytes, const readiness *
     json_object_set_new(x, "dtype", json_string(st_dtype_name(tap->dtype)));
     json_object_set_new(x, "axis0", json_string(st_trace_axis0_name(tap->row_axis)));
     json_object_set_new(x, "has_positions", json_boolean(tap->has_positions));
-    json_object_set_new(x, "count", json_integer(s->count));
-    json_object_set_new(x, "nan_count", json_integer(s->nan_count));
-    json_object_set_new(x, "inf_count", json_integer(s->inf_count));
+    json_object_set_new(x, "count", s->count < 0 ? json_null() : json_integer(s->count));
+    json_object_set_new(x, "nan_count", s->count < 0 ? json_null() : json_integer(s->nan_count));
+    json_object_set_new(x, "inf_count", s->count < 0 ? json_null() : json_integer(s->inf_count));
     json_object_set_new(x, "min", json_num(s->min, s->has_range));
     json_object_set_new(x, "max", json_num(s->max, s->has_range));
     json_object_set_new(x, "mean", json_num(s->mean, s->has_range));

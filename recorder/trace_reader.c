@@ -168,7 +168,7 @@ static st_status load_tap(st_trace *t, hid_t group, const char *name, st_trace_t
   if (st_h5_attr_read_int(d, "layer", &v) == ST_OK) tap->layer = (int)v;
   tap->has_positions = H5Aexists(d, "positions") > 0;
   st_tap_stats *s = &tap->stats;
-  st_h5_attr_read_int(d, "count", &s->count);
+  if (st_h5_attr_read_int(d, "count", &s->count) != ST_OK) s->count = -1; /* unfinished file */
   st_h5_attr_read_int(d, "nan_count", &s->nan_count);
   st_h5_attr_read_int(d, "inf_count", &s->inf_count);
   s->has_range = st_h5_attr_read_double(d, "min", &s->min) == ST_OK &&

@@ -45,7 +45,9 @@ int64_t st_trace_attr_int(const st_trace *t, const char *name, int64_t fallback)
 const int32_t *st_trace_tokens(const st_trace *t, int64_t *n_tokens);
 int64_t st_trace_n_prompt(const st_trace *t);
 
-/* Taps in forward order (layer by layer in catalogue order, model-scope taps last). */
+/* Taps in forward order (layer by layer in catalogue order, model-scope taps last). A tap's
+** stats.count is -1 when the file holds no statistics for it (written at finish: an unfinished
+** recording opened with ST_TRACE_OPEN_INCOMPLETE). */
 int st_trace_tap_count(const st_trace *t);
 const st_trace_tap *st_trace_tap_at(const st_trace *t, int i);
 /* By full name ("layers.3.indexer.q") or by catalogue id and layer (-1 for model taps);

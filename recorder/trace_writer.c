@@ -34,6 +34,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "hdf5_util.h"
 
@@ -41,6 +42,7 @@
 #define DEFAULT_CHUNK_TARGET ((size_t)64 << 10)
 #define MAX_CHUNK_BYTES ((size_t)1 << 20)
 #define GROWABLE_AXIS_MIN_CHUNK 64 /* chunk width of an axis that grows (R, k) */
+#define FLUSH_INTERVAL_S 1.0
 
 typedef struct block {
   struct block *next;
@@ -94,6 +96,7 @@ struct st_trace_writer {
   int n_taps, cap_taps;
   const int32_t *tokens;
   int64_t n_tokens, n_prompt;
+  double last_flush; /* CLOCK_MONOTONIC seconds */
 };
 
 /* ---------------------------------------------------------------- writer thread: datasets */
@@ -518,6 +521,18 @@ static st_status close_file(st_trace_writer *w) {
   return st;
 }
 
+/* Flushes the file at most once per FLUSH_INTERVAL_S while writing, so that the .part left by a
+** killed recorder still opens (inspect --partial) with the rows up to the last flush. */
+static st_status flush_now_and_then(st_trace_writer *w) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  double t = (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+  if (t - w->last_flush < FLUSH_INTERVAL_S) return ST_OK;
+  w->last_flush = t;
+  if (H5Fflush(w->file, H5F_SCOPE_LOCAL) < 0) return st_h5_fail(ST_EIO, "flushing trace %s", w->path);
+  return ST_OK;
+}
+
 /* Records the writer thread's first error so the engine's thread can report it. Lock held. */
 static void set_failed_locked(st_trace_writer *w, st_status st) {
   if (w->failed) return;
@@ -550,6 +565,7 @@ static void *writer_main(void *arg) {
     if (!w->head) w->tail = NULL;
     pthread_mutex_unlock(&w->lock);
     if (!st) st = write_block(w, b); /* after an error, blocks are only discarded */
+    if (!st) st = flush_now_and_then(w);
     pthread_mutex_lock(&w->lock);
     if (st) set_failed_locked(w, st);
     w->queued_bytes -= b->nbytes;
