@@ -32,7 +32,8 @@ st_status st_trace_writer_open(const char *path, const st_trace_run_attrs *attrs
 /* Queues a copy of a block of rows of tap (id, layer): rank dims, shape[0] rows, row-major data
 ** (borrowed; copied before return). Position taps: row i holds token position pos0 + i and is
 ** appended after the rows already written. Row taps (catalogue row_axis): the rows are
-** compressed rows pos0 .. pos0 + shape[0] - 1 and are written at those indices. Axes 1.. may
+** compressed rows pos0 .. pos0 + shape[0] - 1 and are written at those indices (rows emitted
+** again overwrite the earlier ones, and then count twice in the statistics). Axes 1.. may
 ** grow between appends (the dataset grows; rows written earlier read as fill: -inf for floats,
 ** -1 for integers); rank and dtype may not change. Blocks while the queue is over its limit.
 ** Returns the writer's sticky error if it has failed. */
