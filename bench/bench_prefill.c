@@ -1,0 +1,203 @@
+/*
+** bench_prefill.c — CPU prefill speed and peak memory of the reference engine (cpu-ref) at
+** growing context, with the cost split into where it goes, and the recording overhead.
+**
+** Each measurement runs in its own child process, so the peak RSS reported is that size's alone.
+** Peers in the same invocation: (1) the backend's own physical limit on this machine — the
+** GFLOP/s of the cpu-ref matmul on a large square problem, measured here, first; (2) the
+** dense-attention cost the same model would pay if every query attended every earlier token,
+** computed from the same shapes. Cost model per token t (FLOP = 2 per multiply-add):
+**   linear   every projection, router, experts (kE routed + shared), mHC mixing
+**   attention 4 H d (window + compressed candidates)  — window <= w, CSA top-k, HCA all rows
+**   indexer  2 hI dI (t+1)/m  (CSA layers: every visible compressed row is scored)
+**
+** usage: bench_prefill MODEL_DIR TOKENS[,TOKENS...] [--set K=V]... [--tap GLOB --store DIR]
+*/
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "engine/model.h"
+#include "recorder/recorder.h"
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+typedef struct cost { double linear, attention, indexer, dense_attention; } cost;
+
+static cost cost_model(const st_config *c, const st_settings *set, int64_t T) {
+  cost k = {0};
+  double D = c->hidden_size, H = c->num_attention_heads, d = c->head_dim, q = c->q_lora_rank;
+  double G = c->o_groups, Ro = c->o_lora_rank, hI = c->index_n_heads, dI = c->index_head_dim;
+  double F = c->moe_intermediate_size, E = c->n_routed_experts, kE = c->num_experts_per_tok;
+  double hc = c->hc_mult, mixes = (2 + hc) * hc, w = c->sliding_window;
+  int topk = st_settings_topk(set, c);
+  for (int l = 0; l < c->num_hidden_layers; l++) {
+    int m = c->compress_ratio[l];
+    double per_token = D * q + q * H * d + D * d + H * d * Ro + G * Ro * D + D * E +
+                       (kE + 1) * 3 * D * F + 2 * mixes * hc * D;
+    if (m) per_token += 2 * D * (c->layer_kind[l] == ST_LAYER_CSA ? 2 : 1) * d;
+    if (c->layer_kind[l] == ST_LAYER_CSA) per_token += q * hI * dI + D * hI + 2 * D * 2 * dI;
+    k.linear += 2 * per_token * (double)T;
+    for (int64_t t = 0; t < T; t++) {
+      double window = (double)(t + 1 < w ? t + 1 : w), visible = m ? (double)((t + 1) / m) : 0;
+      double compressed = c->layer_kind[l] == ST_LAYER_CSA ? fmin(topk, visible) : visible;
+      k.attention += 4 * H * d * (window + compressed);
+      k.dense_attention += 4 * H * d * (double)(t + 1);
+      if (c->layer_kind[l] == ST_LAYER_CSA) k.indexer += 2 * hI * dI * visible;
+    }
+  }
+  k.linear += 2 * D * c->vocab_size; /* logits of the last token */
+  return k;
+}
+
+/* GFLOP/s of the cpu-ref matmul, [256 x 1024] . [1024 x 1024]^T, best of 5. */
+static double matmul_peak(void) {
+  int n = 256, in = 1024, out = 1024;
+  float *x = malloc(sizeof(float) * n * in), *w = malloc(sizeof(float) * in * out);
+  float *y = malloc(sizeof(float) * n * out);
+  for (int i = 0; i < n * in; i++) x[i] = (float)(((long)i * 7919) % 1000) / 1000.0f;
+  for (int i = 0; i < in * out; i++) w[i] = (float)(((long)i * 104729) % 1000) / 1000.0f;
+  double best = 1e30;
+  for (int r = 0; r < 5; r++) {
+    double t0 = now();
+    st_backend_cpu_ref.matmul(y, x, w, n, in, out);
+    best = fmin(best, now() - t0);
+  }
+  free(x);
+  free(w);
+  free(y);
+  return 2.0 * n * in * out / best / 1e9;
+}
+
+typedef struct result { double seconds, peak_mib; } result;
+
+static int measure(const char *model_dir, int64_t T, const st_settings *settings, const char *tap,
+                   const char *store, result *out) {
+  int pipefd[2];
+  if (pipe(pipefd)) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(pipefd[0]);
+    st_model *m = NULL;
+    st_session *s = NULL;
+    st_taps taps = {0};
+    st_recorder *rec = NULL;
+    if (st_model_open(model_dir, &m) || st_model_load_all(m)) goto fail;
+    int32_t *tokens = malloc(sizeof(int32_t) * (size_t)T);
+    unsigned seed = 99;
+    for (int64_t i = 0; i < T; i++) {
+      seed = seed * 1103515245u + 12345u;
+      tokens[i] = (int32_t)((seed >> 8) % 256u);
+    }
+    if (tap) {
+      const char *globs[] = {tap};
+      if (st_taps_arm(&taps, m->cfg->num_hidden_layers, globs, 1)) goto fail;
+      st_run_meta meta = {.model_dir = model_dir, .model_name = "bench", .settings_json = "{}",
+                          .config_json = "{}", .backend = "cpu-ref", .kernel_mode = "deterministic",
+                          .threads = 1, .command_line = "bench_prefill", .positions = "all",
+                          .n_layers = m->cfg->num_hidden_layers};
+      st_run_id_new(&meta);
+      char path[4096];
+      snprintf(path, sizeof path, "%s/runs/%s.h5", store, meta.run_id);
+      if (st_recorder_open(path, store, &meta, T, &rec)) goto fail;
+      taps.sink = st_recorder_sink(rec);
+    }
+    st_session_options opt = {.max_tokens = T, .settings = *settings, .taps = tap ? &taps : NULL};
+    if (st_session_create(m, &opt, &s)) goto fail;
+    float *logits = malloc(sizeof(float) * (size_t)m->cfg->vocab_size);
+    double t0 = now();
+    if (st_session_forward(s, tokens, (int)T, logits, NULL)) goto fail;
+    if (rec && st_recorder_finish(rec, tokens, T, T)) goto fail; /* the writer drains: counted */
+    result r = {.seconds = now() - t0};
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    r.peak_mib = (double)ru.ru_maxrss / 1024.0;
+    if (write(pipefd[1], &r, sizeof r) != sizeof r) _exit(1);
+    _exit(0);
+  fail:
+    fprintf(stderr, "bench_prefill: %s\n", st_errmsg());
+    _exit(1);
+  }
+  close(pipefd[1]);
+  ssize_t got = read(pipefd[0], out, sizeof *out);
+  close(pipefd[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return got == sizeof *out && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: bench_prefill MODEL_DIR TOKENS[,TOKENS...] [--set K=V]... [--tap GLOB --store DIR]\n");
+    return 2;
+  }
+  const char *model_dir = argv[1], *tap = NULL, *store = "/tmp/sparsetrace-bench";
+  st_settings settings;
+  st_settings_default(&settings);
+  char settings_text[512] = "";
+  for (int i = 3; i < argc; i++) {
+    if (!strcmp(argv[i], "--set") && i + 1 < argc) {
+      if (st_settings_set(&settings, argv[++i])) { fprintf(stderr, "%s\n", st_errmsg()); return 2; }
+      strcat(strcat(settings_text, " "), argv[i]);
+    } else if (!strcmp(argv[i], "--tap") && i + 1 < argc) tap = argv[++i];
+    else if (!strcmp(argv[i], "--store") && i + 1 < argc) store = argv[++i];
+    else { fprintf(stderr, "bench_prefill: unknown argument %s\n", argv[i]); return 2; }
+  }
+  st_model *m = NULL;
+  if (st_model_open(model_dir, &m)) { fprintf(stderr, "%s\n", st_errmsg()); return 1; }
+  st_settings resolved = settings;
+  st_settings_resolve(&resolved, m->cfg);
+  /* The parent never starts OpenMP threads: libgomp does not survive fork(), so every
+  ** measurement, the peak included, runs in a child. */
+  double peak_and_threads[2] = {0, 1};
+  int pipefd[2];
+  if (pipe(pipefd)) return 1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    double v[2] = {matmul_peak(), 1};
+#ifdef _OPENMP
+    v[1] = omp_get_max_threads();
+#endif
+    _exit(write(pipefd[1], v, sizeof v) == sizeof v ? 0 : 1);
+  }
+  close(pipefd[1]);
+  if (read(pipefd[0], peak_and_threads, sizeof peak_and_threads) != sizeof peak_and_threads) return 1;
+  close(pipefd[0]);
+  waitpid(pid, NULL, 0);
+  double peak = peak_and_threads[0];
+  int threads = (int)peak_and_threads[1];
+  printf("machine peak of the cpu-ref matmul (%d threads): %.2f GFLOP/s\n", threads, peak);
+  printf("settings:%s   taps: %s\n\n", settings_text[0] ? settings_text : " (defaults)", tap ? tap : "none");
+  printf("| tokens | seconds | tokens/s | peak MiB | GFLOP | GFLOP/s | of peak | attention GFLOP | indexer GFLOP | dense-attention GFLOP | sparse/dense attention |\n");
+  printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  char *list = strdup(argv[2]);
+  for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+    int64_t T = strtoll(tok, NULL, 10);
+    if (tok[strlen(tok) - 1] == 'k') T *= 1024;
+    result r;
+    if (measure(model_dir, T, &settings, tap, store, &r)) { printf("| %lld | failed |\n", (long long)T); continue; }
+    cost c = cost_model(m->cfg, &resolved, T);
+    double total = c.linear + c.attention + c.indexer;
+    printf("| %lld | %.2f | %.0f | %.0f | %.1f | %.2f | %.0f%% | %.1f | %.1f | %.1f | %.3f |\n",
+           (long long)T, r.seconds, (double)T / r.seconds, r.peak_mib, total / 1e9,
+           total / 1e9 / r.seconds, 100 * total / 1e9 / r.seconds / peak, c.attention / 1e9,
+           c.indexer / 1e9, c.dense_attention / 1e9, c.attention / c.dense_attention);
+    fflush(stdout);
+  }
+  free(list);
+  st_model_close(m);
+  return 0;
+}
