@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "indexer.h"
 #include "lowp.h"
 
 #ifdef _OPENMP
@@ -298,13 +299,15 @@ struct st_session {
   st_model *model;
   const st_config *cfg;
   const st_backend_ops *ops;
-  st_settings set;
+  st_settings set;      /* the run's settings */
+  st_settings alt;      /* replay: settings of the layers in alt_layers */
+  uint8_t *alt_layers;  /* [n_layers] 1 = layer runs under alt; NULL = none */
   st_taps *taps;
   st_status tap_status; /* first error a tap sink returned */
   int64_t position, max_tokens;
   int max_chunk, threads, topk;
   int64_t rows_cap_csa, rows_cap_hca;
-  rope_table rope_main, rope_compress;
+  rope_table rope_main, rope_compress, rope_compress_alt; /* alt: only if its RoPE differs */
   layer_state *layers;
   /* scratch, [max_chunk, ...] unless noted */
   int64_t *positions, *row_positions;  /* [max_chunk], [max_chunk] */
@@ -348,6 +351,9 @@ void st_session_free(st_session *s) {
   free(s->rope_main.sin);
   free(s->rope_compress.cos);
   free(s->rope_compress.sin);
+  free(s->rope_compress_alt.cos);
+  free(s->rope_compress_alt.sin);
+  free(s->alt_layers);
   if (s->layers) {
     for (int i = 0; i < s->cfg->num_hidden_layers; i++) {
       layer_state *ls = &s->layers[i];
@@ -392,6 +398,17 @@ st_status st_session_create(st_model *m, const st_session_options *opt, st_sessi
   s->ops = opt->backend ? opt->backend : &st_backend_cpu_ref;
   s->set = opt->settings;
   st_settings_resolve(&s->set, cfg);
+  s->alt = opt->alt_layers ? opt->alt_settings : s->set;
+  st_settings_resolve(&s->alt, cfg);
+  if (opt->alt_layers) {
+    if (s->alt.precision != s->set.precision) {
+      free(s);
+      return st_fail(ST_EINVAL, "precision is a setting of the whole run: it cannot differ per layer");
+    }
+    s->alt_layers = malloc((size_t)cfg->num_hidden_layers);
+    if (!s->alt_layers) { free(s); return st_fail(ST_ENOMEM, "layer settings"); }
+    memcpy(s->alt_layers, opt->alt_layers, (size_t)cfg->num_hidden_layers);
+  }
   s->taps = opt->taps;
   s->max_tokens = opt->max_tokens > 0 ? opt->max_tokens : 4096;
   s->max_chunk = opt->max_chunk > 0 ? opt->max_chunk : 256;
@@ -401,19 +418,23 @@ st_status st_session_create(st_model *m, const st_session_options *opt, st_sessi
 #else
   s->threads = 1;
 #endif
-  if ((s->set.rotate & (ST_ROTATE_Q | ST_ROTATE_K)) &&
-      (cfg->index_head_dim & (cfg->index_head_dim - 1))) {
-    rc = st_fail(ST_EUNSUPPORTED, "--set rotate needs index_head_dim to be a power of two (it is %d)",
-                 cfg->index_head_dim);
-    goto out;
-  }
-  if ((s->set.index_q == ST_FORMAT_FP4_E2M1 || s->set.index_k == ST_FORMAT_FP4_E2M1) &&
-      cfg->index_head_dim % 32) {
-    rc = st_fail(ST_EUNSUPPORTED, "fp4_e2m1 index formats need index_head_dim %% 32 == 0 (it is %d)",
-                 cfg->index_head_dim);
-    goto out;
+  for (int k = 0; k < 2; k++) {
+    const st_settings *set = k ? &s->alt : &s->set;
+    if ((set->rotate & (ST_ROTATE_Q | ST_ROTATE_K)) &&
+        (cfg->index_head_dim & (cfg->index_head_dim - 1))) {
+      rc = st_fail(ST_EUNSUPPORTED, "--set rotate needs index_head_dim to be a power of two (it is %d)",
+                   cfg->index_head_dim);
+      goto out;
+    }
+    if ((set->index_q == ST_FORMAT_FP4_E2M1 || set->index_k == ST_FORMAT_FP4_E2M1) &&
+        cfg->index_head_dim % 32) {
+      rc = st_fail(ST_EUNSUPPORTED, "fp4_e2m1 index formats need index_head_dim %% 32 == 0 (it is %d)",
+                   cfg->index_head_dim);
+      goto out;
+    }
   }
   s->topk = st_settings_topk(&s->set, cfg);
+  if (st_settings_topk(&s->alt, cfg) > s->topk) s->topk = st_settings_topk(&s->alt, cfg); /* capacity */
   int n = s->max_chunk, D = cfg->hidden_size, hc = cfg->hc_mult, H = cfg->num_attention_heads;
   int d = cfg->head_dim, w = cfg->sliding_window, hI = cfg->index_n_heads, dI = cfg->index_head_dim;
   int G = cfg->o_groups, Ro = cfg->o_lora_rank, E = cfg->n_routed_experts, kE = cfg->num_experts_per_tok;
@@ -422,6 +443,9 @@ st_status st_session_create(st_model *m, const st_session_options *opt, st_sessi
   s->rows_cap_hca = s->max_tokens / (cfg->compress_rate_hca > 0 ? cfg->compress_rate_hca : 128) + 1;
   if ((rc = rope_table_build(&s->rope_main, cfg, &s->set, 0, s->max_tokens))) goto out;
   if ((rc = rope_table_build(&s->rope_compress, cfg, &s->set, 1, s->max_tokens))) goto out;
+  if ((s->alt.compress_rope_theta != s->set.compress_rope_theta || s->alt.yarn != s->set.yarn) &&
+      (rc = rope_table_build(&s->rope_compress_alt, cfg, &s->alt, 1, s->max_tokens)))
+    goto out;
 
   s->layers = calloc((size_t)cfg->num_hidden_layers, sizeof *s->layers);
   if (!s->layers) { rc = st_fail(ST_ENOMEM, "layer states"); goto out; }
@@ -509,6 +533,21 @@ out:
 
 static int reference(const st_session *s) { return s->set.precision == ST_PRECISION_REFERENCE; }
 
+/* The settings a layer runs under: the run's, or the replay's alternate ones. */
+static const st_settings *layer_settings(const st_session *s, int layer) {
+  return s->alt_layers && s->alt_layers[layer] ? &s->alt : &s->set;
+}
+
+static int layer_topk(const st_session *s, int layer) {
+  return st_settings_topk(layer_settings(s, layer), s->cfg);
+}
+
+/* RoPE table of a compressed layer (theta and YaRN are settings). */
+static const rope_table *compress_rope(const st_session *s, int layer) {
+  return s->alt_layers && s->alt_layers[layer] && s->rope_compress_alt.cos ? &s->rope_compress_alt
+                                                                            : &s->rope_compress;
+}
+
 /* Reference mode keeps activations in bf16 (SPEC §2 precision conventions). */
 static void to_bf16(const st_session *s, float *x, size_t count) {
   if (reference(s)) st_bf16_roundtrip(x, count);
@@ -526,21 +565,6 @@ static void linear(st_session *s, float *y, const float *x, const float *w, int 
   }
   s->ops->matmul(y, x, w, n, in, out);
   to_bf16(s, y, (size_t)n * out);
-}
-
-/* Rounds count vectors of dim through a storage format (SPEC §4): FP8 with one scale per vector,
-** FP4 with one ue8m0 scale per 32 values. */
-static void quantize_vectors(float *x, int count, int dim, st_number_format f) {
-  for (int v = 0; v < count; v++) {
-    float *p = x + (size_t)v * dim;
-    switch (f) {
-    case ST_FORMAT_BF16: st_bf16_roundtrip(p, (size_t)dim); break;
-    case ST_FORMAT_FP8_E4M3FN: st_fp8_roundtrip_blocks(p, dim, dim, 0, 0); break;
-    case ST_FORMAT_FP8_E4M3FNUZ: st_fp8_roundtrip_blocks(p, dim, dim, 0, 1); break;
-    case ST_FORMAT_FP4_E2M1: st_fp4_roundtrip_blocks(p, dim, 32); break;
-    case ST_FORMAT_FP32: case ST_FORMAT_AUTO: break;
-    }
-  }
 }
 
 static void tap(st_session *s, st_tap_id id, int layer, int64_t pos0, st_dtype dtype, int rank,
@@ -584,14 +608,12 @@ static void compressor_run(st_session *s, int layer, const st_compressor_weights
     to_bf16(s, row, (size_t)d);
     s->ops->rmsnorm(row, row, cw->norm, 1, d, (float)cfg->rms_norm_eps);
     int64_t row_position = j * m;
-    s->ops->rope(row, 1, 1, d, r, &row_position, s->rope_compress.cos, s->rope_compress.sin,
-                 is_indexer ? s->set.index_rope_neox : 0, 0);
-    if (is_indexer) {
-      float *used = cs->rows_used + (size_t)j * d;
-      memcpy(used, row, sizeof(float) * (size_t)d);
-      if (s->set.rotate & ST_ROTATE_K) s->ops->hadamard(used, 1, d);
-      quantize_vectors(used, 1, d, s->set.index_k);
-    } else if (reference(s) && (d - r) % 64 == 0) {
+    const rope_table *rope = compress_rope(s, layer);
+    s->ops->rope(row, 1, 1, d, r, &row_position, rope->cos, rope->sin,
+                 is_indexer ? layer_settings(s, layer)->index_rope_neox : 0, 0);
+    if (is_indexer)
+      st_indexer_k_used(s->ops, layer_settings(s, layer), cs->rows_used + (size_t)j * d, row, 1, d);
+    else if (reference(s) && (d - r) % 64 == 0) {
       st_bf16_roundtrip(row, (size_t)d);
       st_fp8_roundtrip_blocks(row, d - r, 64, 1, 0); /* FP8 QAT on the nope dims */
     }
@@ -601,7 +623,6 @@ static void compressor_run(st_session *s, int layer, const st_compressor_weights
     }
     cs->n_rows++;
   }
-  (void)layer;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -623,13 +644,13 @@ static int indexer_run(st_session *s, int layer, int n, int64_t p0) {
         cs->rows_used + (size_t)first_new * dI);
   }
 
+  const st_settings *set = layer_settings(s, layer);
+  const rope_table *rope = compress_rope(s, layer);
   linear(s, s->iq, s->qr, lw->index_wq_b, n, cfg->q_lora_rank, hI * dI, 1); /* [n, hI, dI] */
-  s->ops->rope(s->iq, n, hI, dI, cfg->rope_head_dim, s->positions, s->rope_compress.cos,
-               s->rope_compress.sin, s->set.index_rope_neox, 0);
+  s->ops->rope(s->iq, n, hI, dI, cfg->rope_head_dim, s->positions, rope->cos, rope->sin,
+               set->index_rope_neox, 0);
   tap(s, ST_TAP_INDEXER_Q, layer, p0, ST_F32, 3, n, hI, dI, s->iq);
-  memcpy(s->iq_used, s->iq, sizeof(float) * (size_t)n * hI * dI);
-  if (s->set.rotate & ST_ROTATE_Q) s->ops->hadamard(s->iq_used, n * hI, dI);
-  quantize_vectors(s->iq_used, n * hI, dI, s->set.index_q);
+  st_indexer_q_used(s->ops, set, s->iq_used, s->iq, n * hI, dI);
   tap(s, ST_TAP_INDEXER_Q_USED, layer, p0, ST_F32, 3, n, hI, dI, s->iq_used);
 
   s->ops->matmul(s->iw, s->xn, lw->index_weights_proj, n, cfg->hidden_size, hI); /* [n, hI] */
@@ -641,19 +662,9 @@ static int indexer_run(st_session *s, int layer, int n, int64_t p0) {
     int64_t vis = (p0 + i + 1) / m; /* row j is visible to query t iff j < (t+1)/m */
     s->visible[i] = (int)(vis < rows ? vis : rows);
   }
-  int score_width = rows > 0 ? rows : 1;
-  if (rows > 0)
-    s->ops->indexer_scores(s->scores, s->iq_used, s->iw, cs->rows_used, n, rows, hI, dI, s->visible);
-  else
-    for (int i = 0; i < n; i++) s->scores[i] = -INFINITY;
-  tap(s, ST_TAP_INDEXER_SCORES, layer, p0, ST_F32, 2, n, score_width, 0, s->scores);
-
-  int width = s->topk < rows ? s->topk : rows;
-  if (width < 1) width = 1;
-  if (rows > 0)
-    s->ops->topk(s->topk_idx, s->scores, n, rows, s->visible, s->topk, width, s->topk_scratch);
-  else
-    for (int i = 0; i < n; i++) s->topk_idx[i] = -1;
+  int width = st_indexer_select(s->ops, layer_topk(s, layer), s->scores, s->topk_idx, s->iq_used,
+                                s->iw, cs->rows_used, n, rows, hI, dI, s->visible, s->topk_scratch);
+  tap(s, ST_TAP_INDEXER_SCORES, layer, p0, ST_F32, 2, n, rows > 0 ? rows : 1, 0, s->scores);
   tap(s, ST_TAP_INDEXER_TOPK, layer, p0, ST_I32, 2, n, width, 0, s->topk_idx);
   return width;
 }
@@ -671,7 +682,7 @@ static void attention_sublayer(st_session *s, int layer, int n, int64_t p0) {
   int r = cfg->rope_head_dim, w = cfg->sliding_window, G = cfg->o_groups, Ro = cfg->o_lora_rank;
   int m = cfg->compress_ratio[layer];
   float eps = (float)cfg->rms_norm_eps;
-  const rope_table *rope = kind == ST_LAYER_SLIDING ? &s->rope_main : &s->rope_compress;
+  const rope_table *rope = kind == ST_LAYER_SLIDING ? &s->rope_main : compress_rope(s, layer);
 
   /* mHC: collapse the hc streams into the sub-layer input */
   ops->hc_weights(s->pre, s->post, s->comb, s->X, lw->hc_attn_fn, lw->hc_attn_base,
@@ -854,7 +865,8 @@ static void moe_sublayer(st_session *s, int layer, const int32_t *tokens, int n,
 /* ------------------------------------------------------------------------------------------ */
 /* One chunk through the whole model                                                            */
 
-static st_status forward_chunk(st_session *s, const int32_t *tokens, int n, float *last_logits,
+static st_status forward_chunk(st_session *s, const int32_t *tokens, int n, const float *X_in,
+                               int first, int last, float *X_out, float *last_logits,
                                float *all_logits) {
   const st_config *cfg = s->cfg;
   int D = cfg->hidden_size, hc = cfg->hc_mult, V = cfg->vocab_size;
@@ -865,51 +877,75 @@ static st_status forward_chunk(st_session *s, const int32_t *tokens, int n, floa
                      tokens[i], (long long)(p0 + i), V);
     s->positions[i] = p0 + i;
   }
-  /* embedding, replicated into the hc residual streams: X [n, hc, D] */
-  for (int i = 0; i < n; i++)
-    for (int a = 0; a < hc; a++)
-      memcpy(s->X + ((size_t)i * hc + a) * D, s->model->embed + (size_t)tokens[i] * D,
-             sizeof(float) * (size_t)D);
-  to_bf16(s, s->X, (size_t)n * hc * D);
+  if (X_in) {
+    memcpy(s->X, X_in, sizeof(float) * (size_t)n * hc * D);
+  } else {
+    /* embedding, replicated into the hc residual streams: X [n, hc, D] */
+    for (int i = 0; i < n; i++)
+      for (int a = 0; a < hc; a++)
+        memcpy(s->X + ((size_t)i * hc + a) * D, s->model->embed + (size_t)tokens[i] * D,
+               sizeof(float) * (size_t)D);
+    to_bf16(s, s->X, (size_t)n * hc * D);
+  }
 
-  for (int layer = 0; layer < cfg->num_hidden_layers; layer++) {
+  for (int layer = first; layer <= last; layer++) {
+    if (!s->model->layers[layer].loaded)
+      return st_fail(ST_EINVAL, "layer %d's weights are not loaded", layer);
     tap(s, ST_TAP_INPUT, layer, p0, ST_F32, 3, n, hc, D, s->X);
     attention_sublayer(s, layer, n, p0);
     moe_sublayer(s, layer, tokens, n, p0);
     tap(s, ST_TAP_OUTPUT, layer, p0, ST_F32, 3, n, hc, D, s->X);
   }
+  if (X_out) memcpy(X_out, s->X, sizeof(float) * (size_t)n * hc * D);
 
-  /* hc_head, final norm, logits (every row only when someone wants them) */
-  int all = all_logits || armed(s, ST_TAP_LOGITS, -1);
-  int first = all ? 0 : n - 1, rows = n - first;
-  s->ops->hc_head(s->x, s->X + (size_t)first * hc * D, s->model->hc_head_fn, s->model->hc_head_base,
-                  s->model->hc_head_scale, rows, hc, D, (float)cfg->rms_norm_eps, (float)cfg->hc_eps);
-  to_bf16(s, s->x, (size_t)rows * D);
-  s->ops->rmsnorm(s->x, s->x, s->model->norm, rows, D, (float)cfg->rms_norm_eps);
-  to_bf16(s, s->x, (size_t)rows * D);
-  s->ops->matmul(s->logits, s->x, s->model->head, rows, D, V);           /* [rows, V] fp32 */
-  if (all) tap(s, ST_TAP_LOGITS, -1, p0, ST_F32, 2, n, V, 0, s->logits);
-  if (all_logits) memcpy(all_logits, s->logits, sizeof(float) * (size_t)n * V);
-  if (last_logits) memcpy(last_logits, s->logits + (size_t)(rows - 1) * V, sizeof(float) * (size_t)V);
+  if (last == cfg->num_hidden_layers - 1 && (last_logits || all_logits || armed(s, ST_TAP_LOGITS, -1))) {
+    /* hc_head, final norm, logits (every row only when someone wants them) */
+    int all = all_logits || armed(s, ST_TAP_LOGITS, -1);
+    int from = all ? 0 : n - 1, rows = n - from;
+    s->ops->hc_head(s->x, s->X + (size_t)from * hc * D, s->model->hc_head_fn, s->model->hc_head_base,
+                    s->model->hc_head_scale, rows, hc, D, (float)cfg->rms_norm_eps, (float)cfg->hc_eps);
+    to_bf16(s, s->x, (size_t)rows * D);
+    s->ops->rmsnorm(s->x, s->x, s->model->norm, rows, D, (float)cfg->rms_norm_eps);
+    to_bf16(s, s->x, (size_t)rows * D);
+    s->ops->matmul(s->logits, s->x, s->model->head, rows, D, V);         /* [rows, V] fp32 */
+    if (all) tap(s, ST_TAP_LOGITS, -1, p0, ST_F32, 2, n, V, 0, s->logits);
+    if (all_logits) memcpy(all_logits, s->logits, sizeof(float) * (size_t)n * V);
+    if (last_logits) memcpy(last_logits, s->logits + (size_t)(rows - 1) * V, sizeof(float) * (size_t)V);
+  }
   s->position += n;
   return s->tap_status;
 }
 
-st_status st_session_forward(st_session *s, const int32_t *tokens, int n, float *logits,
-                             float *all_logits) {
+st_status st_session_forward_layers(st_session *s, const int32_t *tokens, int n, const float *X_in,
+                                    int first, int last, float *X_out, float *logits,
+                                    float *all_logits) {
+  const st_config *cfg = s->cfg;
   if (n <= 0) return st_fail(ST_EINVAL, "nothing to run: 0 tokens");
+  if (first < 0 || last >= cfg->num_hidden_layers || first > last)
+    return st_fail(ST_EINVAL, "layers %d..%d outside the model's 0..%d", first, last,
+                   cfg->num_hidden_layers - 1);
+  if (first > 0 && !X_in) return st_fail(ST_EINVAL, "starting at layer %d needs its input streams", first);
   if (s->position + n > s->max_tokens)
     return st_fail(ST_EINVAL, "%lld tokens exceed the session capacity of %lld",
                    (long long)(s->position + n), (long long)s->max_tokens);
+  size_t stream = (size_t)cfg->hc_mult * cfg->hidden_size;
   for (int done = 0; done < n;) {
     int chunk = n - done < s->max_chunk ? n - done : s->max_chunk;
-    int last = done + chunk == n;
-    st_status rc = forward_chunk(s, tokens + done, chunk, last ? logits : NULL,
-                                 all_logits ? all_logits + (size_t)done * s->cfg->vocab_size : NULL);
+    int is_last = done + chunk == n;
+    st_status rc = forward_chunk(s, tokens + done, chunk, X_in ? X_in + (size_t)done * stream : NULL,
+                                 first, last, X_out ? X_out + (size_t)done * stream : NULL,
+                                 is_last ? logits : NULL,
+                                 all_logits ? all_logits + (size_t)done * cfg->vocab_size : NULL);
     if (rc) return rc;
     done += chunk;
   }
   return ST_OK;
+}
+
+st_status st_session_forward(st_session *s, const int32_t *tokens, int n, float *logits,
+                             float *all_logits) {
+  return st_session_forward_layers(s, tokens, n, NULL, 0, s->cfg->num_hidden_layers - 1, NULL,
+                                   logits, all_logits);
 }
 
 static int32_t argmax(const float *v, int n) {

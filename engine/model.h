@@ -73,6 +73,10 @@ typedef struct st_session_options {
   int max_chunk;               /* tokens per internal chunk (default 256) */
   st_settings settings;        /* resolved by st_session_create */
   st_taps *taps;               /* borrowed; NULL = nothing recorded */
+  /* Replay: the layers with alt_layers[l] = 1 run the indexer and compressed-layer RoPE under
+  ** alt_settings instead (precision must be the same). NULL = every layer uses settings. */
+  const uint8_t *alt_layers;   /* [n_layers], borrowed */
+  st_settings alt_settings;
   const st_backend_ops *backend; /* NULL = cpu-ref */
 } st_session_options;
 
@@ -86,6 +90,14 @@ void st_session_free(st_session *s); /* accepts NULL */
 ** last token [V]; if all_logits is non-NULL it receives [n, V]. */
 st_status st_session_forward(st_session *s, const int32_t *tokens, int n, float *logits,
                              float *all_logits);
+
+/* Runs layers [first, last] only: the residual streams entering layer `first` come from X_in
+** [n, hc, D] instead of the embedding; X_out (if non-NULL) receives the streams leaving layer
+** `last` [n, hc, D]; when last is the final layer, logits are computed as in st_session_forward.
+** tokens are still needed (hash routing). Only the layers run need to be loaded. */
+st_status st_session_forward_layers(st_session *s, const int32_t *tokens, int n, const float *X_in,
+                                    int first, int last, float *X_out, float *logits,
+                                    float *all_logits);
 
 /* Tokens processed so far. */
 int64_t st_session_position(const st_session *s);
