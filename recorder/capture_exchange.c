@@ -94,6 +94,23 @@ void capture_uuid_v4(char out[40]) {
            b[15]);
 }
 
+char *capture_base64(const void *data, size_t n) {
+  static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const unsigned char *p = data;
+  char *out = malloc((n + 2) / 3 * 4 + 1), *o = out;
+  if (!out) return NULL;
+  for (size_t i = 0; i < n; i += 3) {
+    uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) |
+                 (i + 2 < n ? p[i + 2] : 0);
+    *o++ = tab[v >> 18 & 63];
+    *o++ = tab[v >> 12 & 63];
+    *o++ = i + 1 < n ? tab[v >> 6 & 63] : '=';
+    *o++ = i + 2 < n ? tab[v & 63] : '=';
+  }
+  *o = 0;
+  return out;
+}
+
 capture_exchange *capture_exchange_new(void) {
   capture_exchange *x = calloc(1, sizeof *x);
   if (!x) return NULL;

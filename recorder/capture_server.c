@@ -30,7 +30,7 @@
 **     hang-up while the upstream is silent; the upstream transfer is cancelled;
 **   - request body over --max-body: 413 in the API's shape, body not read, connection closed;
 **   - proxy stopping: in-flight exchanges get the grace period, then the stream error event (or
-**     503) and state 'interrupted'.
+**     503) and state 'interrupted'; requests arriving meanwhile get a 503 (state 'rejected').
 ** Everything the client got — proxy-made answers and injected events included — is what the
 ** record's response side holds.
 **
@@ -53,6 +53,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <civetweb.h>
 
@@ -413,7 +414,7 @@ static int read_request(relay *r, const struct mg_request_info *ri) {
     return 413;
   }
   if (expect && !strcasecmp(expect, "100-continue") && ri->content_length != 0)
-    mg_printf(r->conn, "HTTP/1.1 100 Continue\r\n\r\n");
+    mg_write(r->conn, "HTTP/1.1 100 Continue\r\n\r\n", 25);
   char buf[65536];
   for (;;) {
     int n = mg_read(r->conn, buf, sizeof buf);
@@ -439,7 +440,9 @@ static int relay_request(struct mg_connection *conn) {
   const struct mg_request_info *ri = mg_get_request_info(conn);
   capture_exchange *x = capture_exchange_new();
   if (!x) {
-    mg_printf(conn, "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    static const char oom[] = "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n"
+                              "Connection: close\r\n\r\n";
+    mg_write(conn, oom, sizeof oom - 1);
     mg_disable_connection_keep_alive(conn);
     return 500;
   }
@@ -473,7 +476,7 @@ static int relay_request(struct mg_connection *conn) {
   x->query = capture_redact_query(&x->secrets, ri->query_string, &qoom);
   oom |= qoom;
 
-  int verdict = oom ? 500 : read_request(&r, ri);
+  int verdict = oom ? 500 : atomic_load(&p->stopping) ? 503 : read_request(&r, ri);
   capture_store_submit_open(p->store, x);
 
   char message[1024] = "";
@@ -483,6 +486,10 @@ static int relay_request(struct mg_connection *conn) {
              "%zu bytes (--max-body)", x->request_declared_bytes, p->max_request_bytes);
     x->state = CAPTURE_REJECTED;
     send_own_answer(&r, 413, "request_too_large", message, 1);
+  } else if (verdict == 503) {
+    x->state = CAPTURE_REJECTED;
+    send_own_answer(&r, 503, "proxy_shutting_down", "sparsetrace capture: the proxy is shutting "
+                    "down; retry against the upstream or a new proxy", 1);
   } else if (verdict == 500) {
     x->state = CAPTURE_REJECTED;
     send_own_answer(&r, 500, "proxy_error", "sparsetrace capture: out of memory", 1);
@@ -716,6 +723,13 @@ st_status st_capture_shutdown(st_capture *p, int grace_ms) {
   if (in_flight)
     proxy_log(p, "stopping: %llu exchange(s) in flight, waiting up to %d ms for them",
               (unsigned long long)in_flight, grace_ms);
+  /* Drain before mg_stop(): once civetweb's stop flag is up its writes fail, so exchanges must
+  ** finish (or be cut, with their error event written) while it is still down. New requests
+  ** meanwhile get a 503. A worker stuck writing to a client that stopped reading is released
+  ** by mg_stop() after a further 3 s; it then records a client_aborted exchange. */
+  while (atomic_load(&p->in_flight) > 0 && capture_now_ns() < atomic_load(&p->deadline_ns))
+    usleep(10000);
+  for (int waited = 0; atomic_load(&p->in_flight) > 0 && waited < 3000; waited += 10) usleep(10000);
   if (p->ctx) mg_stop(p->ctx); /* returns once every worker has finished its exchange */
   p->ctx = NULL;
   st_status st = capture_store_close(p->store);

@@ -622,22 +622,6 @@ st_status st_capture_db_list(st_capture_db *db, int limit, json_t **out) {
   return st;
 }
 
-static char *base64(const unsigned char *p, size_t n) {
-  static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  char *out = malloc((n + 2) / 3 * 4 + 1), *o = out;
-  if (!out) return NULL;
-  for (size_t i = 0; i < n; i += 3) {
-    uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) |
-                 (i + 2 < n ? p[i + 2] : 0);
-    *o++ = tab[v >> 18 & 63];
-    *o++ = tab[v >> 12 & 63];
-    *o++ = i + 1 < n ? tab[v >> 6 & 63] : '=';
-    *o++ = i + 2 < n ? tab[v & 63] : '=';
-  }
-  *o = 0;
-  return out;
-}
-
 /* Sets "body" (raw text) or "body_base64" (not UTF-8) on obj from a BLOB column or its file. */
 static st_status export_body(st_capture_db *db, sqlite3_stmt *q, int blob_col, int file_col,
                              json_t *obj) {
@@ -674,7 +658,7 @@ static st_status export_body(st_capture_db *db, sqlite3_stmt *q, int blob_col, i
     if (text) {
       json_object_set_new(obj, "body", text);
     } else {
-      char *b64 = base64((const unsigned char *)data, len);
+      char *b64 = capture_base64(data, len);
       json_object_set_new(obj, "body", json_null());
       json_object_set_new(obj, "body_base64", b64 ? json_string(b64) : json_null());
       free(b64);

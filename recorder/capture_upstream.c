@@ -92,7 +92,27 @@ void capture_upstream_free(capture_upstream *u) {
   free(u);
 }
 
-/* Adds "user:password" and "password" of a URL's userinfo to s. */
+/* Decodes %XX escapes of n bytes of a URL part into a new string. */
+static char *percent_decode(const char *s, size_t n) {
+  char *out = malloc(n + 1), *o = out;
+  if (!out) return NULL;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] == '%' && i + 2 < n && isxdigit((unsigned char)s[i + 1]) &&
+        isxdigit((unsigned char)s[i + 2])) {
+      char hex[3] = {s[i + 1], s[i + 2], 0};
+      *o++ = (char)strtol(hex, NULL, 16);
+      i += 2;
+    } else {
+      *o++ = s[i];
+    }
+  }
+  *o = 0;
+  return out;
+}
+
+/* Adds a URL's userinfo to s: as written ("user:pa%40ss"), the password alone, and the
+** "Basic" credential curl derives from it (base64 of the decoded "user:pa@ss"), which an
+** upstream that echoes headers would otherwise hand back into a recorded body. */
 static int add_url_secrets(const char *url, capture_secrets *s) {
   if (!url) return 0;
   const char *scheme_end = strstr(url, "://");
@@ -106,7 +126,18 @@ static int add_url_secrets(const char *url, capture_secrets *s) {
   if (capture_secrets_add(s, authority, n) < 0) return -1;
   const char *colon = memchr(authority, ':', n);
   if (colon && capture_secrets_add(s, colon + 1, (size_t)(at - colon - 1)) < 0) return -1;
-  return 0;
+  char *user = percent_decode(authority, colon ? (size_t)(colon - authority) : n);
+  char *pass = colon ? percent_decode(colon + 1, (size_t)(at - colon - 1)) : strdup("");
+  char *pair = NULL, *b64 = NULL;
+  int rc = -1;
+  if (user && pass && asprintf(&pair, "%s:%s", user, pass) >= 0 &&
+      (b64 = capture_base64(pair, strlen(pair))))
+    rc = capture_secrets_add(s, pass, strlen(pass)) | capture_secrets_add(s, b64, strlen(b64));
+  free(user);
+  free(pass);
+  free(pair);
+  free(b64);
+  return rc;
 }
 
 int capture_upstream_add_secrets(const capture_upstream *u, capture_secrets *s) {

@@ -1,0 +1,315 @@
+/*
+** test_capture_failures.c — the capture proxy end to end on loopback, when things go wrong
+** (helpers and setup: test_capture_util.h). Checked, each with what the client sees and what
+** the store records: upstream down (502 in the API's JSON error shape); reset before the head
+** (502); reset and close mid-stream (the stream's own error event, then a clean end); upstream
+** silent beyond the idle timeout (504, or the error event mid-stream) and slow but alive (relayed
+** to the end); client disconnect, while the upstream is silent and while events flow, cancelling
+** the upstream transfer (the fake upstream counts the hang-ups); 413 for an oversized body
+** (declared and chunked); malformed JSON relayed and recorded as malformed; shutdown mid-stream
+** with no grace (cut, 'interrupted') and with grace (finished, 'complete').
+*/
+#define _GNU_SOURCE
+#include "test_capture_util.h"
+
+static void test_upstream_down(void **state) {
+  /* A port nothing listens on: bind one, note it, close it. */
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t al = sizeof a;
+  bind(s, (struct sockaddr *)&a, sizeof a);
+  getsockname(s, (struct sockaddr *)&a, &al);
+  char dead[64];
+  snprintf(dead, sizeof dead, "http://127.0.0.1:%d", ntohs(a.sin_port));
+  close(s);
+  proxy px = {0};
+  start_proxy_with(&px, dead, NULL);
+  result r;
+  request(&r, px.url, "/v1/messages", "{\"model\":\"m\",\"stream\":true,\"t\":\"D1\"}", NULL);
+  assert_int_equal(r.status, 502);
+  json_t *j = json_loads(r.body.data, 0, NULL);
+  assert_string_equal(jstr(j, "type"), "error");
+  assert_string_equal(jstr(j, "error.type"), "api_error");
+  assert_non_null(strstr(jstr(j, "error.message"), dead));
+  assert_non_null(strcasestr(r.head.data, "x-sparsetrace-request-id: "));
+  json_decref(j);
+  result_free(&r);
+  request(&r, px.url, "/v1/chat/completions", "{\"model\":\"m\",\"t\":\"D2\"}", NULL);
+  assert_int_equal(r.status, 502);
+  j = json_loads(r.body.data, 0, NULL);
+  assert_string_equal(jstr(j, "error.code"), "upstream_unreachable");
+  assert_string_equal(jstr(j, "error.type"), "server_error");
+  json_decref(j);
+  result_free(&r);
+
+  wait_recorded(&px, 2);
+  json_t *all = records(px.store);
+  json_t *rec = record_with(all, "D1");
+  assert_string_equal(jstr(rec, "state"), "upstream_error");
+  assert_int_equal(jint(rec, "status"), 502);
+  assert_true(json_is_true(json_object_get(rec, "stream"))); /* asked for, even if never got */
+  assert_non_null(strstr(jstr(rec, "errors.upstream"), dead));
+  assert_non_null(strstr(jstr(rec, "response.body"), "api_error"));
+  json_decref(all);
+  stop_proxy(&px);
+  rm_rf(px.store);
+}
+
+static void expect_stream_error(proxy *px, const char *path, const char *fail, const char *tag,
+                                const char *tail) {
+  char body[128], h1[64];
+  snprintf(body, sizeof body, "{\"model\":\"m\",\"stream\":true,\"t\":\"%s\"}", tag);
+  snprintf(h1, sizeof h1, "x-fake-fail: %s", fail);
+  const char *headers[] = {h1, NULL};
+  result r;
+  request(&r, px->url, path, body, headers);
+  assert_int_equal(r.rc, CURLE_OK); /* the stream was ended cleanly, with an error event */
+  assert_int_equal(r.status, 200);
+  if (!strstr(r.body.data, tail)) fail_msg("%s %s: body does not hold %s:\n%s", path, fail, tail, r.body.data);
+  result_free(&r);
+}
+
+static void test_upstream_reset_and_close(void **state) {
+  proxy px = {0};
+  start_proxy(&px);
+  result r;
+  const char *reset_head[] = {"x-fake-fail: reset-before-head", NULL};
+  request(&r, px.url, "/v1/messages", "{\"model\":\"m\",\"t\":\"R0\"}", reset_head);
+  assert_int_equal(r.status, 502);
+  assert_non_null(strstr(r.body.data, "\"type\":\"error\""));
+  result_free(&r);
+  expect_stream_error(&px, "/v1/messages", "reset-mid-stream", "R1", "event: error\ndata: {\"type\":\"error\"");
+  expect_stream_error(&px, "/v1/chat/completions", "close-mid-stream", "R2", "data: {\"error\":{");
+  expect_stream_error(&px, "/v1/responses", "reset-mid-stream", "R3", "event: error\ndata: {\"type\":\"error\",\"code\":\"upstream_failed\"");
+  wait_recorded(&px, 4);
+  json_t *all = records(px.store);
+  const char *tags[] = {"R0", "R1", "R2", "R3"};
+  for (int i = 0; i < 4; i++) {
+    json_t *rec = record_with(all, tags[i]);
+    assert_string_equal(jstr(rec, "state"), "upstream_error");
+    assert_non_null(jstr(rec, "errors.upstream"));
+    if (i == 0) continue;
+    json_t *fm = json_object_get(rec, "final_message");
+    assert_false(json_is_true(json_object_get(fm, "complete")));
+    assert_non_null(json_object_get(fm, "error"));
+    json_t *events = json_object_get(json_object_get(rec, "timings"), "events");
+    assert_string_equal(jstr(json_array_get(events, json_array_size(events) - 1), "event"), "error");
+  }
+  json_decref(all);
+  stop_proxy(&px);
+  rm_rf(px.store);
+}
+
+static void one_second_idle(st_capture_config *c) { c->idle_timeout_ms = 1000; }
+
+static void test_upstream_slow(void **state) {
+  proxy px = {0};
+  start_proxy_with(&px, fake_url, one_second_idle);
+  json_int_t cancelled0 = fake_stat("cancelled");
+  /* Silent before the head for longer than the idle timeout: 504, quickly. */
+  const char *silent[] = {"x-fake-stall-after: -1", "x-fake-stall-ms: 4000", NULL};
+  result r;
+  request(&r, px.url, "/v1/messages", "{\"model\":\"m\",\"t\":\"S1\"}", silent);
+  assert_int_equal(r.status, 504);
+  assert_non_null(strstr(r.body.data, "timeout_error"));
+  double took = (double)(r.t_end - r.t_start) / 1e6;
+  if (took > 3000) fail_msg("504 took %.0f ms with a 1000 ms idle timeout", took);
+  result_free(&r);
+  /* Silent mid-stream: the stream's error event. */
+  const char *stall[] = {"x-fake-stall-after: 3", "x-fake-stall-ms: 4000", NULL};
+  request(&r, px.url, "/v1/chat/completions", "{\"model\":\"m\",\"stream\":true,\"t\":\"S2\"}", stall);
+  assert_int_equal(r.status, 200);
+  assert_non_null(strstr(r.body.data, "\"code\":\"upstream_timeout\""));
+  result_free(&r);
+  /* Slow but alive (gaps under the idle timeout): relayed to the end. */
+  const char *slow[] = {"x-fake-events: 1", "x-fake-interval-ms: 400", NULL};
+  request(&r, px.url, "/v1/messages", "{\"model\":\"m\",\"stream\":true,\"t\":\"S3\"}", slow);
+  assert_int_equal(r.status, 200);
+  assert_non_null(strstr(r.body.data, "message_stop"));
+  result_free(&r);
+  wait_recorded(&px, 3);
+  json_t *all = records(px.store);
+  assert_string_equal(jstr(record_with(all, "S1"), "state"), "upstream_error");
+  assert_non_null(strstr(jstr(record_with(all, "S1"), "errors.upstream"), "idle timeout"));
+  assert_string_equal(jstr(record_with(all, "S2"), "state"), "upstream_error");
+  assert_string_equal(jstr(record_with(all, "S3"), "state"), "complete");
+  json_decref(all);
+  /* The proxy hung up on the stalled upstream both times. */
+  for (int i = 0; i < 300 && fake_stat("cancelled") < cancelled0 + 2; i++) usleep(10000);
+  assert_true(fake_stat("cancelled") >= cancelled0 + 2);
+  stop_proxy(&px);
+  rm_rf(px.store);
+}
+
+static void test_client_disconnect_cancels_upstream(void **state) {
+  proxy px = {0};
+  start_proxy(&px);
+  json_int_t cancelled0 = fake_stat("cancelled");
+  char url[300];
+  snprintf(url, sizeof url, "%s/v1/messages", px.url);
+  /* 1. The client leaves while the upstream is silent (a model thinking). */
+  const char *stall[] = {"x-fake-stall-after: 3", "x-fake-stall-ms: 8000", NULL};
+  result r;
+  CURL *h = prepare(&r, url, "{\"model\":\"m\",\"stream\":true,\"t\":\"X1\"}", stall, 0);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 700L);
+  finish(&r, h, curl_easy_perform(h));
+  assert_int_equal(r.rc, CURLE_OPERATION_TIMEDOUT);
+  result_free(&r);
+  for (int i = 0; i < 400 && fake_stat("cancelled") < cancelled0 + 1; i++) usleep(10000);
+  assert_true(fake_stat("cancelled") >= cancelled0 + 1);
+  /* 2. The client leaves while events flow. */
+  const char *flowing[] = {"x-fake-events: 200", "x-fake-interval-ms: 20", NULL};
+  h = prepare(&r, url, "{\"model\":\"m\",\"stream\":true,\"t\":\"X2\"}", flowing, 0);
+  r.abort_after_events = 5;
+  finish(&r, h, curl_easy_perform(h));
+  assert_int_equal(r.rc, CURLE_WRITE_ERROR);
+  result_free(&r);
+  for (int i = 0; i < 400 && fake_stat("cancelled") < cancelled0 + 2; i++) usleep(10000);
+  assert_true(fake_stat("cancelled") >= cancelled0 + 2);
+
+  wait_recorded(&px, 2);
+  json_t *all = records(px.store);
+  for (int i = 0; i < 2; i++) {
+    json_t *rec = record_with(all, i ? "X2" : "X1");
+    assert_string_equal(jstr(rec, "state"), "client_aborted");
+    assert_non_null(strstr(jstr(rec, "errors.client"), "client closed"));
+    double total = json_real_value(json_object_get(json_object_get(rec, "timings"), "total_ms"));
+    if (total > 3000) fail_msg("cancellation took %.0f ms", total);
+  }
+  json_decref(all);
+  stop_proxy(&px);
+  rm_rf(px.store);
+}
+
+static void one_kib_limit(st_capture_config *c) { c->max_request_bytes = 1024; }
+
+static void test_oversized_body_413(void **state) {
+  proxy px = {0};
+  start_proxy_with(&px, fake_url, one_kib_limit);
+  char *big = malloc(4097);
+  memset(big, 'x', 4096);
+  memcpy(big, "{\"t\":\"BIG1\",\"pad\":\"", 19);
+  big[4094] = '"';
+  big[4095] = '}';
+  big[4096] = 0;
+  result r;
+  request(&r, px.url, "/v1/messages", big, NULL);
+  assert_int_equal(r.status, 413);
+  json_t *j = json_loads(r.body.data, 0, NULL);
+  assert_string_equal(jstr(j, "error.type"), "request_too_large");
+  assert_non_null(strstr(jstr(j, "error.message"), "1024"));
+  json_decref(j);
+  result_free(&r);
+  /* Without Content-Length (chunked): refused once the limit is crossed. */
+  char url[300];
+  snprintf(url, sizeof url, "%s/v1/chat/completions", px.url);
+  CURL *h = prepare(&r, url, big, NULL, 1);
+  finish(&r, h, curl_easy_perform(h));
+  assert_int_equal(r.status, 413);
+  assert_non_null(strstr(r.body.data, "\"code\":\"request_too_large\""));
+  result_free(&r);
+  free(big);
+  /* The proxy still serves normal requests afterwards. */
+  request(&r, px.url, "/v1/messages", "{\"model\":\"m\",\"t\":\"SMALL\"}", NULL);
+  assert_int_equal(r.status, 200);
+  result_free(&r);
+  wait_recorded(&px, 3);
+  json_t *all = records(px.store);
+  int rejected = 0;
+  size_t i;
+  json_t *rec;
+  json_array_foreach(all, i, rec) {
+    if (strcmp(jstr(rec, "state"), "rejected")) continue;
+    rejected++;
+    assert_int_equal(jint(rec, "status"), 413);
+    assert_true(jint(rec, "request.bytes") > 1024);
+  }
+  assert_int_equal(rejected, 2);
+  json_decref(all);
+  stop_proxy(&px);
+  rm_rf(px.store);
+}
+
+static void test_malformed_json_relayed_and_flagged(void **state) {
+  proxy px = {0};
+  start_proxy(&px);
+  const char *bad = "{\"model\": \"m\", \"t\": \"BAD1\", oops";
+  result direct, via;
+  request(&direct, fake_url, "/v1/messages", bad, NULL);
+  request(&via, px.url, "/v1/messages", bad, NULL);
+  assert_int_equal(via.status, 400);
+  assert_int_equal(direct.status, 400);
+  assert_string_equal(via.body.data, direct.body.data);
+  result_free(&direct);
+  result_free(&via);
+  wait_recorded(&px, 1);
+  json_t *all = records(px.store);
+  json_t *rec = record_with(all, "BAD1");
+  assert_true(json_is_true(json_object_get(json_object_get(rec, "request"), "malformed")));
+  assert_non_null(strstr(jstr(rec, "request.json_error"), "line 1"));
+  assert_string_equal(jstr(rec, "request.body"), bad);
+  assert_string_equal(jstr(rec, "state"), "complete");
+  assert_non_null(json_object_get(json_object_get(rec, "final_message"), "error"));
+  json_decref(all);
+  stop_proxy(&px);
+  rm_rf(px.store);
+}
+
+typedef struct stream_thread {
+  const char *url;
+  result r;
+  pthread_t t;
+} stream_thread;
+
+static void *run_stream(void *arg) {
+  stream_thread *s = arg;
+  const char *headers[] = {"x-fake-events: 10", "x-fake-interval-ms: 100", NULL};
+  request(&s->r, s->url, "/v1/messages", "{\"model\":\"m\",\"stream\":true,\"t\":\"SHUT\"}", headers);
+  return NULL;
+}
+
+static void shutdown_mid_stream(int grace_ms, const char *state_want) {
+  proxy px = {0};
+  start_proxy(&px);
+  stream_thread s = {.url = px.url};
+  pthread_create(&s.t, NULL, run_stream, &s);
+  usleep(400 * 1000); /* a few events in */
+  int64_t t0 = capture_now_ns();
+  assert_int_equal(st_capture_shutdown(px.p, grace_ms), ST_OK);
+  double took = (double)(capture_now_ns() - t0) / 1e6;
+  pthread_join(s.t, NULL);
+  st_capture_free(px.p);
+  px.p = NULL;
+  assert_int_equal(s.r.rc, CURLE_OK);
+  assert_int_equal(s.r.status, 200);
+  if (!strcmp(state_want, "interrupted")) {
+    assert_non_null(strstr(s.r.body.data, "event: error"));
+    assert_non_null(strstr(s.r.body.data, "proxy stopped"));
+    if (took > 2500) fail_msg("shutdown without grace took %.0f ms", took);
+  } else {
+    assert_non_null(strstr(s.r.body.data, "message_stop"));
+  }
+  result_free(&s.r);
+  json_t *all = records(px.store); /* read after the proxy is gone: nothing left in memory */
+  assert_int_equal(json_array_size(all), 1);
+  assert_string_equal(jstr(record_with(all, "SHUT"), "state"), state_want);
+  json_decref(all);
+  rm_rf(px.store);
+}
+
+static void test_shutdown_mid_stream_cut(void **state) { shutdown_mid_stream(0, "interrupted"); }
+static void test_shutdown_mid_stream_grace(void **state) { shutdown_mid_stream(10000, "complete"); }
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_upstream_down),
+    cmocka_unit_test(test_upstream_reset_and_close),
+    cmocka_unit_test(test_upstream_slow),
+    cmocka_unit_test(test_client_disconnect_cancels_upstream),
+    cmocka_unit_test(test_oversized_body_413),
+    cmocka_unit_test(test_malformed_json_relayed_and_flagged),
+    cmocka_unit_test(test_shutdown_mid_stream_cut),
+    cmocka_unit_test(test_shutdown_mid_stream_grace),
+  };
+  RUN_CAPTURE_TESTS(tests);
+}
