@@ -17,6 +17,7 @@ static const command commands[] = {
   {"run", st_cmd_run, "run the reference engine on a prompt with taps armed, record a trace"},
   {"query", st_cmd_query, "read-only SQL over the trace store's index"},
   {"inspect", st_cmd_inspect, "show what a trace holds: taps, shapes, settings, build"},
+  {"replay", st_cmd_replay, "re-execute one layer of a trace under alternate settings, sweep them"},
   {"capture", st_cmd_capture, "proxy between a client and its server, recording every request"},
   {"requests", st_cmd_requests, "list, show and export captured requests"},
   {"taps", st_cmd_taps, "list the tap catalogue"},

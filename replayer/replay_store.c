@@ -1,0 +1,169 @@
+/*
+** replay_store.c — puts a replay report into the store's index: one `replays` row per cell
+** (settings, metrics JSON, bit_exact), the needle in `needles`, and every per-position verdict
+** in `needle_verdicts`, so `sparsetrace query` can ask which layer loses the needle.
+*/
+#include <sqlite3.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "recorder/index.h"
+#include "recorder/recorder.h"
+#include "replay_store.h"
+
+static void utc_now(char *buf, size_t size) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  struct tm tm;
+  gmtime_r(&ts.tv_sec, &tm);
+  snprintf(buf, size, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
+           tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+}
+
+int st_replay_metrics_json(const st_replay_report *r, const st_replay_cell *c, char *buf, size_t size) {
+  int n = snprintf(buf, size, "{\"label\":\"%s\",\"seconds\":%.4f", c->label, c->seconds);
+#define ADD(...) n += snprintf(buf + n, size > (size_t)n ? size - (size_t)n : 0, __VA_ARGS__)
+  if (c->has_topk)
+    ADD(",\"topk_rows\":%lld,\"topk_identical_rows\":%lld,\"topk_jaccard_mean\":%.6f,"
+        "\"topk_jaccard_min\":%.6f,\"topk_overlap_mean\":%.6f", (long long)c->topk_rows,
+        (long long)c->topk_identical_rows, c->topk_jaccard_mean, c->topk_jaccard_min, c->topk_overlap_mean);
+  if (c->has_scores)
+    ADD(",\"score_difference\":%.9g,\"score_cosine\":%.9g,\"score_max_abs\":%.9g,"
+        "\"score_max_abs_at\":[%lld,%lld],\"score_mask_mismatch\":%lld", c->score_difference,
+        c->score_cosine, c->score_max_abs, (long long)c->score_max_abs_position,
+        (long long)c->score_max_abs_row, (long long)c->score_mask_mismatch);
+  if (c->has_output)
+    ADD(",\"output_tap\":\"%s\",\"output_difference\":%.9g,\"output_cosine\":%.9g,\"output_max_abs\":%.9g",
+        c->output_tap, c->output_difference, c->output_cosine, c->output_max_abs);
+  if (c->has_logits)
+    ADD(",\"logits_positions\":%lld,\"kl_mean\":%.9g,\"kl_max\":%.9g,\"greedy_agreement\":%.6f",
+        (long long)c->logits_positions, c->kl_mean, c->kl_max, c->greedy_agreement);
+  if (c->n_continuation) {
+    ADD(",\"continuation\":[");
+    for (int i = 0; i < c->n_continuation; i++) ADD("%s%d", i ? "," : "", c->continuation[i]);
+    ADD("]");
+    if (c->continuation_has_needle >= 0) ADD(",\"continuation_has_needle\":%s", c->continuation_has_needle ? "true" : "false");
+  }
+  if (c->verdicts && c->n_verdicts) {
+    const st_needle_verdict *last = &c->verdicts[c->n_verdicts - 1];
+    ADD(",\"needle_positions\":%lld,\"needle_in_topk_positions\":%lld,\"needle_last_position\":%lld,"
+        "\"needle_rank\":%lld,\"needle_in_topk\":%s", (long long)c->n_verdicts,
+        (long long)c->needle_positions_in_topk, (long long)last->position, (long long)last->best_rank,
+        last->in_topk ? "true" : "false");
+  }
+  ADD("}");
+#undef ADD
+  (void)r;
+  return n;
+}
+
+st_status st_replay_store(const char *store_dir, const st_replay_report *r, const char *command_line,
+                          int64_t needle_start, int64_t needle_end, const char *needle_text,
+                          int *stored) {
+  *stored = 0;
+  st_index *ix = NULL;
+  st_status rc = st_index_open(store_dir, ST_INDEX_READ_WRITE, &ix);
+  if (rc) return rc;
+  sqlite3 *db = st_index_db(ix);
+  sqlite3_stmt *st = NULL;
+  char now[64];
+  utc_now(now, sizeof now);
+  if ((rc = st_index_begin(ix))) goto out;
+  /* the run must be in this index (foreign keys); otherwise nothing is stored */
+  if (sqlite3_prepare_v2(db, "SELECT 1 FROM runs WHERE run_id = ?", -1, &st, NULL) != SQLITE_OK) goto sql_error;
+  sqlite3_bind_text(st, 1, r->run_id, -1, SQLITE_STATIC);
+  int found = sqlite3_step(st) == SQLITE_ROW;
+  sqlite3_finalize(st);
+  st = NULL;
+  if (!found) {
+    st_index_rollback(ix);
+    goto out;
+  }
+  int64_t build_id = 0;
+  st_index_build b = {ST_GIT_REVISION, ST_COMPILER, ST_BUILD_TYPE, "cpu-ref", "deterministic"};
+  if ((rc = st_index_build_id(ix, &b, &build_id))) goto rollback;
+  int64_t needle_id = -1;
+  if (needle_end > needle_start) {
+    if (sqlite3_prepare_v2(db, "INSERT INTO needles (run_id, text, token_start, token_end, source, created_at) "
+                               "VALUES (?, ?, ?, ?, 'user', ?) ON CONFLICT (run_id, token_start, token_end) "
+                               "DO UPDATE SET text = coalesce(excluded.text, text) RETURNING needle_id",
+                           -1, &st, NULL) != SQLITE_OK) goto sql_error;
+    sqlite3_bind_text(st, 1, r->run_id, -1, SQLITE_STATIC);
+    if (needle_text) sqlite3_bind_text(st, 2, needle_text, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, needle_start);
+    sqlite3_bind_int64(st, 4, needle_end);
+    sqlite3_bind_text(st, 5, now, -1, SQLITE_STATIC);
+    if (sqlite3_step(st) != SQLITE_ROW) goto sql_error;
+    needle_id = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    st = NULL;
+  }
+  sqlite3_stmt *ins_replay = NULL, *ins_verdict = NULL;
+  if (sqlite3_prepare_v2(db, "INSERT INTO replays (replay_id, run_id, layer, stage, settings, metrics, bit_exact, "
+                             "build_id, created_at, command_line, duration_s) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                         -1, &ins_replay, NULL) != SQLITE_OK ||
+      sqlite3_prepare_v2(db, "INSERT INTO needle_verdicts (needle_id, run_id, replay_id, layer, position, best_rank, "
+                             "best_row, score, in_topk, topk, n_visible) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                         -1, &ins_verdict, NULL) != SQLITE_OK) {
+    sqlite3_finalize(ins_replay);
+    goto sql_error;
+  }
+  char metrics[4096];
+  for (int c = 0; c < r->n_cells && !rc; c++) {
+    const st_replay_cell *cell = &r->cells[c];
+    st_run_meta id = {0};
+    st_run_id_new(&id);
+    st_replay_metrics_json(r, cell, metrics, sizeof metrics);
+    sqlite3_reset(ins_replay);
+    sqlite3_bind_text(ins_replay, 1, id.run_id, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(ins_replay, 2, r->run_id, -1, SQLITE_STATIC);
+    sqlite3_bind_int(ins_replay, 3, r->layer);
+    sqlite3_bind_text(ins_replay, 4, st_replay_stage_name(r->stage), -1, SQLITE_STATIC);
+    sqlite3_bind_text(ins_replay, 5, cell->settings_json, -1, SQLITE_STATIC);
+    sqlite3_bind_text(ins_replay, 6, metrics, -1, SQLITE_STATIC);
+    if (cell->bit_exact >= 0) sqlite3_bind_int(ins_replay, 7, cell->bit_exact);
+    else sqlite3_bind_null(ins_replay, 7);
+    sqlite3_bind_int64(ins_replay, 8, build_id);
+    sqlite3_bind_text(ins_replay, 9, now, -1, SQLITE_STATIC);
+    sqlite3_bind_text(ins_replay, 10, command_line, -1, SQLITE_STATIC);
+    sqlite3_bind_double(ins_replay, 11, cell->seconds);
+    if (sqlite3_step(ins_replay) != SQLITE_DONE) { rc = st_fail(ST_ESQLITE, "storing a replay: %s", sqlite3_errmsg(db)); break; }
+    for (int64_t v = 0; needle_id >= 0 && v < cell->n_verdicts; v++) {
+      const st_needle_verdict *nv = &cell->verdicts[v];
+      sqlite3_reset(ins_verdict);
+      sqlite3_bind_int64(ins_verdict, 1, needle_id);
+      sqlite3_bind_text(ins_verdict, 2, r->run_id, -1, SQLITE_STATIC);
+      sqlite3_bind_text(ins_verdict, 3, id.run_id, -1, SQLITE_TRANSIENT);
+      sqlite3_bind_int(ins_verdict, 4, r->layer);
+      sqlite3_bind_int64(ins_verdict, 5, nv->position);
+      if (nv->best_rank >= 0) {
+        sqlite3_bind_int64(ins_verdict, 6, nv->best_rank);
+        sqlite3_bind_int(ins_verdict, 7, nv->best_row);
+        sqlite3_bind_double(ins_verdict, 8, nv->score);
+      } else {
+        sqlite3_bind_null(ins_verdict, 6);
+        sqlite3_bind_null(ins_verdict, 7);
+        sqlite3_bind_null(ins_verdict, 8);
+      }
+      sqlite3_bind_int(ins_verdict, 9, nv->in_topk);
+      sqlite3_bind_int(ins_verdict, 10, nv->topk);
+      sqlite3_bind_int64(ins_verdict, 11, nv->n_visible);
+      if (sqlite3_step(ins_verdict) != SQLITE_DONE) { rc = st_fail(ST_ESQLITE, "storing a needle verdict: %s", sqlite3_errmsg(db)); break; }
+    }
+  }
+  sqlite3_finalize(ins_replay);
+  sqlite3_finalize(ins_verdict);
+  if (rc) goto rollback;
+  if ((rc = st_index_commit(ix))) goto out;
+  *stored = 1;
+  goto out;
+sql_error:
+  rc = st_fail(ST_ESQLITE, "%s: %s", st_index_path(ix), sqlite3_errmsg(db));
+  sqlite3_finalize(st);
+rollback:
+  st_index_rollback(ix);
+out:
+  st_index_close(ix);
+  return rc;
+}

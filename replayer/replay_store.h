@@ -1,0 +1,19 @@
+/* replay_store.h — replays and needle verdicts into the store's index.sqlite. */
+#ifndef ST_REPLAY_STORE_H
+#define ST_REPLAY_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "replay.h"
+
+/* Writes one JSON object of a cell's metrics; returns its length (as snprintf). */
+int st_replay_metrics_json(const st_replay_report *r, const st_replay_cell *c, char *buf, size_t size);
+
+/* Stores every cell as a `replays` row and its needle verdicts, in one transaction. *stored = 0
+** (and ST_OK) when the replayed run is not in this store's index. */
+st_status st_replay_store(const char *store_dir, const st_replay_report *r, const char *command_line,
+                          int64_t needle_start, int64_t needle_end, const char *needle_text,
+                          int *stored);
+
+#endif
