@@ -11,6 +11,7 @@
 # bodies, its log) for the planted credentials.
 set -u
 BIN=${ST_BIN:?ST_BIN must point at the sparsetrace binary}
+ST_SOURCE_DIR=${ST_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
 FAKE=${ST_BUILD_DIR:?ST_BUILD_DIR must point at the build tree}/tests/fake_upstream
 T=$(mktemp -d /tmp/st_capture_sh.XXXXXX)
 PIDS=()
@@ -100,6 +101,22 @@ check "export holds the raw request body" grep -q '"body": "{\\"model\\":\\"clau
 check "export holds the reassembled tool call" grep -q '"name": "get_weather"' "$T/request-$stream_id.json"
 "$BIN" requests --store "$T/store" export "$stream_id" -o - > "$T/export.stdout"
 check "export -o - writes to stdout" grep -q '"final_message"' "$T/export.stdout"
+if python3 -c 'import jsonschema' 2> /dev/null; then
+  validate() {
+    python3 - "$ST_SOURCE_DIR/schemas/capture.schema.json" "$@" <<'PY'
+import json, sys, jsonschema
+schema = json.load(open(sys.argv[1]))
+for path in sys.argv[2:]:
+    jsonschema.validate(json.load(open(path)), schema)
+PY
+  }
+  for id in $(grep -o '"id": "[0-9a-f-]*"' "$T/list.json" | cut -d'"' -f4); do
+    "$BIN" requests --store "$T/store" export "$id" -o "$T/all-$id.json" > /dev/null
+  done
+  check "every export validates against schemas/capture.schema.json" validate "$T"/all-*.json
+else
+  echo "skip export validation (python3 jsonschema not installed)"
+fi
 
 # SIGTERM mid-stream, grace 10 s: the stream finishes; the proxy exits 0 after it.
 curl -sN --noproxy '*' -H 'content-type: application/json' -H 'x-fake-events: 8' \
