@@ -34,6 +34,9 @@ static const char run_help[] =
   "  --positions SPEC        token positions kept for armed taps: all | last | A:B (half-open)\n"
   "                          (default all; compressed-row taps are always kept whole)\n"
   "  --set KEY=VALUE         engine setting (repeatable; 'sparsetrace settings' lists them)\n"
+  "  --layer-set L[,L..]:KEY=VALUE\n"
+  "                          a setting for the listed layers only, e.g. 3:rotate=q plants the\n"
+  "                          F1 fault in layer 3 alone (repeatable; recorded in the trace)\n"
   "  --trace OUT.h5          where to write the trace (default STORE/runs/<run id>.h5)\n"
   "  --store DIR             trace store holding index.sqlite (default ./traces)\n"
   "  --threads N             OpenMP threads (results are identical for any N)\n"
@@ -46,6 +49,8 @@ typedef struct run_args {
   const char **taps;
   int n_taps;
   st_settings settings;
+  const char **layer_sets; /* "L[,L..]:KEY=VALUE" */
+  int n_layer_sets;
 } run_args;
 
 /* Reads a JSON array of token ids. Errors name the file, line and column. */
@@ -100,7 +105,7 @@ static double seconds_since(const struct timespec *t0) {
 
 static int parse_args(int argc, char **argv, run_args *a) {
   enum { OPT_MODEL = 256, OPT_PROMPT, OPT_MAX_NEW, OPT_IGNORE_EOS, OPT_TAP, OPT_POSITIONS, OPT_SET,
-         OPT_TRACE, OPT_STORE, OPT_THREADS, OPT_CHUNK, OPT_JSON, OPT_HELP };
+         OPT_TRACE, OPT_STORE, OPT_THREADS, OPT_CHUNK, OPT_JSON, OPT_HELP, OPT_LAYER_SET };
   static const struct option options[] = {
     {"model", required_argument, 0, OPT_MODEL}, {"prompt-tokens", required_argument, 0, OPT_PROMPT},
     {"max-new-tokens", required_argument, 0, OPT_MAX_NEW}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
@@ -108,11 +113,13 @@ static int parse_args(int argc, char **argv, run_args *a) {
     {"set", required_argument, 0, OPT_SET}, {"trace", required_argument, 0, OPT_TRACE},
     {"store", required_argument, 0, OPT_STORE}, {"threads", required_argument, 0, OPT_THREADS},
     {"chunk", required_argument, 0, OPT_CHUNK}, {"json", no_argument, 0, OPT_JSON},
-    {"help", no_argument, 0, OPT_HELP}, {0, 0, 0, 0}};
+    {"help", no_argument, 0, OPT_HELP}, {"layer-set", required_argument, 0, OPT_LAYER_SET},
+    {0, 0, 0, 0}};
   memset(a, 0, sizeof *a);
   a->store = ST_DEFAULT_STORE;
   a->positions = "all";
   a->taps = calloc((size_t)argc, sizeof(char *));
+  a->layer_sets = calloc((size_t)argc, sizeof(char *));
   st_settings_default(&a->settings);
   optind = 1;
   opterr = 0;
@@ -128,6 +135,7 @@ static int parse_args(int argc, char **argv, run_args *a) {
       break;
     case OPT_IGNORE_EOS: a->ignore_eos = 1; break;
     case OPT_TAP: a->taps[a->n_taps++] = optarg; break;
+    case OPT_LAYER_SET: a->layer_sets[a->n_layer_sets++] = optarg; break;
     case OPT_POSITIONS: a->positions = optarg; break;
     case OPT_SET:
       if (st_settings_set(&a->settings, optarg)) return st_cli_report_error("run") + 1;
@@ -165,6 +173,7 @@ int st_cmd_run(int argc, char **argv) {
   int usage = parse_args(argc, argv, &a);
   if (usage) {
     free(a.taps);
+    free(a.layer_sets);
     return usage < 0 ? 0 : usage;
   }
 #ifdef _OPENMP
@@ -181,7 +190,8 @@ int st_cmd_run(int argc, char **argv) {
   st_recorder *recorder = NULL;
   st_taps taps = {0};
   char *config_text = NULL, *command_line = NULL, *model_copy = NULL;
-  char trace_path[4096], settings_json[1024];
+  char trace_path[4096], settings_json[2048];
+  uint8_t *alt_layers = NULL;
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
 
@@ -199,9 +209,44 @@ int st_cmd_run(int argc, char **argv) {
     }
   if (st_taps_arm(&taps, cfg->num_hidden_layers, a.taps, a.n_taps)) goto out;
 
+  /* per-layer settings: one alternate set over the listed layers */
+  alt_layers = calloc((size_t)cfg->num_hidden_layers, 1);
+  st_settings alt = a.settings;
+  if (!alt_layers) { st_fail(ST_ENOMEM, "layer settings"); goto out; }
+  for (int k = 0; k < a.n_layer_sets; k++) {
+    const char *colon = strchr(a.layer_sets[k], ':');
+    if (!colon) { st_fail(ST_EINVAL, "--layer-set '%s': expected LAYERS:KEY=VALUE", a.layer_sets[k]); goto out; }
+    for (const char *p = a.layer_sets[k]; p < colon;) {
+      char *end;
+      long layer = strtol(p, &end, 10);
+      if (end == p || layer < 0 || layer >= cfg->num_hidden_layers) {
+        st_fail(ST_EINVAL, "--layer-set '%s': layers are 0..%d", a.layer_sets[k], cfg->num_hidden_layers - 1);
+        goto out;
+      }
+      alt_layers[layer] = 1;
+      p = *end == ',' ? end + 1 : end;
+      if (p < colon && *end != ',') { st_fail(ST_EINVAL, "--layer-set '%s': expected LAYERS:KEY=VALUE", a.layer_sets[k]); goto out; }
+    }
+    if (st_settings_set(&alt, colon + 1)) goto out;
+  }
+
   st_settings resolved = a.settings;
   st_settings_resolve(&resolved, cfg);
-  st_settings_json(&resolved, settings_json, sizeof settings_json);
+  int n_json = st_settings_json(&resolved, settings_json, sizeof settings_json);
+  if (a.n_layer_sets) { /* {"...":..., "alt_layers":[3], "alt_settings":{...}} */
+    st_settings alt_resolved = alt;
+    st_settings_resolve(&alt_resolved, cfg);
+    n_json--; /* drop the closing brace */
+    n_json += snprintf(settings_json + n_json, sizeof settings_json - (size_t)n_json, ",\"alt_layers\":[");
+    for (int l = 0, first = 1; l < cfg->num_hidden_layers; l++)
+      if (alt_layers[l]) {
+        n_json += snprintf(settings_json + n_json, sizeof settings_json - (size_t)n_json, "%s%d", first ? "" : ",", l);
+        first = 0;
+      }
+    n_json += snprintf(settings_json + n_json, sizeof settings_json - (size_t)n_json, "],\"alt_settings\":");
+    n_json += st_settings_json(&alt_resolved, settings_json + n_json, sizeof settings_json - (size_t)n_json);
+    snprintf(settings_json + n_json, sizeof settings_json - (size_t)n_json, "}");
+  }
   char config_path[4096];
   snprintf(config_path, sizeof config_path, "%s/config.json", a.model);
   config_text = read_text_file(config_path);
@@ -223,7 +268,8 @@ int st_cmd_run(int argc, char **argv) {
   taps.sink = st_recorder_sink(recorder);
 
   st_session_options opt = {.max_tokens = (int64_t)n_prompt + a.max_new, .max_chunk = a.chunk,
-                            .settings = a.settings, .taps = &taps};
+                            .settings = a.settings, .taps = &taps,
+                            .alt_layers = a.n_layer_sets ? alt_layers : NULL, .alt_settings = alt};
   if (st_session_create(model, &opt, &session)) goto out;
   if (st_generate_greedy(session, tokens, n_prompt, a.max_new, !a.ignore_eos, tokens + n_prompt,
                          &n_generated))
@@ -260,5 +306,7 @@ out:
   free(command_line);
   free(model_copy);
   free(a.taps);
+  free(a.layer_sets);
+  free(alt_layers);
   return exit_code;
 }

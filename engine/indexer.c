@@ -14,6 +14,14 @@ void st_quantize_vectors(float *x, int count, int dim, st_number_format format) 
     case ST_FORMAT_FP8_E4M3FN: st_fp8_roundtrip_blocks(p, dim, dim, 0, 0); break;
     case ST_FORMAT_FP8_E4M3FNUZ: st_fp8_roundtrip_blocks(p, dim, dim, 0, 1); break;
     case ST_FORMAT_FP4_E2M1: st_fp4_roundtrip_blocks(p, dim, 32); break;
+    case ST_FORMAT_FP8_E4M3FN_AS_FNUZ: { /* the writer's scale and bytes, the reader's decoding */
+      float amax = 0;
+      for (int k = 0; k < dim; k++) amax = fmaxf(amax, fabsf(p[k]));
+      float scale = fmaxf(amax, 1e-4f) / 448.0f;
+      for (int k = 0; k < dim; k++)
+        p[k] = st_fp8_e4m3fnuz_to_f32(st_f32_to_fp8_e4m3fn(p[k] / scale)) * scale;
+      break;
+    }
     case ST_FORMAT_FP32: case ST_FORMAT_AUTO: break;
     }
   }

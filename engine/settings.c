@@ -13,11 +13,11 @@
 static const char *const format_names[] = {
   [ST_FORMAT_AUTO] = "auto", [ST_FORMAT_FP32] = "fp32", [ST_FORMAT_BF16] = "bf16",
   [ST_FORMAT_FP8_E4M3FN] = "fp8_e4m3fn", [ST_FORMAT_FP8_E4M3FNUZ] = "fp8_e4m3fnuz",
-  [ST_FORMAT_FP4_E2M1] = "fp4_e2m1",
+  [ST_FORMAT_FP4_E2M1] = "fp4_e2m1", [ST_FORMAT_FP8_E4M3FN_AS_FNUZ] = "fp8_e4m3fn_as_fnuz",
 };
 
 const char *st_number_format_name(st_number_format f) {
-  return (unsigned)f <= ST_FORMAT_FP4_E2M1 ? format_names[f] : "?";
+  return (unsigned)f <= ST_FORMAT_FP8_E4M3FN_AS_FNUZ ? format_names[f] : "?";
 }
 
 void st_settings_default(st_settings *s) {
@@ -60,7 +60,7 @@ st_status st_settings_set(st_settings *s, const char *key_value) {
   case ST_SET_INDEX_K:
   case ST_SET_INDEX_Q: {
     st_number_format f = ST_FORMAT_AUTO;
-    for (int i = ST_FORMAT_FP32; i <= ST_FORMAT_FP4_E2M1; i++)
+    for (int i = ST_FORMAT_FP32; i <= ST_FORMAT_FP8_E4M3FN_AS_FNUZ; i++)
       if (!strcmp(v, format_names[i])) f = (st_number_format)i;
     if (f == ST_FORMAT_AUTO) return bad_value(key, v);
     if (id == ST_SET_INDEX_K) s->index_k = f;

@@ -23,6 +23,7 @@ typedef enum st_number_format {
   ST_FORMAT_FP8_E4M3FN,
   ST_FORMAT_FP8_E4M3FNUZ,
   ST_FORMAT_FP4_E2M1,
+  ST_FORMAT_FP8_E4M3FN_AS_FNUZ, /* F2: written as OCP e4m3fn, read back as e4m3fnuz (x0.5, 0x80 -> NaN) */
 } st_number_format;
 
 typedef struct st_settings {

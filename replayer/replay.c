@@ -52,6 +52,31 @@ static double now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* The recorded per-layer override (run --layer-set): 1 and *alt filled when layer is listed. */
+static st_status recorded_layer_override(const char *text, int layer, st_settings *alt, int *listed,
+                                         int *any) {
+  *listed = *any = 0;
+  json_t *root = json_loads(text, 0, NULL);
+  if (!root) return ST_OK;
+  json_t *layers = json_object_get(root, "alt_layers"), *settings = json_object_get(root, "alt_settings");
+  st_status rc = ST_OK;
+  if (json_is_array(layers) && json_is_object(settings)) {
+    size_t i;
+    json_t *v;
+    json_array_foreach(layers, i, v) {
+      *any = 1;
+      if (json_is_integer(v) && json_integer_value(v) == layer) *listed = 1;
+    }
+    if (*listed) {
+      char *dump = json_dumps(settings, JSON_COMPACT);
+      rc = dump ? st_settings_from_json(dump, alt) : st_fail(ST_ENOMEM, "settings");
+      free(dump);
+    }
+  }
+  json_decref(root);
+  return rc;
+}
+
 st_status st_settings_from_json(const char *text, st_settings *out) {
   st_settings_default(out);
   json_error_t err;
@@ -680,6 +705,21 @@ st_status st_replay_run(const st_replay_request *req, st_replay_report **out) {
   st_settings recorded, base;
   if ((rc = st_settings_from_json(settings_attr ? settings_attr : "{}", &recorded))) goto out;
   st_settings_resolve(&recorded, &cfg);
+  int overridden = 0, any_override = 0;
+  st_settings layer_recorded = recorded;
+  if ((rc = recorded_layer_override(settings_attr ? settings_attr : "{}", req->layer, &layer_recorded,
+                                    &overridden, &any_override)))
+    goto out;
+  if (any_override && req->stage != ST_REPLAY_INDEXER && !(overridden && req->stage != ST_REPLAY_REST)) {
+    rc = st_fail(ST_EUNSUPPORTED, "%s was recorded with per-layer settings (--layer-set); replaying it "
+                 "needs --stage indexer, or --stage attention|layer on an overridden layer",
+                 req->trace_path);
+    goto out;
+  }
+  if (overridden) {
+    st_settings_resolve(&layer_recorded, &cfg);
+    recorded = layer_recorded; /* what layer N actually ran with */
+  }
   base = recorded;
   for (int i = 0; i < req->n_sets; i++)
     if ((rc = st_settings_set(&base, req->sets[i]))) goto out;
