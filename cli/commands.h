@@ -13,7 +13,9 @@ int st_cmd_query(int argc, char **argv);    /* cli/cmd_query.c */
 int st_cmd_inspect(int argc, char **argv);  /* cli/cmd_inspect.c */
 int st_cmd_capture(int argc, char **argv);  /* cli/cmd_capture.c */
 int st_cmd_requests(int argc, char **argv); /* cli/cmd_requests.c */
+int st_cmd_diff(int argc, char **argv);     /* cli/cmd_diff.c: exit 0 same, 1 diverges, 2 error */
 int st_cmd_replay(int argc, char **argv);   /* cli/cmd_replay.c */
+int st_cmd_bisect(int argc, char **argv);   /* cli/cmd_bisect.c */
 
 /* Shared by subcommands: prints "sparsetrace <cmd>: <st_errmsg()>" to stderr, returns 1. */
 int st_cli_report_error(const char *cmd);

@@ -1,0 +1,50 @@
+/*
+** bisect.h — which single setting change flips the needle verdict, and at which layer.
+**
+** The verdict of a layer is whether the needle (its best compressed row) is in the indexer's
+** top-k at the last recorded query position. Each candidate is an indexer-stage replay of every
+** CSA layer from the recorded inputs (replay.h), never a re-run of the model.
+*/
+#ifndef ST_BISECT_H
+#define ST_BISECT_H
+
+#include <stdint.h>
+
+#include "engine/base.h"
+
+#define ST_BISECT_MAX_LAYERS 256
+#define ST_BISECT_MAX_CHANGES 8
+
+typedef struct st_bisect_verdict {
+  int in_topk;       /* at the last query position */
+  int64_t rank;      /* best needle rank there (-1: not visible) */
+  int topk;
+} st_bisect_verdict;
+
+typedef struct st_bisect_change {
+  char key[64], good[64], bad[64];
+  int alone_flips_at;   /* good + this change alone: first layer whose verdict differs, -1 none */
+  int restores;         /* bad with this key set back to good gives good's verdict at every layer */
+} st_bisect_change;
+
+typedef struct st_bisect_report {
+  int n_layers;                         /* CSA layers examined */
+  int layers[ST_BISECT_MAX_LAYERS];
+  st_bisect_verdict good[ST_BISECT_MAX_LAYERS], bad[ST_BISECT_MAX_LAYERS];
+  int first_flip_layer;                 /* -1: good and bad agree everywhere */
+  int n_changes;
+  st_bisect_change changes[ST_BISECT_MAX_CHANGES];
+  int minimal[ST_BISECT_MAX_CHANGES];   /* indices into changes: the smallest set that flips */
+  int n_minimal;
+  int64_t position;                     /* the query position judged */
+  char explanation[1024];
+  double seconds;
+  int replays;
+} st_bisect_report;
+
+/* good and bad are comma-separated KEY=VALUE lists applied over the recorded settings. */
+st_status st_bisect_run(const char *trace_path, const char *model_dir, const char *good,
+                        const char *bad, int64_t needle_start, int64_t needle_end,
+                        st_bisect_report *out);
+
+#endif
