@@ -372,8 +372,8 @@ static json_t *acc_result(acc *a) {
   json_t *tools = json_array();
   capture_buf text = {0}, thinking = {0};
   if (!out || !tools) goto fail;
-  /* Stable by index: blocks/items come in stream order per index. */
-  qsort(a->parts, a->n_parts, sizeof *a->parts, part_cmp);
+  /* In stream index order (an (index, kind) pair is unique, so ties never matter). */
+  if (a->n_parts > 1) qsort(a->parts, a->n_parts, sizeof *a->parts, part_cmp);
   for (size_t i = 0; i < a->n_parts; i++) {
     part *p = &a->parts[i];
     if (p->kind == 't' && capture_buf_append(&text, p->text.data, p->text.len) < 0) goto fail;
