@@ -162,6 +162,7 @@ void st_index_set_compare_init(st_index_set_compare *c) {
   c->min_jaccard = 1;
   c->min_overlap = 1;
   c->min_jaccard_row = -1;
+  c->min_overlap_row = -1;
 }
 
 void st_index_set_compare_add(st_index_set_compare *c, const int32_t *a, int64_t width_a,
@@ -179,7 +180,10 @@ void st_index_set_compare_add(st_index_set_compare *c, const int32_t *a, int64_t
       c->min_jaccard = j;
       c->min_jaccard_row = row;
     }
-    if (o < c->min_overlap) c->min_overlap = o;
+    if (c->min_overlap_row < 0 || o < c->min_overlap) {
+      c->min_overlap = o;
+      c->min_overlap_row = row;
+    }
   }
   c->rows += n_rows;
 }

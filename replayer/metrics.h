@@ -98,6 +98,7 @@ typedef struct st_index_set_compare {
   double sum_jaccard, sum_overlap;
   double min_jaccard, min_overlap; /* 1 when no rows */
   int64_t min_jaccard_row; /* first row reaching min_jaccard, -1 if no rows */
+  int64_t min_overlap_row; /* first row reaching min_overlap, -1 if no rows */
 } st_index_set_compare;
 
 void st_index_set_compare_init(st_index_set_compare *c);

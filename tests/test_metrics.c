@@ -293,7 +293,7 @@ static void test_sets_random_against_bruteforce(void **state) {
     st_index_set_compare_init(&c);
     st_index_set_compare_add(&c, a, wa, b, wb, rows, scratch);
     double sum_j = 0, sum_o = 0, min_j = 1, min_o = 1;
-    int64_t identical = 0, first_diff = -1, min_row = -1;
+    int64_t identical = 0, first_diff = -1, min_row = -1, min_orow = -1;
     for (int r = 0; r < rows; r++) {
       unsigned char ia[SET_RANGE], ib[SET_RANGE];
       int na = member_map(a + r * wa, wa, ia), nb = member_map(b + r * wb, wb, ib), common = 0, uni = 0;
@@ -309,7 +309,7 @@ static void test_sets_random_against_bruteforce(void **state) {
       assert_true(st_set_overlap(k) == o);
       sum_j += j, sum_o += o;
       if (min_row < 0 || j < min_j) min_j = j, min_row = r;
-      if (o < min_o) min_o = o;
+      if (min_orow < 0 || o < min_o) min_o = o, min_orow = r;
       if (common == uni) identical++;
       else if (first_diff < 0) first_diff = r;
     }
@@ -317,6 +317,7 @@ static void test_sets_random_against_bruteforce(void **state) {
     assert_int_equal(c.identical_rows, identical);
     assert_int_equal(c.first_diff_row, first_diff);
     assert_int_equal(c.min_jaccard_row, min_row);
+    assert_int_equal(c.min_overlap_row, min_orow);
     assert_true(c.min_jaccard == min_j && c.min_overlap == min_o);
     expect_close(st_index_set_mean_jaccard(&c), sum_j / rows, 1e-15, "mean jaccard");
     expect_close(st_index_set_mean_overlap(&c), sum_o / rows, 1e-15, "mean overlap");
