@@ -13,11 +13,18 @@ int st_cmd_query(int argc, char **argv);    /* cli/cmd_query.c */
 int st_cmd_inspect(int argc, char **argv);  /* cli/cmd_inspect.c */
 int st_cmd_capture(int argc, char **argv);  /* cli/cmd_capture.c */
 int st_cmd_requests(int argc, char **argv); /* cli/cmd_requests.c */
+int st_cmd_tokenize(int argc, char **argv); /* cli/cmd_tokenize.c */
+int st_cmd_render(int argc, char **argv);   /* cli/cmd_render.c */
 int st_cmd_diff(int argc, char **argv);     /* cli/cmd_diff.c: exit 0 same, 1 diverges, 2 error */
 int st_cmd_replay(int argc, char **argv);   /* cli/cmd_replay.c */
 int st_cmd_bisect(int argc, char **argv);   /* cli/cmd_bisect.c */
 
 /* Shared by subcommands: prints "sparsetrace <cmd>: <st_errmsg()>" to stderr, returns 1. */
 int st_cli_report_error(const char *cmd);
+
+/* Shared by tokenize and render: --model DIR (tokenizer.json + optional tokenizer_config.json)
+** or the path of a tokenizer.json file. Returns an st_status. cli/cmd_tokenize.c. */
+struct st_tokenizer;
+int st_cli_open_tokenizer(const char *model, struct st_tokenizer **tok);
 
 #endif

@@ -22,6 +22,8 @@ static const command commands[] = {
   {"bisect", st_cmd_bisect, "find the setting change and the first layer that lose the needle"},
   {"capture", st_cmd_capture, "proxy between a client and its server, recording every request"},
   {"requests", st_cmd_requests, "list, show and export captured requests"},
+  {"tokenize", st_cmd_tokenize, "text to token ids and back with a model's tokenizer.json"},
+  {"render", st_cmd_render, "a chat request as the DeepSeek-V4 prompt (or its ids) an engine builds"},
   {"taps", st_cmd_taps, "list the tap catalogue"},
   {"settings", st_cmd_settings, "list the settings catalogue"},
 };

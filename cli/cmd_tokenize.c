@@ -1,0 +1,228 @@
+/*
+** cmd_tokenize.c — `sparsetrace tokenize`: text on stdin → token ids, or ids → text.
+**
+** The same tokenizer the engine and `render --ids` use (engine/tokenizer.c), so a user can
+** check one string against what their server's /tokenize endpoint says.
+*/
+#define _GNU_SOURCE
+#include <getopt.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "commands.h"
+#include "engine/base.h"
+#include "engine/pyjson.h"
+#include "engine/tokenizer.h"
+
+static const char *usage_text =
+  "usage: sparsetrace tokenize --model DIR [--json] [--no-special] [--split-special]\n"
+  "       sparsetrace tokenize --model DIR --decode [--json] [--skip-special]\n"
+  "\n"
+  "Reads UTF-8 text on standard input and prints its token ids; with --decode reads a JSON\n"
+  "array of ids and prints the text they stand for.\n"
+  "\n"
+  "DIR holds tokenizer.json (Hugging Face format, byte-level BPE) and optionally\n"
+  "tokenizer_config.json; DIR may also be the path of a tokenizer.json file.\n"
+  "\n"
+  "options:\n"
+  "  --model DIR       the tokenizer (see above)\n"
+  "  --json            encode: one JSON array of ids, e.g. [128803, 30594]\n"
+  "                    decode: the text as one JSON string\n"
+  "                    (default: one line per token: position, id, decoded text as JSON)\n"
+  "  --no-special      do not add BOS/EOS even if tokenizer_config.json asks for them\n"
+  "                    (the default follows add_bos_token / add_eos_token, like\n"
+  "                    transformers' add_special_tokens=True)\n"
+  "  --split-special   special-token strings in the text are plain text (HF\n"
+  "                    split_special_tokens); default: \"<｜User｜>\" in the text is one id\n"
+  "  --decode          ids → text\n"
+  "  --skip-special    decode: leave out special tokens (BOS, EOS, ...)\n"
+  "  -h, --help        this text\n"
+  "\n"
+  "examples:\n"
+  "  printf '<｜User｜>你好<｜Assistant｜>' | sparsetrace tokenize --model M --json\n"
+  "  echo '[128803, 30594]' | sparsetrace tokenize --model M --decode\n";
+
+/* Reads all of stdin; NULL on allocation failure (message set). */
+static char *read_all(FILE *f, size_t *len) {
+  st_text t = {0};
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) st_text_add(&t, buf, n);
+  if (st_text_status(&t, "reading standard input")) {
+    st_text_free(&t);
+    return NULL;
+  }
+  return st_text_take(&t, len);
+}
+
+/* Decoded bytes may end inside a character; as JSON they go through U+FFFD like Python's
+** bytes.decode(errors="replace") would show them. */
+static void json_text(st_text *out, const char *s, size_t n) {
+  st_text clean = {0};
+  const unsigned char *p = (const unsigned char *)s;
+  for (size_t i = 0; i < n;) {
+    size_t need = p[i] < 0x80 ? 0 : p[i] >= 0xC2 && p[i] <= 0xDF ? 1 : p[i] >= 0xE0 && p[i] <= 0xEF ? 2
+                : p[i] >= 0xF0 && p[i] <= 0xF4 ? 3 : 99;
+    int ok = need != 99 && n - i > need;
+    for (size_t k = 1; ok && k <= need; k++) ok = (p[i + k] & 0xC0) == 0x80;
+    if (ok && need == 2) {
+      unsigned cp = ((p[i] & 0x0Fu) << 12) | ((p[i + 1] & 0x3Fu) << 6);
+      ok = cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF);
+    }
+    if (ok && need == 3) {
+      unsigned cp = ((p[i] & 0x07u) << 18) | ((p[i + 1] & 0x3Fu) << 12);
+      ok = cp >= 0x10000 && cp <= 0x10FFFF;
+    }
+    if (ok) {
+      st_text_add(&clean, s + i, need + 1);
+      i += need + 1;
+    } else {
+      st_text_str(&clean, "\xEF\xBF\xBD");
+      i++;
+    }
+  }
+  st_pyjson_string(out, clean.data ? clean.data : "", clean.len, 0);
+  st_text_free(&clean);
+}
+
+static int do_encode(st_tokenizer *tok, int json, unsigned flags) {
+  size_t len;
+  char *text = read_all(stdin, &len);
+  if (!text) return st_cli_report_error("tokenize");
+  st_token_ids ids = {0};
+  st_status st = st_tokenizer_encode(tok, text, len, flags, &ids);
+  free(text);
+  if (st) return st_cli_report_error("tokenize");
+  st_text out = {0};
+  if (json) {
+    st_text_add(&out, "[", 1);
+    for (size_t i = 0; i < ids.n; i++) st_text_printf(&out, i ? ", %d" : "%d", ids.ids[i]);
+    st_text_add(&out, "]\n", 2);
+  } else {
+    for (size_t i = 0; i < ids.n; i++) {
+      size_t blen = 0;
+      const char *b = st_tokenizer_token_bytes(tok, ids.ids[i], &blen);
+      st_text_printf(&out, "%6zu %7d ", i, ids.ids[i]);
+      json_text(&out, b, blen);
+      st_text_add(&out, "\n", 1);
+    }
+    st_text_printf(&out, "%zu tokens\n", ids.n);
+  }
+  st_token_ids_free(&ids);
+  if ((st = st_text_status(&out, "tokenize"))) {
+    st_text_free(&out);
+    return st_cli_report_error("tokenize");
+  }
+  fwrite(out.data, 1, out.len, stdout);
+  st_text_free(&out);
+  return 0;
+}
+
+static int do_decode(st_tokenizer *tok, int json, unsigned flags) {
+  size_t len;
+  char *text = read_all(stdin, &len);
+  if (!text) return st_cli_report_error("tokenize");
+  json_error_t err;
+  json_t *arr = json_loadb(text, len, 0, &err);
+  free(text);
+  if (!json_is_array(arr)) {
+    if (arr) st_fail(ST_EINVAL, "--decode: standard input is not a JSON array of ids");
+    else st_fail(ST_EINVAL, "--decode: standard input:%d:%d: %s", err.line, err.column, err.text);
+    json_decref(arr);
+    return st_cli_report_error("tokenize");
+  }
+  size_t n = json_array_size(arr);
+  int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+  if (!ids) {
+    json_decref(arr);
+    st_fail(ST_ENOMEM, "--decode: out of memory");
+    return st_cli_report_error("tokenize");
+  }
+  for (size_t i = 0; i < n; i++) {
+    json_t *v = json_array_get(arr, i);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
+      free(ids);
+      json_decref(arr);
+      st_fail(ST_EINVAL, "--decode: element %zu of the array is not a token id", i);
+      return st_cli_report_error("tokenize");
+    }
+    ids[i] = (int32_t)json_integer_value(v);
+  }
+  json_decref(arr);
+  char *out = NULL;
+  size_t out_len = 0;
+  st_status st = st_tokenizer_decode(tok, ids, n, flags, &out, &out_len);
+  free(ids);
+  if (st) return st_cli_report_error("tokenize");
+  if (json) {
+    st_text t = {0};
+    json_text(&t, out, out_len);
+    st_text_add(&t, "\n", 1);
+    if (!st_text_status(&t, "tokenize")) fwrite(t.data, 1, t.len, stdout);
+    st_text_free(&t);
+  } else {
+    fwrite(out, 1, out_len, stdout);
+  }
+  free(out);
+  return 0;
+}
+
+/* --model DIR, or the path of a tokenizer.json (its directory's config is used if present). */
+int st_cli_open_tokenizer(const char *model, st_tokenizer **tok) {
+  struct stat sb;
+  if (stat(model, &sb) == 0 && S_ISREG(sb.st_mode)) {
+    char *cfg = NULL;
+    const char *slash = strrchr(model, '/');
+    int dir_len = slash ? (int)(slash - model) : 1;
+    if (asprintf(&cfg, "%.*s/tokenizer_config.json", dir_len, slash ? model : ".") < 0)
+      return st_fail(ST_ENOMEM, "out of memory");
+    st_status st = st_tokenizer_open_files(model, stat(cfg, &sb) == 0 ? cfg : NULL, tok);
+    free(cfg);
+    return st;
+  }
+  return st_tokenizer_open(model, tok);
+}
+
+int st_cmd_tokenize(int argc, char **argv) {
+  static const struct option options[] = {
+    {"model", required_argument, NULL, 'm'},
+    {"json", no_argument, NULL, 'j'},
+    {"decode", no_argument, NULL, 'd'},
+    {"no-special", no_argument, NULL, 'n'},
+    {"split-special", no_argument, NULL, 's'},
+    {"skip-special", no_argument, NULL, 'k'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+  };
+  const char *model = NULL;
+  int json = 0, decode = 0, no_special = 0, split_special = 0, skip_special = 0, opt;
+  optind = 0;
+  while ((opt = getopt_long(argc, argv, "+h", options, NULL)) != -1) {
+    switch (opt) {
+    case 'm': model = optarg; break;
+    case 'j': json = 1; break;
+    case 'd': decode = 1; break;
+    case 'n': no_special = 1; break;
+    case 's': split_special = 1; break;
+    case 'k': skip_special = 1; break;
+    case 'h': fputs(usage_text, stdout); return 0;
+    default: fputs(usage_text, stderr); return 2;
+    }
+  }
+  if (!model || optind < argc) {
+    fprintf(stderr, "sparsetrace tokenize: %s\n\n%s",
+            model ? "unexpected argument (text comes on standard input)" : "--model is required",
+            usage_text);
+    return 2;
+  }
+  st_tokenizer *tok = NULL;
+  if (st_cli_open_tokenizer(model, &tok)) return st_cli_report_error("tokenize");
+  int rc = decode ? do_decode(tok, json, skip_special ? ST_TOK_SKIP_SPECIAL : 0)
+                  : do_encode(tok, json, (no_special ? 0 : ST_TOK_ADD_SPECIAL) |
+                                             (split_special ? ST_TOK_SPLIT_SPECIAL : 0));
+  st_tokenizer_close(tok);
+  return rc;
+}
