@@ -266,9 +266,9 @@ typedef struct capture_store_options {
 st_status capture_store_open(const capture_store_options *o, capture_store **out);
 /* Queues the 'open' row of x (takes a reference). Never blocks on the disk. */
 void capture_store_submit_open(capture_store *s, capture_exchange *x);
-/* Queues the finishing update of x with its summary (takes a reference to x and ownership of
-** summary's contents). */
-void capture_store_submit_finish(capture_store *s, capture_exchange *x, capture_summary *summary);
+/* Queues the finishing update of x (takes a reference); the writer summarises it
+** (capture_summarize) and records it. The caller must not touch x afterwards. */
+void capture_store_submit_finish(capture_store *s, capture_exchange *x);
 /* Drains the queue, stops the writer, closes the database. Returns the first error seen. */
 st_status capture_store_close(capture_store *s);
 uint64_t capture_store_recorded(const capture_store *s);

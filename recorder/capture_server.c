@@ -533,8 +533,6 @@ static int relay_request(struct mg_connection *conn) {
   }
   x->t_end_ns = capture_now_ns();
 
-  capture_summary sum;
-  capture_summarize(x, &sum);
   int status = x->status;
   proxy_log(p, "%s %s %s %s %d %s %.1f ms %zu B%s%s%s%s", x->id, x->method, x->path ? x->path : "",
             capture_api_name(x->api), status, capture_state_name(x->state),
@@ -543,7 +541,9 @@ static int relay_request(struct mg_connection *conn) {
             x->client_error ? " client: " : "", x->client_error ? x->client_error : "");
   if (x->state == CAPTURE_COMPLETE) atomic_fetch_add(&p->completed, 1);
   else atomic_fetch_add(&p->failed, 1);
-  capture_store_submit_finish(p->store, x, &sum);
+  /* The summary (request JSON, reassembly) is the writer's job: computing it here would delay
+  ** the next request on this keep-alive connection. */
+  capture_store_submit_finish(p->store, x);
   capture_headers_free(&forward);
   capture_buf_free(&r.frame);
   capture_exchange_unref(x);

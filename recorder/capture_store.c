@@ -4,10 +4,14 @@
 ** Writing. The relay must not wait on the disk: a request's time to first byte through the proxy
 ** should be within a millisecond of direct, and 200 concurrent streams must not serialise on a
 ** SQLite write lock. So workers only queue jobs (a pointer and a reference count, no copy) and
-** one writer thread owns the database connection. It takes every job waiting, runs them in one
+** one writer thread owns the database connection. Woken by the first job, it lingers a few
+** milliseconds for more, takes every job waiting, summarises the finished exchanges (request
+** JSON, final-message reassembly: capture_message.c; done here rather than on the worker so that
+** the next request on a keep-alive connection does not wait for it), then runs the batch in one
 ** BEGIN IMMEDIATE transaction (each job inside its own SAVEPOINT, so one bad row cannot sink its
-** neighbours) and commits: under load, many exchanges share one commit. WAL with
-** synchronous=NORMAL (set by recorder/index.c) keeps a commit at a write() without fsync.
+** neighbours) and commits: under load, many exchanges share one commit, and the writer competes
+** for a core with the relay a few hundred times a second at most. WAL with synchronous=NORMAL
+** (set by recorder/index.c) keeps a commit at a write() without fsync.
 **
 ** Two jobs per exchange. 'open' inserts the row as soon as the request is read, before it goes
 ** upstream: a proxy that dies mid-stream still leaves the request in the store. 'finish' is an
@@ -32,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <sqlite3.h>
@@ -40,6 +45,8 @@
 #include "index.h"
 
 /* ---- writer ------------------------------------------------------------------------------ */
+
+#define CAPTURE_STORE_LINGER_MS 5
 
 typedef struct job {
   struct job *next;
@@ -353,6 +360,10 @@ static void job_free(job *j) {
 /* Runs a batch of jobs in one transaction, each in its own savepoint. */
 static void run_batch(capture_store *s, job *batch) {
   sqlite3 *db = st_index_db(s->ix);
+  /* Parsing and reassembly happen outside the write transaction, so other writers to the
+  ** index (recorders, other proxies) wait only for the inserts. */
+  for (job *j = batch; j; j = j->next)
+    if (j->finish) capture_summarize(j->x, &j->summary);
   int in_txn = st_index_begin(s->ix) == ST_OK;
   if (!in_txn) store_log(s, "store: %s (writing each request on its own)", st_errmsg());
   int committed_any = 0;
@@ -389,6 +400,17 @@ static void *writer_main(void *arg) {
   for (;;) {
     pthread_mutex_lock(&s->mu);
     while (!s->head && !s->stopping) pthread_cond_wait(&s->cv, &s->mu);
+    /* Group commit: once work arrives, linger a few milliseconds for more, so that a busy
+    ** proxy commits many exchanges per transaction and the writer wakes (and competes for a
+    ** core with the relay) a few hundred times a second at most, not twice per request. */
+    if (!s->stopping) {
+      struct timespec until;
+      clock_gettime(CLOCK_REALTIME, &until);
+      until.tv_nsec += CAPTURE_STORE_LINGER_MS * 1000000L;
+      if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+      while (!s->stopping && pthread_cond_timedwait(&s->cv, &s->mu, &until) == 0) {
+      }
+    }
     job *batch = s->head;
     s->head = s->tail = NULL;
     int stop = s->stopping;
@@ -401,10 +423,11 @@ static void *writer_main(void *arg) {
 
 static void submit(capture_store *s, job *j) {
   pthread_mutex_lock(&s->mu);
+  int was_empty = s->head == NULL;
   if (s->tail) s->tail->next = j;
   else s->head = j;
   s->tail = j;
-  pthread_cond_signal(&s->cv);
+  if (was_empty) pthread_cond_signal(&s->cv); /* later ones join the lingering batch quietly */
   pthread_mutex_unlock(&s->mu);
 }
 
@@ -420,19 +443,16 @@ void capture_store_submit_open(capture_store *s, capture_exchange *x) {
   submit(s, j);
 }
 
-void capture_store_submit_finish(capture_store *s, capture_exchange *x, capture_summary *sum) {
+void capture_store_submit_finish(capture_store *s, capture_exchange *x) {
   job *j = calloc(1, sizeof *j);
   if (!j) {
     atomic_fetch_add(&s->errors, 1);
     store_log(s, "store: request %s: out of memory queueing the finished exchange", x->id);
-    capture_summary_free(sum);
     return;
   }
   capture_exchange_ref(x);
   j->x = x;
   j->finish = 1;
-  j->summary = *sum;
-  memset(sum, 0, sizeof *sum);
   submit(s, j);
 }
 
