@@ -9,9 +9,11 @@
 
 #include "commands.h"
 #include "replayer/bisect.h"
+#include "replayer/needle.h"
 
 static const char bisect_help[] =
-  "usage: sparsetrace bisect --trace T.h5 --model DIR --good K=V,... --bad K=V,... --needle-tokens A:B [--json]\n"
+  "usage: sparsetrace bisect --trace T.h5 --model DIR --good K=V,... --bad K=V,...\n"
+  "                         (--needle TEXT | --needle-tokens A:B) [--json]\n"
   "\n"
   "Explains a lost needle by settings. The verdict of a CSA layer is whether the needle's best\n"
   "compressed row is in the indexer's top-k at the last recorded query position. bisect replays\n"
@@ -24,12 +26,13 @@ static const char bisect_help[] =
   "Exit status: 0 when a flip was explained, 1 on error or when good and bad agree, 2 usage.\n";
 
 int st_cmd_bisect(int argc, char **argv) {
-  enum { O_TRACE = 256, O_MODEL, O_GOOD, O_BAD, O_NEEDLE, O_JSON, O_HELP };
+  enum { O_TRACE = 256, O_MODEL, O_GOOD, O_BAD, O_NEEDLE, O_JSON, O_HELP, O_NEEDLE_TEXT };
   static const struct option options[] = {
     {"trace", required_argument, 0, O_TRACE}, {"model", required_argument, 0, O_MODEL},
     {"good", required_argument, 0, O_GOOD}, {"bad", required_argument, 0, O_BAD},
     {"needle-tokens", required_argument, 0, O_NEEDLE}, {"json", no_argument, 0, O_JSON},
-    {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+    {"help", no_argument, 0, O_HELP}, {"needle", required_argument, 0, O_NEEDLE_TEXT}, {0, 0, 0, 0}};
+  const char *needle_text = NULL;
   const char *trace = NULL, *model = NULL, *good = NULL, *bad = NULL;
   int64_t a = 0, b = 0;
   int json = 0;
@@ -48,11 +51,14 @@ int st_cmd_bisect(int argc, char **argv) {
       if (*end == ':') b = strtoll(end + 1, &end, 10);
       if (*end || b <= a || a < 0) { fprintf(stderr, "sparsetrace bisect: --needle-tokens '%s': expected A:B\n", optarg); return 2; }
       break;
+    case O_NEEDLE_TEXT: needle_text = optarg; break;
     case O_JSON: json = 1; break;
     case 'h': case O_HELP: printf("%s", bisect_help); return 0;
     default: fprintf(stderr, "sparsetrace bisect: unknown or incomplete option '%s'\n\n%s", argv[optind - 1], bisect_help); return 2;
     }
   }
+  if (needle_text && trace && model && st_needle_locate_in_trace(model, trace, needle_text, &a, &b))
+    return st_cli_report_error("bisect");
   if (!trace || !model || !good || !bad || b <= a || optind < argc) {
     fprintf(stderr, "sparsetrace bisect: --trace, --model, --good, --bad and --needle-tokens are required\n\n%s", bisect_help);
     return 2;

@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "recorder/recorder.h"
 #include "replayer/replay.h"
+#include "replayer/needle.h"
 #include "replayer/replay_store.h"
 
 static const char replay_help[] =
@@ -31,6 +32,8 @@ static const char replay_help[] =
   "      rest       layers N..last and the logits (KL, greedy agreement vs recorded logits)\n"
   "  --set KEY=VALUE         change a setting (repeatable; 'sparsetrace settings')\n"
   "  --sweep KEY=V1,V2,...   one cell per value; several --sweep give the cross product\n"
+  "  --needle TEXT           the needle's text, found in the trace's tokens with the model's\n"
+  "                          tokenizer (tokenizer.json)\n"
   "  --needle-tokens A:B     the needle's token span [A, B): per query position after it, the best\n"
   "                          rank of a compressed row covering it and whether it is in the top-k\n"
   "  --continue N            rest: also greedy-generate N tokens (a full run with layer N changed)\n"
@@ -117,14 +120,16 @@ static void print_table(const st_replay_report *r, const char *trace) {
 
 int st_cmd_replay(int argc, char **argv) {
   enum { O_TRACE = 256, O_MODEL, O_LAYER, O_STAGE, O_SET, O_SWEEP, O_NEEDLE_TOKENS, O_CONTINUE,
-         O_STORE, O_THREADS, O_JSON, O_HELP };
+         O_STORE, O_THREADS, O_JSON, O_HELP, O_NEEDLE };
   static const struct option options[] = {
     {"trace", required_argument, 0, O_TRACE}, {"model", required_argument, 0, O_MODEL},
     {"layer", required_argument, 0, O_LAYER}, {"stage", required_argument, 0, O_STAGE},
     {"set", required_argument, 0, O_SET}, {"sweep", required_argument, 0, O_SWEEP},
     {"needle-tokens", required_argument, 0, O_NEEDLE_TOKENS}, {"continue", required_argument, 0, O_CONTINUE},
     {"store", required_argument, 0, O_STORE}, {"threads", required_argument, 0, O_THREADS},
-    {"json", no_argument, 0, O_JSON}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+    {"json", no_argument, 0, O_JSON}, {"help", no_argument, 0, O_HELP},
+    {"needle", required_argument, 0, O_NEEDLE}, {0, 0, 0, 0}};
+  const char *needle_text = NULL;
   st_replay_request req = {.layer = -1, .stage = ST_REPLAY_INDEXER};
   const char **sets = calloc((size_t)argc + 1, sizeof(char *));
   const char **sweeps = calloc((size_t)argc + 1, sizeof(char *));
@@ -157,6 +162,7 @@ int st_cmd_replay(int argc, char **argv) {
         goto done;
       }
       break;
+    case O_NEEDLE: needle_text = optarg; break;
     case O_CONTINUE:
       req.continue_tokens = (int)strtol(optarg, &end, 10);
       if (*end || req.continue_tokens < 0) { fprintf(stderr, "sparsetrace replay: --continue '%s' is not a count\n", optarg); goto done; }
@@ -183,6 +189,11 @@ int st_cmd_replay(int argc, char **argv) {
   }
   req.sets = sets;
   req.sweeps = sweeps;
+  if (needle_text &&
+      st_needle_locate_in_trace(req.model_dir, req.trace_path, needle_text, &req.needle_start, &req.needle_end)) {
+    exit_code = st_cli_report_error("replay");
+    goto done;
+  }
   if (st_replay_run(&req, &rep)) {
     exit_code = st_cli_report_error("replay");
     goto done;
@@ -193,7 +204,7 @@ int st_cmd_replay(int argc, char **argv) {
   strcpy(command_line, "sparsetrace");
   for (int i = 0; i < argc; i++) strcat(strcat(command_line, " "), argv[i]);
   int stored = 0;
-  st_status src = st_replay_store(store, rep, command_line, req.needle_start, req.needle_end, NULL, &stored);
+  st_status src = st_replay_store(store, rep, command_line, req.needle_start, req.needle_end, needle_text, &stored);
   free(command_line);
   int all_exact = 1;
   for (int i = 0; i < rep->n_cells; i++) all_exact &= rep->cells[i].bit_exact != 0;

@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "engine/model.h"
 #include "recorder/recorder.h"
+#include "replayer/needle.h"
 
 static const char run_help[] =
   "usage: sparsetrace run --model DIR --prompt-tokens FILE.json [options]\n"
@@ -37,6 +38,11 @@ static const char run_help[] =
   "  --layer-set L[,L..]:KEY=VALUE\n"
   "                          a setting for the listed layers only, e.g. 3:rotate=q plants the\n"
   "                          F1 fault in layer 3 alone (repeatable; recorded in the trace)\n"
+  "  --needle TEXT           the line the prompt must recall (found with the model's tokenizer):\n"
+  "                          arms the indexer taps and records, per CSA layer and position after\n"
+  "                          it, the needle's best rank and whether it is in the top-k\n"
+  "                          (index tables needles / needle_verdicts, view needle_rank_by_layer)\n"
+  "  --needle-tokens A:B     the same by token span [A, B)\n"
   "  --trace OUT.h5          where to write the trace (default STORE/runs/<run id>.h5)\n"
   "  --store DIR             trace store holding index.sqlite (default ./traces)\n"
   "  --threads N             OpenMP threads (results are identical for any N)\n"
@@ -51,6 +57,8 @@ typedef struct run_args {
   st_settings settings;
   const char **layer_sets; /* "L[,L..]:KEY=VALUE" */
   int n_layer_sets;
+  const char *needle_text;
+  int64_t needle_start, needle_end;
 } run_args;
 
 /* Reads a JSON array of token ids. Errors name the file, line and column. */
@@ -105,7 +113,7 @@ static double seconds_since(const struct timespec *t0) {
 
 static int parse_args(int argc, char **argv, run_args *a) {
   enum { OPT_MODEL = 256, OPT_PROMPT, OPT_MAX_NEW, OPT_IGNORE_EOS, OPT_TAP, OPT_POSITIONS, OPT_SET,
-         OPT_TRACE, OPT_STORE, OPT_THREADS, OPT_CHUNK, OPT_JSON, OPT_HELP, OPT_LAYER_SET };
+         OPT_TRACE, OPT_STORE, OPT_THREADS, OPT_CHUNK, OPT_JSON, OPT_HELP, OPT_LAYER_SET, OPT_NEEDLE, OPT_NEEDLE_TOKENS };
   static const struct option options[] = {
     {"model", required_argument, 0, OPT_MODEL}, {"prompt-tokens", required_argument, 0, OPT_PROMPT},
     {"max-new-tokens", required_argument, 0, OPT_MAX_NEW}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
@@ -114,11 +122,12 @@ static int parse_args(int argc, char **argv, run_args *a) {
     {"store", required_argument, 0, OPT_STORE}, {"threads", required_argument, 0, OPT_THREADS},
     {"chunk", required_argument, 0, OPT_CHUNK}, {"json", no_argument, 0, OPT_JSON},
     {"help", no_argument, 0, OPT_HELP}, {"layer-set", required_argument, 0, OPT_LAYER_SET},
+    {"needle", required_argument, 0, OPT_NEEDLE}, {"needle-tokens", required_argument, 0, OPT_NEEDLE_TOKENS},
     {0, 0, 0, 0}};
   memset(a, 0, sizeof *a);
   a->store = ST_DEFAULT_STORE;
   a->positions = "all";
-  a->taps = calloc((size_t)argc, sizeof(char *));
+  a->taps = calloc((size_t)argc + 1, sizeof(char *));
   a->layer_sets = calloc((size_t)argc, sizeof(char *));
   st_settings_default(&a->settings);
   optind = 1;
@@ -136,6 +145,15 @@ static int parse_args(int argc, char **argv, run_args *a) {
     case OPT_IGNORE_EOS: a->ignore_eos = 1; break;
     case OPT_TAP: a->taps[a->n_taps++] = optarg; break;
     case OPT_LAYER_SET: a->layer_sets[a->n_layer_sets++] = optarg; break;
+    case OPT_NEEDLE: a->needle_text = optarg; break;
+    case OPT_NEEDLE_TOKENS:
+      a->needle_start = strtoll(optarg, &end, 10);
+      if (*end == ':') a->needle_end = strtoll(end + 1, &end, 10);
+      if (*end || a->needle_end <= a->needle_start || a->needle_start < 0) {
+        fprintf(stderr, "sparsetrace run: --needle-tokens '%s': expected A:B with A < B\n", optarg);
+        return 2;
+      }
+      break;
     case OPT_POSITIONS: a->positions = optarg; break;
     case OPT_SET:
       if (st_settings_set(&a->settings, optarg)) return st_cli_report_error("run") + 1;
@@ -207,6 +225,17 @@ int st_cmd_run(int argc, char **argv) {
               a.prompt_path, tokens[i], i, cfg->vocab_size);
       goto out;
     }
+  if (a.needle_text &&
+      st_needle_locate(a.model, tokens, n_prompt, a.needle_text, &a.needle_start, &a.needle_end))
+    goto out;
+  if (a.needle_end > a.needle_start) {
+    if (a.needle_end > n_prompt) {
+      st_fail(ST_EINVAL, "--needle-tokens %lld:%lld reaches past the %d prompt tokens",
+              (long long)a.needle_start, (long long)a.needle_end, n_prompt);
+      goto out;
+    }
+    a.taps[a.n_taps++] = "layers.*.indexer.*"; /* the verdicts are computed from these */
+  }
   if (st_taps_arm(&taps, cfg->num_hidden_layers, a.taps, a.n_taps)) goto out;
 
   /* per-layer settings: one alternate set over the listed layers */
@@ -278,6 +307,13 @@ int st_cmd_run(int argc, char **argv) {
   recorder = NULL; /* finish frees it, whatever happens */
   if (st_recorder_finish(finishing, tokens, (int64_t)n_prompt + n_generated, n_prompt)) goto out;
 
+  if (a.needle_end > a.needle_start) {
+    if (!a.json) printf("needle tokens %lld:%lld%s%s%s\n", (long long)a.needle_start, (long long)a.needle_end,
+                        a.needle_text ? " (\"" : "", a.needle_text ? a.needle_text : "", a.needle_text ? "\")" : "");
+    if (st_needle_record_verdicts(trace_path, a.model, a.store, a.needle_start, a.needle_end,
+                                  a.needle_text, a.json))
+      goto out;
+  }
   double seconds = seconds_since(&t0);
   if (a.json) {
     printf("{\"run_id\":\"%s\",\"trace\":\"%s\",\"store\":\"%s\",\"n_prompt\":%d,\"n_generated\":%d,"

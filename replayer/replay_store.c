@@ -167,3 +167,74 @@ out:
   st_index_close(ix);
   return rc;
 }
+
+st_status st_replay_store_verdicts(const char *store_dir, const st_replay_report *r,
+                                   int64_t needle_start, int64_t needle_end, const char *needle_text,
+                                   int *stored) {
+  *stored = 0;
+  st_index *ix = NULL;
+  st_status rc = st_index_open(store_dir, ST_INDEX_READ_WRITE, &ix);
+  if (rc) return rc;
+  sqlite3 *db = st_index_db(ix);
+  sqlite3_stmt *st = NULL;
+  char now[64];
+  utc_now(now, sizeof now);
+  if ((rc = st_index_begin(ix))) goto out;
+  if (sqlite3_prepare_v2(db, "INSERT INTO needles (run_id, text, token_start, token_end, source, created_at) "
+                             "VALUES (?, ?, ?, ?, 'user', ?) ON CONFLICT (run_id, token_start, token_end) "
+                             "DO UPDATE SET text = coalesce(excluded.text, text) RETURNING needle_id",
+                         -1, &st, NULL) != SQLITE_OK) goto sql_error;
+  sqlite3_bind_text(st, 1, r->run_id, -1, SQLITE_STATIC);
+  if (needle_text) sqlite3_bind_text(st, 2, needle_text, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 3, needle_start);
+  sqlite3_bind_int64(st, 4, needle_end);
+  sqlite3_bind_text(st, 5, now, -1, SQLITE_STATIC);
+  int step = sqlite3_step(st);
+  if (step == SQLITE_CONSTRAINT) { /* the run is not in this index */
+    sqlite3_finalize(st);
+    st_index_rollback(ix);
+    goto out;
+  }
+  if (step != SQLITE_ROW) goto sql_error;
+  int64_t needle_id = sqlite3_column_int64(st, 0);
+  sqlite3_finalize(st);
+  st = NULL;
+  if (sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO needle_verdicts (needle_id, run_id, replay_id, layer, "
+                             "position, best_rank, best_row, score, in_topk, topk, n_visible) "
+                             "VALUES (?,?,NULL,?,?,?,?,?,?,?,?)", -1, &st, NULL) != SQLITE_OK)
+    goto sql_error;
+  const st_replay_cell *cell = &r->cells[0];
+  for (int64_t v = 0; v < cell->n_verdicts; v++) {
+    const st_needle_verdict *nv = &cell->verdicts[v];
+    sqlite3_reset(st);
+    sqlite3_bind_int64(st, 1, needle_id);
+    sqlite3_bind_text(st, 2, r->run_id, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 3, r->layer);
+    sqlite3_bind_int64(st, 4, nv->position);
+    if (nv->best_rank >= 0) {
+      sqlite3_bind_int64(st, 5, nv->best_rank);
+      sqlite3_bind_int(st, 6, nv->best_row);
+      sqlite3_bind_double(st, 7, nv->score);
+    } else {
+      sqlite3_bind_null(st, 5);
+      sqlite3_bind_null(st, 6);
+      sqlite3_bind_null(st, 7);
+    }
+    sqlite3_bind_int(st, 8, nv->in_topk);
+    sqlite3_bind_int(st, 9, nv->topk);
+    sqlite3_bind_int64(st, 10, nv->n_visible);
+    if (sqlite3_step(st) != SQLITE_DONE) goto sql_error;
+  }
+  sqlite3_finalize(st);
+  st = NULL;
+  if ((rc = st_index_commit(ix))) goto out;
+  *stored = 1;
+  goto out;
+sql_error:
+  rc = st_fail(ST_ESQLITE, "%s: %s", st_index_path(ix), sqlite3_errmsg(db));
+  sqlite3_finalize(st);
+  st_index_rollback(ix);
+out:
+  st_index_close(ix);
+  return rc;
+}

@@ -16,4 +16,10 @@ st_status st_replay_store(const char *store_dir, const st_replay_report *r, cons
                           int64_t needle_start, int64_t needle_end, const char *needle_text,
                           int *stored);
 
+/* Stores the verdicts of the report's first cell as the recorded run's own (replay_id NULL),
+** with the needle. *stored = 0 when the run is not in this index. */
+st_status st_replay_store_verdicts(const char *store_dir, const st_replay_report *r,
+                                   int64_t needle_start, int64_t needle_end, const char *needle_text,
+                                   int *stored);
+
 #endif
