@@ -4,7 +4,7 @@
 ** Accumulation is in double and strictly sequential, so comparing a tensor in blocks gives the
 ** same bits as one call, and comparing a tensor with itself gives difference 0 and cosine 1
 ** exactly: each product of two floats is exact in double, Sum(xy) and Sum(x^2) then see the same
-** addends in the same order, and the final ratios are formed so that equal sums cancel exactly.
+** addends in the same order, and the cosine divides equal sums by themselves.
 */
 #include "metrics.h"
 
@@ -55,6 +55,7 @@ void st_tensor_compare_add(st_tensor_compare *c, const float *x, const float *y,
     c->sum_xy += a * b;
     c->sum_xx += a * a;
     c->sum_yy += b * b;
+    c->sum_sq_diff += (a - b) * (a - b);
     double d = fabs(a - b);
     if (d > c->max_abs) {
       c->max_abs = d;
@@ -76,8 +77,9 @@ void st_tensor_compare_f32(const float *x, const float *y, int64_t n, st_tensor_
 double st_tensor_difference(const st_tensor_compare *c) {
   double denom = c->sum_xx + c->sum_yy;
   if (denom == 0) return 0; /* both all zero (or nothing finite to compare) */
-  /* 2*sum_xy and denom are exact doublings/sums of the same values when x == y: ratio 1. */
-  return 1.0 - (2.0 * c->sum_xy) / denom;
+  /* 1 - 2*Sum(xy)/denom, without the cancellation: exactly 0 for x == y (every addend is 0)
+  ** and exactly 2 for x == -y (Sum(4x^2) = 4*Sum(x^2) in binary floating point). */
+  return c->sum_sq_diff / denom;
 }
 
 double st_tensor_cosine(const st_tensor_compare *c) {

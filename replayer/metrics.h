@@ -4,9 +4,11 @@
 ** means the same thing wherever it is printed or stored in the index.
 **
 ** Tensors (float32 in, double accumulation):
-**   difference  1 - 2*Sum(xy) / (Sum(x^2) + Sum(y^2))  (DeepGEMM / sglang's form; equals
-**               Sum((x-y)^2) / (Sum(x^2) + Sum(y^2)): 0 = identical, 1 = orthogonal, 2 = x vs -x;
-**               defined as 0 when both tensors are all zero)
+**   difference  1 - 2*Sum(xy) / (Sum(x^2) + Sum(y^2))  (DeepGEMM / sglang's form: 0 = identical,
+**               1 = orthogonal, 2 = x vs -x; defined as 0 when both tensors are all zero).
+**               Computed as the equal Sum((x-y)^2) / (Sum(x^2) + Sum(y^2)), which keeps its
+**               precision for nearly equal tensors: 1 - 2*Sum(xy)/... cancels to exactly 0 once
+**               the true value falls below ~1e-16, hiding a one-ulp change in a large tensor.
 **   cosine      Sum(xy) / sqrt(Sum(x^2) Sum(y^2)); 1 when both are all zero, 0 when only one is
 **   max-abs     max |x - y| with the flat index of its first occurrence; coordinates by
 **               st_unravel_index; relative max-abs = max-abs / max(|x|, |y|) over the same elements
@@ -44,6 +46,7 @@ typedef struct st_tensor_compare {
   int64_t count;          /* elements compared */
   int64_t finite_count;   /* elements finite in both: the ones in the sums */
   double sum_xy, sum_xx, sum_yy;
+  double sum_sq_diff;     /* Sum((x-y)^2) */
   double max_abs;         /* max |x - y| over finite_count elements; 0 when none */
   int64_t max_abs_index;  /* flat index of the first element reaching max_abs; -1 if max_abs is 0 */
   float max_abs_x, max_abs_y; /* the two values there */

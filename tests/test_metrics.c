@@ -120,7 +120,10 @@ static void check_against_ref(const float *x, const float *y, int64_t n) {
   assert_int_equal(c.max_abs_index, r.max_abs_index);
   expect_close(c.max_abs, r.max_abs, 1e-15, "max_abs");
   long double denom = r.xx + r.yy;
-  expect_close(st_tensor_difference(&c), denom == 0 ? 0.0L : r.sq_diff / denom, 1e-9, "difference");
+  long double want = denom == 0 ? 0.0L : r.sq_diff / denom;
+  expect_close(st_tensor_difference(&c), want, 1e-12, "difference");
+  /* and the defining form, 1 - 2 Sum(xy) / (Sum x^2 + Sum y^2), up to its cancellation */
+  expect_close(st_tensor_difference(&c), denom == 0 ? 0.0L : 1.0L - 2.0L * r.xy / denom, 1e-12, "definition");
   long double cos = r.xx == 0 && r.yy == 0 ? 1.0L : (r.xx == 0 || r.yy == 0) ? 0.0L : r.xy / sqrtl(r.xx * r.yy);
   expect_close(st_tensor_cosine(&c), cos, 1e-12, "cosine");
   expect_close(st_tensor_rel_max_abs(&c), r.max_mag > 0 ? r.max_abs / r.max_mag : 0.0L, 1e-15, "rel");
@@ -202,6 +205,14 @@ static void test_tensor_edge_cases(void **state) {
   /* empty */
   st_tensor_compare_f32(x, x, 0, &c);
   assert_true(c.count == 0 && st_tensor_difference(&c) == 0.0 && st_tensor_cosine(&c) == 1.0);
+  /* one ulp in a large tensor still shows (the 1 - 2 Sum(xy)/... form would cancel to 0) */
+  for (int i = 0; i < N; i++) y[i] = x[i];
+  y[7] = nextafterf(x[7], INFINITY);
+  st_tensor_compare_f32(x, y, N, &c);
+  long double d7 = (long double)y[7] - x[7], xx = 0, yy = 0;
+  for (int i = 0; i < N; i++) xx += (long double)x[i] * x[i], yy += (long double)y[i] * y[i];
+  assert_true(st_tensor_difference(&c) > 0);
+  expect_close(st_tensor_difference(&c) * 1e20, d7 * d7 / (xx + yy) * 1e20L, 1e-12, "one ulp");
   /* +0 against -0: equal values, different bits */
   float pz = 0.0f, nz = -0.0f;
   st_tensor_compare_f32(&pz, &nz, 1, &c);
