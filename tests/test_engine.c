@@ -203,6 +203,14 @@ static void check_oracle(const char *name) {
       }
     }
     free(ref_row);
+    /* causality (SPEC §6 F5): no query selects a row that is not complete yet */
+    int m = cfg->compress_ratio[layer], future = 0;
+    for (int t = 0; t < T; t++)
+      for (int64_t k = 0; k < mine->row_size; k++) {
+        int32_t row = ((int32_t *)mine->data)[(size_t)t * mine->row_size + k];
+        future += row >= (t + 1) / m;
+      }
+    assert_int_equal(future, 0);
     printf("[%s] layer %d indexer top-%d: sets equal on %d/%d positions (%.2f%%)\n", name, layer,
            width_ref, equal, T, 100.0 * equal / T);
     failures += equal < 0.995 * T;
@@ -495,6 +503,44 @@ static void test_settings_parse(void **state) {
   assert_non_null(strstr(json, "\"rotate\":\"both\""));
 }
 
+/* precision=reference (bf16 activations, FP8/FP4 QAT, Hadamard on both indexer sides) has no
+** oracle; it must stay a perturbation of exact mode of the size its rounding explains. Measured
+** on this random 4-layer model: 15.7% relative logit error and 84% greedy agreement, almost all
+** of it from the FP8 (e4m3: 3 mantissa bits) quantisation of every FP8 linear's input — with the
+** indexer left in fp32 the error is the same. The bounds leave margin for that, and fail on a
+** reference path that stops rounding (0) or breaks the model (> 25%). */
+static void test_reference_mode_near_exact(void **state) {
+  (void)state;
+  st_model *m = open_model("tiny");
+  int n = 300, V = m->cfg->vocab_size;
+  int32_t *tokens = random_tokens(n, V, 5);
+  float *exact = run_split(m, tokens, n, NULL, 0, 256, NULL, 0);
+  const char *sets[] = {"precision=reference"};
+  float *ref = run_split(m, tokens, n, NULL, 0, 256, sets, 1);
+  double num = 0, den = 0;
+  int agree = 0;
+  for (int t = 0; t < n; t++) {
+    int a = 0, b = 0;
+    for (int v = 0; v < V; v++) {
+      double d = (double)exact[(size_t)t * V + v] - ref[(size_t)t * V + v];
+      num += d * d;
+      den += (double)exact[(size_t)t * V + v] * exact[(size_t)t * V + v];
+      if (exact[(size_t)t * V + v] > exact[(size_t)t * V + a]) a = v;
+      if (ref[(size_t)t * V + v] > ref[(size_t)t * V + b]) b = v;
+    }
+    agree += a == b;
+  }
+  double rel = sqrt(num / den);
+  printf("reference vs exact: relative logit error %.4f, greedy agreement %d/%d\n", rel, agree, n);
+  assert_true(rel > 0);        /* reference mode does round */
+  assert_true(rel < 0.25);
+  assert_true(agree >= 0.75 * n);
+  free(exact);
+  free(ref);
+  free(tokens);
+  st_model_close(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_settings_parse),
@@ -505,6 +551,7 @@ int main(void) {
     cmocka_unit_test(test_decode_equals_longer_prefill),
     cmocka_unit_test(test_chunked_prefill_equals_one_shot),
     cmocka_unit_test(test_threads_bit_identical),
+    cmocka_unit_test(test_reference_mode_near_exact),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
