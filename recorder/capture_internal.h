@@ -218,6 +218,10 @@ typedef struct capture_exchange {
   char *upstream_error;      /* scrubbed message, or NULL */
   char *client_error;
   capture_state state;
+
+  /* store writer only */
+  int open_recorded;         /* the 'open' row was inserted */
+  size_t open_redactions;    /* credential occurrences masked in the request body */
 } capture_exchange;
 
 capture_exchange *capture_exchange_new(void);

@@ -206,11 +206,16 @@ static st_status step_done(sqlite3 *db, sqlite3_stmt *st, const char *what) {
   "request_body, request_body_file, request_bytes, redactions"
 #define REQUEST_PARAMS "?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13"
 
+/* Binds the request side. When the open row is already in (x->open_recorded), the upsert will
+** take its UPDATE branch, which ignores these values: the body is then not masked or spilled a
+** second time. */
 static st_status bind_request(capture_store *s, sqlite3_stmt *st, const capture_exchange *x,
                               body_bind *body) {
   char *headers = headers_json(&x->request_headers, &x->secrets);
   if (!headers) return st_fail(ST_ENOMEM, "request headers");
-  st_status rc = prepare_body(s, x, "request", x->request_body.data, x->request_body.len, 0, body);
+  st_status rc = x->open_recorded ? (memset(body, 0, sizeof *body), ST_OK)
+                                  : prepare_body(s, x, "request", x->request_body.data,
+                                                 x->request_body.len, 0, body);
   if (rc) {
     free(headers);
     return rc;
@@ -233,7 +238,7 @@ static st_status bind_request(capture_store *s, sqlite3_stmt *st, const capture_
 }
 
 static st_status write_open(capture_store *s, sqlite3 *db, job *j) {
-  const capture_exchange *x = j->x;
+  capture_exchange *x = j->x;
   sqlite3_stmt *st = NULL;
   body_bind body = {0};
   st_status rc = ST_OK;
@@ -245,6 +250,8 @@ static st_status write_open(capture_store *s, sqlite3 *db, job *j) {
   }
   if ((rc = bind_request(s, st, x, &body))) goto out;
   rc = step_done(db, st, "inserting the open row");
+  x->open_recorded = !rc && sqlite3_changes(db) == 1;
+  x->open_redactions = body.masked;
 out:
   sqlite3_finalize(st);
   body_bind_free(&body);
@@ -316,7 +323,8 @@ static st_status write_finish(capture_store *s, sqlite3 *db, job *j) {
   if (sum->max_gap_ms >= 0) sqlite3_bind_double(st, 33, sum->max_gap_ms);
   bind_text(st, 34, x->upstream_error);
   bind_text(st, 35, x->client_error);
-  sqlite3_bind_int64(st, 13, (sqlite3_int64)(req.masked + resp.masked));
+  sqlite3_bind_int64(st, 13, (sqlite3_int64)((x->open_recorded ? x->open_redactions : req.masked) +
+                                             resp.masked));
   if ((rc = step_done(db, st, "finishing the row"))) goto out;
   sqlite3_finalize(st);
   st = NULL;
@@ -384,7 +392,10 @@ static void run_batch(capture_store *s, job *batch) {
   }
   if (in_txn && st_index_commit(s->ix) != ST_OK) {
     st_index_rollback(s->ix);
-    for (job *j = done_list; j; j = j->next) store_error(s, j->x, "committing");
+    for (job *j = done_list; j; j = j->next) {
+      j->x->open_recorded = 0; /* rolled back: a later finish must insert the whole row */
+      store_error(s, j->x, "committing");
+    }
     committed_any = 0;
   }
   atomic_fetch_add(&s->recorded, (uint64_t)committed_any);
