@@ -1,13 +1,154 @@
 /*
-** cmd_render.c — `sparsetrace render`: a captured chat request as the DeepSeek-V4 prompt.
-** (Being written: engine/chat.c.)
+** cmd_render.c — `sparsetrace render`: a captured API request as the DeepSeek-V4 prompt (or its
+** token ids) that a given serving engine builds from it, to diff against what the server logged.
 */
+#define _GNU_SOURCE
+#include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "commands.h"
+#include "engine/base.h"
+#include "engine/chat.h"
+#include "engine/pyjson.h"
+#include "engine/tokenizer.h"
+
+static const char *usage_text =
+  "usage: sparsetrace render --request FILE.json [--model DIR] [--render PROFILE] [--ids]\n"
+  "                          [--api auto|chat|anthropic|responses] [--thinking on|off]\n"
+  "                          [--effort E] [--effort-table legacy|0731] [--drop-thinking on|off]\n"
+  "                          [--json]\n"
+  "\n"
+  "Prints the DeepSeek-V4 prompt a serving engine renders from an API request body (OpenAI\n"
+  "/v1/chat/completions, Anthropic /v1/messages or OpenAI /v1/responses), byte for byte, or with\n"
+  "--ids its token ids, so it can be compared with what the server logged or returned\n"
+  "(sglang return_prompt_token_ids, vLLM return_token_ids, usage.prompt_tokens).\n"
+  "\n"
+  "options:\n"
+  "  --request FILE     the request body (JSON); \"-\" reads standard input\n"
+  "  --model DIR        tokenizer.json (+ tokenizer_config.json) for --ids and --json\n"
+  "  --render PROFILE   reference (default), sglang, vllm or atom: how that engine maps the\n"
+  "                     request (tools placement, tool-schema key order, content-part joining,\n"
+  "                     thinking default, effort mapping); see engine/chat_requests.c\n"
+  "  --ids              print the prompt's token ids as one JSON array (needs --model)\n"
+  "  --json             print {\"api\", \"render\", \"thinking\", \"reasoning_effort\", \"prompt\",\n"
+  "                     \"n_tokens\", \"ids\"} (ids and n_tokens when --model is given)\n"
+  "  --api A            read the body as this API (default: guessed from its shape)\n"
+  "  --thinking on|off  force thinking or chat mode (default: the request, then the profile)\n"
+  "  --effort E         force reasoning_effort (none, low, high, max, ...)\n"
+  "  --effort-table T   legacy (V4-Flash/-Pro, default) or 0731 (V4-Flash-0731): which\n"
+  "                     checkpoint's effort prompts; the config files cannot tell them apart\n"
+  "  --drop-thinking on|off   the encoder's drop_thinking (default: the request, else on)\n"
+  "  -h, --help         this text\n"
+  "\n"
+  "Without --ids or --json the prompt is written as it is, with no newline added.\n";
+
+static int on_off(const char *s, int *out) {
+  if (!strcmp(s, "on") || !strcmp(s, "true") || !strcmp(s, "1")) return *out = 1, 0;
+  if (!strcmp(s, "off") || !strcmp(s, "false") || !strcmp(s, "0")) return *out = 0, 0;
+  return -1;
+}
+
+static json_t *load_request(const char *path) {
+  json_error_t e;
+  json_t *req = !strcmp(path, "-") ? json_loadf(stdin, JSON_ALLOW_NUL, &e)
+                                   : json_load_file(path, JSON_ALLOW_NUL, &e);
+  if (!req) st_fail(ST_EINVAL, "%s:%d:%d: %s", path, e.line, e.column, e.text);
+  return req;
+}
 
 int st_cmd_render(int argc, char **argv) {
-  (void)argc, (void)argv;
-  fputs("sparsetrace render: not implemented yet\n", stderr);
-  return 1;
+  static const struct option options[] = {
+    {"request", required_argument, NULL, 'r'},  {"model", required_argument, NULL, 'm'},
+    {"render", required_argument, NULL, 'p'},   {"ids", no_argument, NULL, 'i'},
+    {"json", no_argument, NULL, 'j'},           {"api", required_argument, NULL, 'a'},
+    {"thinking", required_argument, NULL, 't'}, {"effort", required_argument, NULL, 'e'},
+    {"effort-table", required_argument, NULL, 'T'}, {"drop-thinking", required_argument, NULL, 'd'},
+    {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
+  };
+  const char *request_path = NULL, *model = NULL;
+  int ids = 0, json = 0, opt;
+  st_chat_options o;
+  st_chat_options_default(&o);
+  optind = 0;
+  while ((opt = getopt_long(argc, argv, "+h", options, NULL)) != -1) {
+    int bad = 0;
+    switch (opt) {
+    case 'r': request_path = optarg; break;
+    case 'm': model = optarg; break;
+    case 'p': bad = st_render_profile_parse(optarg, &o.profile) != ST_OK; break;
+    case 'i': ids = 1; break;
+    case 'j': json = 1; break;
+    case 'a': bad = st_chat_api_parse(optarg, &o.api) != ST_OK; break;
+    case 't': bad = on_off(optarg, &o.thinking); if (bad) st_fail(ST_EINVAL, "--thinking: on or off"); break;
+    case 'e': o.reasoning_effort = optarg; break;
+    case 'T':
+      if (!strcmp(optarg, "legacy")) o.effort_table = ST_EFFORT_LEGACY;
+      else if (!strcmp(optarg, "0731")) o.effort_table = ST_EFFORT_0731;
+      else bad = 1, st_fail(ST_EINVAL, "--effort-table: legacy or 0731");
+      break;
+    case 'd': bad = on_off(optarg, &o.drop_thinking); if (bad) st_fail(ST_EINVAL, "--drop-thinking: on or off"); break;
+    case 'h': fputs(usage_text, stdout); return 0;
+    default: fputs(usage_text, stderr); return 2;
+    }
+    if (bad) {
+      fprintf(stderr, "sparsetrace render: %s\n", st_errmsg());
+      return 2;
+    }
+  }
+  if (!request_path || optind < argc || (ids && !model)) {
+    fprintf(stderr, "sparsetrace render: %s\n\n%s",
+            !request_path ? "--request is required" : optind < argc ? "unexpected argument" : "--ids needs --model",
+            usage_text);
+    return 2;
+  }
+  json_t *req = load_request(request_path);
+  if (!req) return st_cli_report_error("render");
+  st_chat_prompt prompt;
+  st_status st = st_chat_render_request(req, &o, &prompt);
+  json_decref(req);
+  if (st) {
+    st_fail_context(st, "%s (render profile %s): ", request_path, st_render_profile_name(o.profile));
+    return st_cli_report_error("render");
+  }
+  st_tokenizer *tok = NULL;
+  st_token_ids tids = {0};
+  if (model && (ids || json)) {
+    if (st_cli_open_tokenizer(model, &tok) || st_chat_prompt_ids(tok, &prompt, &tids)) {
+      st_chat_prompt_free(&prompt);
+      st_tokenizer_close(tok);
+      return st_cli_report_error("render");
+    }
+  }
+  st_text out = {0};
+  if (json) {
+    st_text_printf(&out, "{\"api\": \"%s\", \"render\": \"%s\", \"thinking\": %s, \"reasoning_effort\": ",
+                   st_chat_api_name(prompt.api), st_render_profile_name(o.profile), prompt.thinking ? "true" : "false");
+    if (prompt.effort[0]) st_pyjson_string(&out, prompt.effort, strlen(prompt.effort), 0);
+    else st_text_str(&out, "null");
+    st_text_str(&out, ", \"prompt\": ");
+    st_pyjson_string(&out, prompt.text, prompt.len, 0);
+    if (tok) {
+      st_text_printf(&out, ", \"n_tokens\": %zu, \"ids\": [", tids.n);
+      for (size_t i = 0; i < tids.n; i++) st_text_printf(&out, i ? ", %d" : "%d", tids.ids[i]);
+      st_text_str(&out, "]");
+    }
+    st_text_str(&out, "}\n");
+  } else if (ids) {
+    st_text_str(&out, "[");
+    for (size_t i = 0; i < tids.n; i++) st_text_printf(&out, i ? ", %d" : "%d", tids.ids[i]);
+    st_text_str(&out, "]\n");
+  } else {
+    st_text_add(&out, prompt.text, prompt.len);
+  }
+  int rc = 0;
+  if (st_text_status(&out, "render")) rc = st_cli_report_error("render");
+  else fwrite(out.data ? out.data : "", 1, out.len, stdout);
+  st_text_free(&out);
+  st_token_ids_free(&tids);
+  st_tokenizer_close(tok);
+  st_chat_prompt_free(&prompt);
+  return rc;
 }
