@@ -55,7 +55,7 @@ static const char *fixture_deepseek_dir(const char **why) {
 }
 
 /* Reads a whole file; NULL when it cannot be read. Caller frees. */
-static char *fixture_read_file(const char *path, size_t *len) {
+__attribute__((unused)) static char *fixture_read_file(const char *path, size_t *len) {
   FILE *f = fopen(path, "rb");
   if (!f) return NULL;
   size_t cap = 1 << 16, n = 0;
