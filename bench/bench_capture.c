@@ -269,7 +269,7 @@ int main(int argc, char **argv) {
     printf("| %7d | proxy  | %11.3f | %11.3f | %12.3f | %12.3f | %5.0f | %5.1f |\n", c, v[1][0],
            v[1][1], v[1][2], v[1][3], rps_p, mib_p);
     snprintf(ratios[li], sizeof ratios[li],
-             "| %7d | %.2fx (+%.3f ms) | %.2fx (+%.3f ms) | %.2fx (+%.3f ms) | %.2fx (+%.3f ms) | %.2fx |",
+             "| %7d | %.2fx (%+.3f ms) | %.2fx (%+.3f ms) | %.2fx (%+.3f ms) | %.2fx (%+.3f ms) | %.2fx |",
              c, v[1][0] / v[0][0], v[1][0] - v[0][0], v[1][1] / v[0][1], v[1][1] - v[0][1],
              v[1][2] / v[0][2], v[1][2] - v[0][2], v[1][3] / v[0][3], v[1][3] - v[0][3], rps_p / rps_d);
     free(d);

@@ -317,14 +317,19 @@ typedef struct capture_upstream_hooks {
 } capture_upstream_hooks;
 
 /* Sends method + path?query with headers (already filtered of hop-by-hop ones) and body to the
-** upstream and streams the answer into the hooks. Returns the outcome; *message gets a
-** human-readable detail (credentials-free upstream URL, curl's error) for anything but OK. */
-capture_upstream_outcome capture_upstream_perform(capture_upstream *u, const char *method,
-                                                  const char *path, const char *query,
+** upstream and streams the answer into the hooks. *handle is the calling thread's reusable curl
+** handle (NULL: one is created and left there; free it with capture_upstream_handle_free from
+** the same thread's cleanup); it keeps the thread's upstream connections alive between calls.
+** Returns the outcome; *message gets a human-readable detail (credentials-free upstream URL,
+** curl's error) for anything but OK. */
+capture_upstream_outcome capture_upstream_perform(capture_upstream *u, void **handle,
+                                                  const char *method, const char *path,
+                                                  const char *query,
                                                   const capture_headers *headers,
                                                   const void *body, size_t body_len,
                                                   const capture_upstream_hooks *hooks,
                                                   char *message, size_t message_len);
+void capture_upstream_handle_free(void *handle); /* NULL ok */
 
 /* 1 for hop-by-hop headers (RFC 9110 §7.6.1) plus those the proxy sets itself (Host,
 ** Content-Length, Expect); `connection` is the request's Connection header value (its tokens

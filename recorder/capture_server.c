@@ -498,9 +498,12 @@ static int relay_request(struct mg_connection *conn) {
     mg_disable_connection_keep_alive(conn);
   } else {
     capture_upstream_hooks hooks = {&r, hook_head, hook_body, hook_poll};
+    void *local_handle = NULL, **handle = mg_get_thread_pointer(conn);
+    if (!handle) handle = &local_handle; /* not a pool worker: a handle for this call only */
     capture_upstream_outcome out = capture_upstream_perform(
-        p->upstream, x->method, raw_path, ri->query_string, &forward, x->request_body.data,
-        x->request_body.len, &hooks, message, sizeof message);
+        p->upstream, handle, x->method, raw_path, ri->query_string, &forward,
+        x->request_body.data, x->request_body.len, &hooks, message, sizeof message);
+    capture_upstream_handle_free(local_handle);
     if (out == CAPTURE_UPSTREAM_OK) {
       x->state = CAPTURE_COMPLETE;
       if (r.mode == RELAY_CHUNKED && client_write(&r, "0\r\n\r\n", 5) < 0) {
@@ -549,6 +552,16 @@ static int relay_request(struct mg_connection *conn) {
   capture_exchange_unref(x);
   atomic_fetch_sub(&p->in_flight, 1);
   return status > 0 ? status : 499;
+}
+
+/* Each worker thread keeps one curl handle (a void * slot) for its upstream connections. */
+static void *worker_init(const struct mg_context *ctx, int thread_type) {
+  return thread_type == 1 ? calloc(1, sizeof(void *)) : NULL;
+}
+static void worker_exit(const struct mg_context *ctx, int thread_type, void *slot) {
+  if (!slot) return;
+  capture_upstream_handle_free(*(void **)slot);
+  free(slot);
 }
 
 static int civetweb_log(const struct mg_connection *conn, const char *message) {
@@ -671,6 +684,8 @@ st_status st_capture_start(const st_capture_config *cin, st_capture **out) {
   memset(&cb, 0, sizeof cb);
   cb.begin_request = relay_request;
   cb.log_message = civetweb_log;
+  cb.init_thread = worker_init;
+  cb.exit_thread = worker_exit;
   char error_text[256] = "";
   struct mg_init_data init = {&cb, p, options};
   struct mg_error_data err = {NULL, error_text, sizeof error_text};

@@ -8,8 +8,11 @@
 ** proxy is stopping. Keeping the transfer on the worker's own stack makes backpressure free: a
 ** slow client blocks the body hook, which blocks curl, which stops reading the upstream socket.
 **
-** Connections to the upstream are reused across exchanges and threads through a CURLSH that
-** shares the connection cache, DNS cache and TLS sessions (LIBRARIES.md §1.3).
+** Connections to the upstream are kept alive per worker thread: each worker reuses one easy
+** handle (curl_easy_reset keeps its connection cache), because libcurl does not support sharing
+** a connection cache between concurrent threads (CURLSHOPT_SHARE(3); a shared one crashed under
+** 16-core load). A CURLSH shares only what is safe to share across threads: the DNS cache and
+** TLS sessions.
 **
 ** What is deliberately not done: no overall timeout (a long generation is not an error); instead
 ** a connect timeout and an idle timeout measured from the last byte received. No redirects are
@@ -74,7 +77,6 @@ st_status capture_upstream_new(const capture_upstream_options *o, capture_upstre
   curl_share_setopt(u->share, CURLSHOPT_LOCKFUNC, share_lock);
   curl_share_setopt(u->share, CURLSHOPT_UNLOCKFUNC, share_unlock);
   curl_share_setopt(u->share, CURLSHOPT_USERDATA, u);
-  curl_share_setopt(u->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT);
   curl_share_setopt(u->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
   curl_share_setopt(u->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
   *out = u;
@@ -257,8 +259,13 @@ static int on_progress(void *user, curl_off_t dltotal, curl_off_t dlnow, curl_of
   return t->abort_reason != ABORT_NONE;
 }
 
-capture_upstream_outcome capture_upstream_perform(capture_upstream *u, const char *method,
-                                                  const char *path, const char *query,
+void capture_upstream_handle_free(void *handle) {
+  if (handle) curl_easy_cleanup(handle);
+}
+
+capture_upstream_outcome capture_upstream_perform(capture_upstream *u, void **handle,
+                                                  const char *method, const char *path,
+                                                  const char *query,
                                                   const capture_headers *headers,
                                                   const void *body, size_t body_len,
                                                   const capture_upstream_hooks *hooks,
@@ -269,7 +276,9 @@ capture_upstream_outcome capture_upstream_perform(capture_upstream *u, const cha
   char *url = NULL;
   capture_upstream_outcome outcome = CAPTURE_UPSTREAM_FAILED;
   message[0] = 0;
-  CURL *h = curl_easy_init();
+  CURL *h = *handle;
+  if (h) curl_easy_reset(h); /* options back to defaults; live connections stay */
+  else *handle = h = curl_easy_init();
   int have_accept = 0, have_type = 0, oom = !h;
   if (!oom && asprintf(&url, "%s%s%s%s", u->base, path, query ? "?" : "", query ? query : "") < 0) {
     url = NULL;
@@ -367,7 +376,10 @@ capture_upstream_outcome capture_upstream_perform(capture_upstream *u, const cha
              curl_easy_strerror(rc));
   }
 out:
-  if (h) curl_easy_cleanup(h);
+  if (h) { /* drop pointers into this call's stack before the handle outlives it */
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, NULL);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
+  }
   curl_slist_free_all(list); /* (header lines may hold credentials; curl copies are its own) */
   free(url);
   capture_headers_free(&t.headers);
