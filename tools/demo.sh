@@ -51,6 +51,28 @@ for name in sorted(k for k in a["taps"] if k.endswith("indexer.topk")):
           f"mean top-k Jaccard exact vs rotate=q = {np.mean(j):.3f} over {len(j)} positions")
 PY
 echo
-echo "The exact run reproduces transformers' DeepseekV4ForCausalLM (see tests/test_engine.c);"
-echo "rotating only the indexer query scrambles q.k, so the rows each query keeps change even"
-echo "though every other tensor is identical — the failure SPEC-dsv4 §6 F1 describes."
+echo "== 6. a needle: the span of the 9th-best compressed row of layer 1 at the last position"
+read -r a b < <(/usr/bin/python3 -c "
+import h5py, numpy as np
+s = h5py.File('$store/exact.h5')['taps/layers.1.indexer.scores'][-1]
+j = int(np.argsort(-s, kind='stable')[8]); print(4 * j, 4 * j + 4)")
+echo "needle tokens $a:$b"
+echo
+echo "== 7. replay layer 1's indexer from the exact trace under 8 settings"
+$st replay --trace "$store/exact.h5" --model "$model" --layer 1 --store "$store" --needle-tokens "$a:$b" \
+  --sweep rotate=none,q,k,both --sweep topk=32,8
+echo
+echo "== 8. bisect: which change loses the needle, first at which layer"
+$st bisect --trace "$store/exact.h5" --model "$model" --good rotate=both --bad rotate=q --needle-tokens "$a:$b"
+echo
+echo "== 9. diff the two runs: the first tap that differs"
+$st diff "$store/exact.h5" "$store/rotate-q.h5" | head -12 || true
+echo
+echo "== 10. SQL: the replays just stored, ranked by needle rank"
+$st query --store "$store" "SELECT json_extract(settings,'$.rotate') AS rotate, json_extract(settings,'$.topk') AS topk, bit_exact, json_extract(metrics,'$.needle_rank') AS needle_rank, json_extract(metrics,'$.needle_in_topk') AS kept FROM replays ORDER BY needle_rank, topk DESC"
+echo
+echo "What it shows: the exact run reproduces transformers' DeepseekV4ForCausalLM (tests/test_engine.c)"
+echo "and replaying its indexer under the recorded settings reproduces the recorded scores bit for bit."
+echo "Rotating only the indexer query (or only the key) scrambles q.k: the rows each query keeps"
+echo "change although every other tensor is identical, and the needle falls out of the top-k at"
+echo "layer 1 — SPEC-dsv4 §6 F1. Rotating both sides keeps it: the Hadamard is orthogonal."
