@@ -27,7 +27,8 @@ static const char *usage_text =
   "(sglang return_prompt_token_ids, vLLM return_token_ids, usage.prompt_tokens).\n"
   "\n"
   "options:\n"
-  "  --request FILE     the request body (JSON); \"-\" reads standard input\n"
+  "  --request FILE     the request body (JSON), or a record written by `sparsetrace requests\n"
+  "                     export` (its body and API are used); \"-\" reads standard input\n"
   "  --model DIR        tokenizer.json (+ tokenizer_config.json) for --ids and --json\n"
   "  --render PROFILE   reference (default), sglang, vllm or atom: how that engine maps the\n"
   "                     request (tools placement, tool-schema key order, content-part joining,\n"
@@ -51,12 +52,32 @@ static int on_off(const char *s, int *out) {
   return -1;
 }
 
-static json_t *load_request(const char *path) {
+/* The request body, from a bare body or from a `sparsetrace requests export` record
+** (schemas/capture.schema.json: the body string under request.body, the API under "api"). */
+static json_t *load_request(const char *path, st_chat_api *api) {
   json_error_t e;
   json_t *req = !strcmp(path, "-") ? json_loadf(stdin, JSON_ALLOW_NUL, &e)
                                    : json_load_file(path, JSON_ALLOW_NUL, &e);
-  if (!req) st_fail(ST_EINVAL, "%s:%d:%d: %s", path, e.line, e.column, e.text);
-  return req;
+  if (!req) {
+    st_fail(ST_EINVAL, "%s:%d:%d: %s", path, e.line, e.column, e.text);
+    return NULL;
+  }
+  const char *schema = json_string_value(json_object_get(req, "schema"));
+  if (!schema || strcmp(schema, "sparsetrace.capture/1")) return req;
+  json_t *body = json_object_get(json_object_get(req, "request"), "body");
+  const char *kind = json_string_value(json_object_get(req, "api"));
+  if (*api == ST_API_AUTO && kind) {
+    if (!strcmp(kind, "anthropic.messages")) *api = ST_API_ANTHROPIC;
+    else if (!strcmp(kind, "openai.chat")) *api = ST_API_CHAT;
+    else if (!strcmp(kind, "openai.responses")) *api = ST_API_RESPONSES;
+  }
+  json_t *parsed = json_is_string(body) ? json_loadb(json_string_value(body), json_string_length(body),
+                                                     JSON_ALLOW_NUL, &e) : NULL;
+  if (!parsed)
+    st_fail(ST_EINVAL, "%s: capture record %s has no JSON request body (request.body)", path,
+            json_string_value(json_object_get(req, "id")) ? json_string_value(json_object_get(req, "id")) : "?");
+  json_decref(req);
+  return parsed;
 }
 
 int st_cmd_render(int argc, char **argv) {
@@ -104,7 +125,7 @@ int st_cmd_render(int argc, char **argv) {
             usage_text);
     return 2;
   }
-  json_t *req = load_request(request_path);
+  json_t *req = load_request(request_path, &o.api);
   if (!req) return st_cli_report_error("render");
   st_chat_prompt prompt;
   st_status st = st_chat_render_request(req, &o, &prompt);

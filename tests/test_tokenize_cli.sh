@@ -70,6 +70,17 @@ expect_rc 0 "render --json"
 expect_in "$out" '"thinking": false' "render --json reports the mode"
 expect_in "$out" '"prompt": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜></think>"' "render --json prompt"
 
+# A `sparsetrace requests export` record: its body and API are used.
+python3 - "$TMP/cap.json" <<'EOF2' || bad "could not write the capture record"
+import json, sys
+body = json.dumps({"system": "S", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5})
+json.dump({"schema": "sparsetrace.capture/1", "id": "abc", "api": "anthropic.messages",
+           "request": {"headers": {}, "body": body, "bytes": len(body), "malformed": False}}, open(sys.argv[1], "w"))
+EOF2
+run "$BIN" render --request "$TMP/cap.json" --render sglang --json
+expect_in "$out" '"api": "anthropic"' "a capture record's API is used"
+expect_in "$out" '<｜begin▁of▁sentence｜>S<｜User｜>Hi<｜Assistant｜></think>' "a capture record's body is rendered"
+
 # --- DeepSeek's vocabulary -----------------------------------------------------------------
 MODEL=$(bash "$SRC/tools/fetch_tokenizer.sh" 2>"$TMP/fetch.log")
 fetch_rc=$?
