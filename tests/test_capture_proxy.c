@@ -183,15 +183,19 @@ static void test_sse_timing_preserved(void **state) {
   assert_int_equal(r[1].rc, CURLE_OK);
   assert_int_equal(r[0].n_events, 9);
   assert_int_equal(r[1].n_events, 9);
-  /* Events arrive through the proxy at the upstream's cadence, not at the end. */
+  /* Events arrive through the proxy at the upstream's cadence, not bunched at the end. The
+  ** tolerances are loose because CI runs this beside other tests on two cores; a buffering
+  ** proxy would be off by the whole 100 ms spacing. (bench_capture measures the real cost.) */
   for (int k = 1; k < 9; k++) {
     double gd = (double)(r[0].event_t[k] - r[0].event_t[k - 1]) / 1e6;
     double gp = (double)(r[1].event_t[k] - r[1].event_t[k - 1]) / 1e6;
-    if (gp < gd - 30 || gp > gd + 30) fail_msg("event %d: gap %.1f ms via proxy, %.1f ms direct", k, gp, gd);
+    if (gp < gd - 60 || gp > gd + 60) fail_msg("event %d: gap %.1f ms via proxy, %.1f ms direct", k, gp, gd);
   }
+  double span = (double)(r[1].event_t[8] - r[1].event_t[0]) / 1e6;
+  if (span < 700) fail_msg("events through the proxy spread over %.0f ms, not ~800", span);
   double ttfb_d = (double)(r[0].t_first - r[0].t_start) / 1e6;
   double ttfb_p = (double)(r[1].t_first - r[1].t_start) / 1e6;
-  if (ttfb_p > ttfb_d + 50) fail_msg("ttfb %.1f ms via proxy, %.1f ms direct", ttfb_p, ttfb_d);
+  if (ttfb_p > ttfb_d + 80) fail_msg("ttfb %.1f ms via proxy, %.1f ms direct", ttfb_p, ttfb_d);
   result_free(&r[0]);
   result_free(&r[1]);
 
@@ -202,7 +206,7 @@ static void test_sse_timing_preserved(void **state) {
   assert_int_equal(json_array_size(events), 9);
   for (size_t k = 1; k < 9; k++) {
     double gap = json_real_value(json_object_get(json_array_get(events, k), "gap_ms"));
-    if (gap < 70 || gap > 250) fail_msg("recorded gap %zu is %.1f ms (upstream sends every 100)", k, gap);
+    if (gap < 40 || gap > 400) fail_msg("recorded gap %zu is %.1f ms (upstream sends every 100)", k, gap);
   }
   assert_string_equal(jstr(json_array_get(events, 0), "event"), "message_start");
   assert_string_equal(jstr(json_array_get(events, 8), "event"), "message_stop");
