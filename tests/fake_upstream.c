@@ -5,7 +5,7 @@
 **   fake_upstream [--port N] [--port-file FILE]     (N = 0 picks a free port; default 0)
 **
 ** Prints "listening PORT" on stdout once ready (and writes PORT to FILE if asked), then serves
-** until killed. Plain sockets and one thread per connection, so that the tests can make it
+** until killed or until the process that started it is gone. Plain sockets and one thread per connection, so that the tests can make it
 ** misbehave in ways a web framework would not allow: reset the connection mid-stream, close it
 ** without ending the chunked body, stall, or notice that its client went away.
 **
@@ -670,7 +670,19 @@ static void *conn_main(void *arg) {
   return NULL;
 }
 
+/* A test that dies without stopping its fake must not leave it running: exit once the process
+** that started us is gone (we have been re-parented). */
+static void *orphan_watch(void *arg) {
+  pid_t parent = (pid_t)(intptr_t)arg;
+  while (getppid() == parent && parent != 1) sleep_ms(500); /* pid 1: orphaned before we looked */
+  _exit(0);
+  return NULL;
+}
+
 int main(int argc, char **argv) {
+  pthread_t watch;
+  pthread_create(&watch, NULL, orphan_watch, (void *)(intptr_t)getppid());
+  pthread_detach(watch);
   int port = 0;
   const char *port_file = NULL;
   for (int i = 1; i < argc; i++) {
