@@ -17,17 +17,25 @@
 
 #include "commands.h"
 #include "engine/model.h"
+#include "engine/chat.h"
+#include "engine/tokenizer.h"
+#include "recorder/capture.h"
 #include "recorder/recorder.h"
 #include "replayer/needle.h"
 
 static const char run_help[] =
-  "usage: sparsetrace run --model DIR --prompt-tokens FILE.json [options]\n"
+  "usage: sparsetrace run --model DIR (--prompt-tokens FILE.json | --request ID|FILE.json) [options]\n"
   "\n"
   "Runs the DeepSeek-V4 reference engine (cpu-ref) on a prompt, greedy-generates, and records a\n"
   "trace: one HDF5 file with the tokens, the run's settings and build, and every armed tap.\n"
   "\n"
   "  --model DIR             checkpoint directory (config.json + safetensors)\n"
   "  --prompt-tokens FILE    JSON array of token ids ('-' reads stdin)\n"
+  "  --request ID|FILE.json  a captured request (sparsetrace capture): an id, a unique prefix or\n"
+  "                          'last' in the store, or a file from 'sparsetrace requests export';\n"
+  "                          rendered with the model's chat encoding and tokenizer, compared with\n"
+  "                          the prompt token count the server reported, linked to the trace\n"
+  "  --render PROFILE        reference | sglang | vllm | atom (default reference)\n"
   "  --max-new-tokens N      greedy tokens to generate after the prompt (default 0)\n"
   "  --ignore-eos            keep generating after the end-of-sequence token\n"
   "  --tap GLOB              arm the taps whose names match (repeatable; 'sparsetrace taps'\n"
@@ -59,6 +67,7 @@ typedef struct run_args {
   int n_layer_sets;
   const char *needle_text;
   int64_t needle_start, needle_end;
+  const char *request, *render;
 } run_args;
 
 /* Reads a JSON array of token ids. Errors name the file, line and column. */
@@ -92,6 +101,63 @@ out:
   return rc;
 }
 
+/* The prompt of a captured request: the record (a file, or an id in the store), its request body
+** rendered with the DeepSeek-V4 chat encoding, tokenized with the model's tokenizer. *server is the
+** prompt token count the upstream reported (-1 when it reported none). */
+static st_status prompt_from_request(const char *ref, const char *store, const char *model_dir,
+                                     const char *render, int32_t **out, int *n_out,
+                                     char request_id[40], int64_t *server, char api_name[32]) {
+  json_t *rec = NULL, *body = NULL;
+  st_capture_db *db = NULL;
+  st_tokenizer *tok = NULL;
+  st_chat_prompt prompt = {0};
+  st_token_ids ids = {0};
+  st_status rc;
+  FILE *probe = fopen(ref, "rb");
+  if (probe) {
+    fclose(probe);
+    rc = st_capture_record_load(ref, &rec);
+  } else {
+    char id[40];
+    rc = st_capture_db_open(store, &db);
+    if (!rc) rc = st_capture_db_resolve(db, ref, id);
+    if (!rc) rc = st_capture_db_export(db, id, &rec);
+  }
+  if (rc) goto out;
+  snprintf(request_id, 40, "%s", json_string_value(json_object_get(rec, "id")) ?: "");
+  const char *api = json_string_value(json_object_get(rec, "api"));
+  snprintf(api_name, 32, "%s", api ? api : "?");
+  st_chat_options opt;
+  st_chat_options_default(&opt);
+  if (api && !strcmp(api, "anthropic.messages")) opt.api = ST_API_ANTHROPIC;
+  else if (api && !strcmp(api, "openai.chat")) opt.api = ST_API_CHAT;
+  else if (api && !strcmp(api, "openai.responses")) opt.api = ST_API_RESPONSES;
+  else { rc = st_fail(ST_EUNSUPPORTED, "request %s: api \"%s\" has no chat rendering (messages, chat, responses)", request_id, api ? api : "?"); goto out; }
+  if (render && (rc = st_render_profile_parse(render, &opt.profile))) goto out;
+  const char *text = json_string_value(json_object_get(json_object_get(rec, "request"), "body"));
+  json_error_t jerr;
+  body = text ? json_loads(text, 0, &jerr) : NULL;
+  if (!body) { rc = st_fail(ST_EFORMAT, "request %s: the captured body is not JSON (%s)", request_id, text ? jerr.text : "missing"); goto out; }
+  if ((rc = st_chat_render_request(body, &opt, &prompt))) { st_fail_context(rc, "request %s: ", request_id); goto out; }
+  if ((rc = st_tokenizer_open(model_dir, &tok))) goto out;
+  if ((rc = st_chat_prompt_ids(tok, &prompt, &ids))) goto out;
+  if (!ids.n) { rc = st_fail(ST_EINVAL, "request %s renders to no tokens", request_id); goto out; }
+  *out = ids.ids;
+  *n_out = (int)ids.n;
+  ids.ids = NULL;
+  json_t *usage = json_object_get(rec, "usage");
+  json_t *count = json_object_get(usage, "input_tokens");
+  *server = json_is_integer(count) ? json_integer_value(count) : -1;
+out:
+  st_token_ids_free(&ids);
+  st_chat_prompt_free(&prompt);
+  st_tokenizer_close(tok);
+  st_capture_db_close(db);
+  json_decref(body);
+  json_decref(rec);
+  return rc;
+}
+
 static char *read_text_file(const char *path) {
   FILE *f = fopen(path, "rb");
   if (!f) return NULL;
@@ -113,7 +179,7 @@ static double seconds_since(const struct timespec *t0) {
 
 static int parse_args(int argc, char **argv, run_args *a) {
   enum { OPT_MODEL = 256, OPT_PROMPT, OPT_MAX_NEW, OPT_IGNORE_EOS, OPT_TAP, OPT_POSITIONS, OPT_SET,
-         OPT_TRACE, OPT_STORE, OPT_THREADS, OPT_CHUNK, OPT_JSON, OPT_HELP, OPT_LAYER_SET, OPT_NEEDLE, OPT_NEEDLE_TOKENS };
+         OPT_TRACE, OPT_STORE, OPT_THREADS, OPT_CHUNK, OPT_JSON, OPT_HELP, OPT_LAYER_SET, OPT_NEEDLE, OPT_NEEDLE_TOKENS, OPT_REQUEST, OPT_RENDER };
   static const struct option options[] = {
     {"model", required_argument, 0, OPT_MODEL}, {"prompt-tokens", required_argument, 0, OPT_PROMPT},
     {"max-new-tokens", required_argument, 0, OPT_MAX_NEW}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
@@ -123,6 +189,7 @@ static int parse_args(int argc, char **argv, run_args *a) {
     {"chunk", required_argument, 0, OPT_CHUNK}, {"json", no_argument, 0, OPT_JSON},
     {"help", no_argument, 0, OPT_HELP}, {"layer-set", required_argument, 0, OPT_LAYER_SET},
     {"needle", required_argument, 0, OPT_NEEDLE}, {"needle-tokens", required_argument, 0, OPT_NEEDLE_TOKENS},
+    {"request", required_argument, 0, OPT_REQUEST}, {"render", required_argument, 0, OPT_RENDER},
     {0, 0, 0, 0}};
   memset(a, 0, sizeof *a);
   a->store = ST_DEFAULT_STORE;
@@ -146,6 +213,8 @@ static int parse_args(int argc, char **argv, run_args *a) {
     case OPT_TAP: a->taps[a->n_taps++] = optarg; break;
     case OPT_LAYER_SET: a->layer_sets[a->n_layer_sets++] = optarg; break;
     case OPT_NEEDLE: a->needle_text = optarg; break;
+    case OPT_REQUEST: a->request = optarg; break;
+    case OPT_RENDER: a->render = optarg; break;
     case OPT_NEEDLE_TOKENS:
       a->needle_start = strtoll(optarg, &end, 10);
       if (*end == ':') a->needle_end = strtoll(end + 1, &end, 10);
@@ -179,8 +248,8 @@ static int parse_args(int argc, char **argv, run_args *a) {
     fprintf(stderr, "sparsetrace run: unexpected argument '%s'\n", argv[optind]);
     return 2;
   }
-  if (!a->model || !a->prompt_path) {
-    fprintf(stderr, "sparsetrace run: --model and --prompt-tokens are required\n\n%s", run_help);
+  if (!a->model || !!a->prompt_path == !!a->request) {
+    fprintf(stderr, "sparsetrace run: --model and one of --prompt-tokens or --request are required\n\n%s", run_help);
     return 2;
   }
   return 0;
@@ -213,7 +282,24 @@ int st_cmd_run(int argc, char **argv) {
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
 
-  if (read_prompt(a.prompt_path, &tokens, &n_prompt)) goto out;
+  char request_id[40] = "", api_name[32] = "";
+  int64_t server_count = -1;
+  if (a.request) {
+    if (prompt_from_request(a.request, a.store, a.model, a.render, &tokens, &n_prompt, request_id,
+                            &server_count, api_name))
+      goto out;
+    if (!a.json) {
+      printf("request %s (%s): %d prompt tokens rendered with profile %s", request_id, api_name,
+             n_prompt, a.render ? a.render : "reference");
+      if (server_count >= 0)
+        printf("; the server counted %lld: %s\n", (long long)server_count,
+               server_count == n_prompt ? "they agree" : "they DIFFER");
+      else
+        printf("; the server reported no prompt token count\n");
+    }
+  } else if (read_prompt(a.prompt_path, &tokens, &n_prompt)) {
+    goto out;
+  }
   if (st_model_open(a.model, &model) || st_model_load_all(model)) goto out;
   const st_config *cfg = model->cfg;
   int32_t *grown = realloc(tokens, sizeof(int32_t) * ((size_t)n_prompt + a.max_new));
@@ -222,7 +308,7 @@ int st_cmd_run(int argc, char **argv) {
   for (int i = 0; i < n_prompt; i++)
     if (tokens[i] >= cfg->vocab_size) {
       st_fail(ST_EINVAL, "%s: token %d at position %d is outside the model's vocabulary [0, %d)",
-              a.prompt_path, tokens[i], i, cfg->vocab_size);
+              a.prompt_path ? a.prompt_path : a.request, tokens[i], i, cfg->vocab_size);
       goto out;
     }
   if (a.needle_text &&
@@ -289,7 +375,8 @@ int st_cmd_run(int argc, char **argv) {
     .model_dir = a.model, .model_name = basename(model_copy), .settings_json = settings_json,
     .config_json = config_text ? config_text : "{}", .backend = st_backend_cpu_ref.name,
     .kernel_mode = st_backend_cpu_ref.kernel_mode, .threads = threads,
-    .command_line = command_line, .positions = a.positions, .n_layers = cfg->num_hidden_layers};
+    .command_line = command_line, .positions = a.positions, .n_layers = cfg->num_hidden_layers,
+    .request_id = request_id[0] ? request_id : NULL};
   st_run_id_new(&meta);
   if (a.trace) snprintf(trace_path, sizeof trace_path, "%s", a.trace);
   else snprintf(trace_path, sizeof trace_path, "%s/runs/%s.h5", a.store, meta.run_id);
@@ -319,7 +406,13 @@ int st_cmd_run(int argc, char **argv) {
     printf("{\"run_id\":\"%s\",\"trace\":\"%s\",\"store\":\"%s\",\"n_prompt\":%d,\"n_generated\":%d,"
            "\"generated\":[", meta.run_id, trace_path, a.store, n_prompt, n_generated);
     for (int i = 0; i < n_generated; i++) printf("%s%d", i ? "," : "", tokens[n_prompt + i]);
-    printf("],\"settings\":%s,\"threads\":%d,\"seconds\":%.3f}\n", settings_json, threads, seconds);
+    printf("],\"settings\":%s,\"threads\":%d,\"seconds\":%.3f", settings_json, threads, seconds);
+    if (request_id[0]) {
+      printf(",\"request_id\":\"%s\",\"server_prompt_tokens\":", request_id);
+      if (server_count >= 0) printf("%lld,\"token_count_agrees\":%s", (long long)server_count, server_count == n_prompt ? "true" : "false");
+      else printf("null");
+    }
+    printf("}\n");
   } else {
     printf("run %s: %d prompt tokens, %d generated", meta.run_id, n_prompt, n_generated);
     if (n_generated) {
