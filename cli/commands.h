@@ -18,6 +18,7 @@ int st_cmd_render(int argc, char **argv);   /* cli/cmd_render.c */
 int st_cmd_diff(int argc, char **argv);     /* cli/cmd_diff.c: exit 0 same, 1 diverges, 2 error */
 int st_cmd_replay(int argc, char **argv);   /* cli/cmd_replay.c */
 int st_cmd_bisect(int argc, char **argv);   /* cli/cmd_bisect.c */
+int st_cmd_needle(int argc, char **argv);   /* cli/cmd_needle.c: make, sweep */
 
 /* Shared by subcommands: prints "sparsetrace <cmd>: <st_errmsg()>" to stderr, returns 1. */
 int st_cli_report_error(const char *cmd);

@@ -1,0 +1,594 @@
+/*
+** cmd_needle.c — `sparsetrace needle make` (one synthetic agentic request with a needle line) and
+** `sparsetrace needle sweep` (the recall grid against the engine or a server, with its table).
+*/
+#define _GNU_SOURCE
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "commands.h"
+#include "engine/needle_prompt.h"
+#include "engine/pyjson.h"
+#include "engine/tokenizer.h"
+#include "recorder/recorder.h"
+#include "replayer/harness.h"
+
+static const char needle_help[] =
+  "usage: sparsetrace needle make  --tokens N --position P --seed S [options]\n"
+  "       sparsetrace needle sweep (--model DIR | --endpoint URL) [options]\n"
+  "\n"
+  "Recall tests for long agentic prompts: one line (the needle) placed at a chosen fraction of a\n"
+  "realistic coding-agent request, and a final question asking for it verbatim.\n"
+  "'sparsetrace needle make --help' and 'sparsetrace needle sweep --help' list the options.\n";
+
+static const char make_help[] =
+  "usage: sparsetrace needle make --tokens N --position P --seed S [options]\n"
+  "\n"
+  "Writes a coding-agent request (system prompt with rules and an environment section, tool\n"
+  "definitions with JSON schemas, a task, rounds of tool calls and results, a summary) with one\n"
+  "needle line at fraction P of the rendered prompt and a final question asking for that line\n"
+  "verbatim. Same options, same bytes. The prompt is rendered with the DeepSeek-V4 encoding and\n"
+  "sized with the tokenizer of --model DIR (tokenizer.json); without one, 3.25 bytes per token is\n"
+  "assumed (said on stderr). The needle line and its expected answer go to stderr or --meta.\n"
+  "\n"
+  "  --tokens N          prompt size in tokens (2048, 2k, 1.5k; k = 1024)\n"
+  "  --position P        where the needle goes, a fraction of the prompt in [0, 1]\n"
+  "  --seed S            seed (the needle depends on seed and kind only)\n"
+  "  --kind K            path (default: 'Working directory: /home/dev/...'), host, key, number\n"
+  "  --format F          anthropic (default), openai-chat, openai-responses\n"
+  "  --model DIR         directory with tokenizer.json for exact sizes\n"
+  "  --render PROFILE    rendering used for sizing: reference (default), sglang, vllm, atom\n"
+  "  --thinking on|off   ask for thinking / chat mode in the request (default: say nothing)\n"
+  "  --model-name NAME   the request's \"model\" (default deepseek-v4)\n"
+  "  --max-tokens N      the request's output limit (default 256)\n"
+  "  --out FILE          write the request there instead of stdout\n"
+  "  --meta FILE         write {needle, expected, tokens, position, ...} as JSON there\n"
+  "  --quiet             no summary on stderr\n";
+
+static const char sweep_help[] =
+  "usage: sparsetrace needle sweep (--model DIR | --endpoint URL [--api anthropic|openai|responses])\n"
+  "                                [--tokens LIST] [--positions LIST] [--seeds N] [options]\n"
+  "\n"
+  "Runs the recall grid: for each context length, needle position and seed, a request from\n"
+  "'needle make' goes to the reference engine (--model) or to a live server (--endpoint; POST,\n"
+  "non-streaming, temperature 0). An attempt passes when the answer contains the needle's value\n"
+  "verbatim. Prints the pass table (passed/attempts per length and position) and stores every\n"
+  "attempt in STORE/index.sqlite (table needle_attempts, view needle_sweep_cells). Against the\n"
+  "engine each attempt is also a recorded run: indexer taps armed, trace in STORE/runs/, the\n"
+  "needle's token span and its per-layer verdicts in needles / needle_verdicts, so a failing cell\n"
+  "is one 'sparsetrace replay --trace' away.\n"
+  "\n"
+  "  --model DIR            engine checkpoint; its tokenizer.json renders the prompts\n"
+  "  --tokenizer DIR        tokenizer.json to use instead (engine), or for exact sizes (server)\n"
+  "  --endpoint URL         server base URL (http://host:8000, .../v1, or the full endpoint)\n"
+  "  --api A                server API: openai (default, /v1/chat/completions), anthropic\n"
+  "                         (/v1/messages), responses (/v1/responses). Key: $ST_API_KEY, else\n"
+  "                         $ANTHROPIC_API_KEY / $OPENAI_API_KEY\n"
+  "  --model-name NAME      the requests' \"model\" (default: model dir name, or deepseek-v4)\n"
+  "  --set KEY=VALUE        engine setting (repeatable; 'sparsetrace settings'); for a server,\n"
+  "                         recorded with each attempt as a label (the server is not changed)\n"
+  "  --tokens LIST          context lengths (default 2k,4k,8k; k = 1024)\n"
+  "  --positions LIST       needle fractions (default 0.25,0.55,0.8,0.97)\n"
+  "  --seeds N              seeds per cell (default 3), starting at --first-seed (default 1)\n"
+  "  --kind K               path (default), host, key, number\n"
+  "  --format F             engine request format: openai-chat (default), anthropic,\n"
+  "                         openai-responses (a server gets the format of its --api)\n"
+  "  --render PROFILE       engine rendering: reference (default), sglang, vllm, atom\n"
+  "  --thinking on|off|server  chat mode (off, default), thinking mode (on), or leave it to\n"
+  "                         the server / render profile default (server)\n"
+  "  --max-new-tokens N     tokens generated / max_tokens of the request (default 64)\n"
+  "  --tap-positions SPEC   engine: positions recorded for the indexer taps: last (default:\n"
+  "                         the last prompt token and every generated one), all, or A:B\n"
+  "  --threads N            engine OpenMP threads\n"
+  "  --timeout S            server: seconds per request (default 600)\n"
+  "  --store DIR            trace store (default ./traces)\n"
+  "  --json                 print the sweep as JSON (cells and attempts)\n"
+  "  --quiet                no progress lines on stderr\n"
+  "\n"
+  "Exit status: 0 when every attempt ran (whatever it recalled), 1 when some could not be made\n"
+  "(their error is stored and counted in the table as '*'), 2 for usage errors.\n";
+
+/* "2048", "2k", "1.5k" (k = 1024, m = 1024^2). */
+static int parse_count(const char *s, int64_t *out) {
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s) return -1;
+  if (*end == 'k' || *end == 'K') v *= 1024, end++;
+  else if (*end == 'm' || *end == 'M') v *= 1048576, end++;
+  if (*end || !(v >= 1) || v > 1e12) return -1;
+  *out = (int64_t)llround(v);
+  return 0;
+}
+
+static int parse_fraction(const char *s, double *out) {
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || *end || !(v >= 0 && v <= 1)) return -1;
+  *out = v;
+  return 0;
+}
+
+static int on_off(const char *s, int *out) {
+  if (!strcmp(s, "on") || !strcmp(s, "true") || !strcmp(s, "1")) return *out = 1, 0;
+  if (!strcmp(s, "off") || !strcmp(s, "false") || !strcmp(s, "0")) return *out = 0, 0;
+  return -1;
+}
+
+static int usage_error(const char *sub, const char *fmt, const char *arg) {
+  fprintf(stderr, "sparsetrace needle %s: ", sub);
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n");
+  return 2;
+}
+
+/* ---------------------------------------------------------------- make */
+
+static st_status write_text_file(const char *path, const char *text, size_t len) {
+  FILE *f = fopen(path, "wb");
+  if (!f) return st_fail(ST_EIO, "%s: cannot create", path);
+  int ok = fwrite(text, 1, len, f) == len;
+  ok = fclose(f) == 0 && ok;
+  return ok ? ST_OK : st_fail(ST_EIO, "%s: write failed", path);
+}
+
+static int cmd_make(int argc, char **argv) {
+  enum { O_TOKENS = 256, O_POSITION, O_SEED, O_KIND, O_FORMAT, O_MODEL, O_RENDER, O_THINKING, O_MODEL_NAME,
+         O_MAX_TOKENS, O_OUT, O_META, O_QUIET, O_HELP };
+  static const struct option options[] = {
+    {"tokens", required_argument, 0, O_TOKENS}, {"position", required_argument, 0, O_POSITION},
+    {"seed", required_argument, 0, O_SEED}, {"kind", required_argument, 0, O_KIND},
+    {"format", required_argument, 0, O_FORMAT}, {"model", required_argument, 0, O_MODEL},
+    {"render", required_argument, 0, O_RENDER}, {"thinking", required_argument, 0, O_THINKING},
+    {"model-name", required_argument, 0, O_MODEL_NAME}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
+    {"out", required_argument, 0, O_OUT}, {"meta", required_argument, 0, O_META},
+    {"quiet", no_argument, 0, O_QUIET}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+  st_needle_spec sp;
+  st_needle_spec_default(&sp);
+  const char *model = NULL, *out_path = NULL, *meta_path = NULL;
+  int have_tokens = 0, have_position = 0, have_seed = 0, quiet = 0, c;
+  optind = 1;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+    char *end;
+    switch (c) {
+    case O_TOKENS:
+      if (parse_count(optarg, &sp.tokens)) return usage_error("make", "--tokens '%s': expected a count such as 2048 or 2k", optarg);
+      have_tokens = 1;
+      break;
+    case O_POSITION:
+      if (parse_fraction(optarg, &sp.position)) return usage_error("make", "--position '%s': expected a fraction in [0, 1]", optarg);
+      have_position = 1;
+      break;
+    case O_SEED:
+      sp.seed = strtoull(optarg, &end, 10);
+      if (*end || !*optarg || *optarg == '-') return usage_error("make", "--seed '%s': expected a non-negative integer", optarg);
+      have_seed = 1;
+      break;
+    case O_KIND:
+      if (st_needle_kind_parse(optarg, &sp.kind)) return usage_error("make", "%s", st_errmsg());
+      break;
+    case O_FORMAT:
+      if (st_needle_format_parse(optarg, &sp.format)) return usage_error("make", "%s", st_errmsg());
+      break;
+    case O_MODEL: model = optarg; break;
+    case O_RENDER:
+      if (st_render_profile_parse(optarg, &sp.render.profile)) return usage_error("make", "%s", st_errmsg());
+      break;
+    case O_THINKING:
+      if (on_off(optarg, &sp.thinking)) return usage_error("make", "--thinking '%s': on or off", optarg);
+      sp.render.thinking = sp.thinking;
+      break;
+    case O_MODEL_NAME: sp.model_name = optarg; break;
+    case O_MAX_TOKENS:
+      sp.max_tokens = (int)strtol(optarg, &end, 10);
+      if (*end || sp.max_tokens < 1) return usage_error("make", "--max-tokens '%s': expected a positive count", optarg);
+      break;
+    case O_OUT: out_path = optarg; break;
+    case O_META: meta_path = optarg; break;
+    case O_QUIET: quiet = 1; break;
+    case 'h': case O_HELP: fputs(make_help, stdout); return 0;
+    default:
+      fprintf(stderr, "sparsetrace needle make: unknown or incomplete option '%s'\n\n%s", argv[optind - 1], make_help);
+      return 2;
+    }
+  }
+  if (optind < argc) return usage_error("make", "unexpected argument '%s'", argv[optind]);
+  if (!have_tokens || !have_position || !have_seed) {
+    fprintf(stderr, "sparsetrace needle make: --tokens, --position and --seed are required\n\n%s", make_help);
+    return 2;
+  }
+  st_tokenizer *tok = NULL;
+  if (model && st_cli_open_tokenizer(model, &tok)) return st_cli_report_error("needle make");
+  sp.tok = tok;
+  st_needle_prompt np;
+  if (st_needle_make(&sp, &np)) {
+    st_tokenizer_close(tok);
+    return st_cli_report_error("needle make");
+  }
+  int rc = 0;
+  char *body = json_dumps(np.request, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  if (!body) {
+    st_fail(ST_ENOMEM, "request text");
+    rc = st_cli_report_error("needle make");
+    goto out;
+  }
+  size_t blen = strlen(body);
+  if (out_path) {
+    char *with_nl = NULL;
+    if (asprintf(&with_nl, "%s\n", body) < 0 || write_text_file(out_path, with_nl, blen + 1)) {
+      free(with_nl);
+      rc = st_cli_report_error("needle make");
+      goto out;
+    }
+    free(with_nl);
+  } else {
+    fwrite(body, 1, blen, stdout);
+    fputc('\n', stdout);
+  }
+  if (meta_path) {
+    json_t *meta = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:s, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:b,"
+                             " s:s, s:i, s:i, s:i, s:s, s:s}",
+                             "needle", np.line, "expected", np.value, "label", np.label, "question", np.question,
+                             "kind", st_needle_kind_name(sp.kind), "format", st_needle_format_name(sp.format),
+                             "seed", (json_int_t)sp.seed, "tokens_requested", (json_int_t)sp.tokens,
+                             "tokens_measure", np.measured ? "tokenizer" : "estimate",
+                             "position_requested", sp.position, "position", np.position,
+                             "tokens", (json_int_t)np.tokens, "prompt_bytes", (json_int_t)np.prompt_len,
+                             "needle_byte", (json_int_t)np.needle_byte, "needle_token", (json_int_t)np.needle_token,
+                             "needle_token_end", (json_int_t)np.needle_token_end, "within_tolerance",
+                             np.within_tolerance, "placement", np.placement, "n_tools", np.n_tools, "n_rounds",
+                             np.n_rounds, "filler_lines", np.filler_lines, "render",
+                             st_render_profile_name(sp.render.profile), "tokenizer",
+                             tok ? st_tokenizer_path(tok) : "");
+    json_object_set_new(meta, "min_tokens", json_integer(np.min_tokens));
+    if (!meta || json_dump_file(meta, meta_path, JSON_INDENT(2) | JSON_PRESERVE_ORDER)) {
+      json_decref(meta);
+      st_fail(ST_EIO, "%s: cannot write the metadata", meta_path);
+      rc = st_cli_report_error("needle make");
+      goto out;
+    }
+    json_decref(meta);
+  }
+  if (!np.measured && !quiet)
+    fprintf(stderr, "needle make: no tokenizer (--model DIR with tokenizer.json): sizes are estimates at %.2f bytes per token\n",
+            ST_NEEDLE_BYTES_PER_TOKEN);
+  if (!np.within_tolerance)
+    fprintf(stderr, "needle make: warning: the prompt has %lld tokens, not within 2%% of %lld%s\n", (long long)np.tokens,
+            (long long)sp.tokens, np.min_tokens > sp.tokens ? " (the smallest request of this shape)" : "");
+  if (!quiet)
+    fprintf(stderr, "needle: %s\nexpected answer: %s\nprompt: %lld tokens (%s), %zu bytes rendered; needle at token %lld "
+            "(%.3f of the prompt, requested %.3f), in the %s; %d tools, %d tool rounds\n",
+            np.line, np.value, (long long)np.tokens, np.measured ? "tokenizer" : "estimate", np.prompt_len,
+            (long long)np.needle_token, np.position, sp.position, np.placement, np.n_tools, np.n_rounds);
+out:
+  free(body);
+  st_needle_prompt_free(&np);
+  st_tokenizer_close(tok);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- sweep */
+
+typedef struct sweep_cli {
+  int quiet, json;
+} sweep_cli;
+
+static void progress(void *ctx, int done, int total, const st_harness_attempt *a) {
+  const sweep_cli *c = ctx;
+  if (c->quiet) return;
+  fprintf(stderr, "[%d/%d] %lld tokens at %.2f seed %llu: ", done, total, (long long)a->tokens_requested, a->position,
+          (unsigned long long)a->seed);
+  if (a->error) fprintf(stderr, "ERROR %s\n", a->error);
+  else {
+    char shown[81];
+    size_t n = 0;
+    for (const char *p = a->answer ? a->answer : ""; *p && n < 80; p++) shown[n++] = (*p == '\n' || *p == '\r') ? ' ' : *p;
+    shown[n] = 0;
+    fprintf(stderr, "%s (%lld tokens, %.1f s) \"%s\"\n", a->pass ? "pass" : "FAIL", (long long)a->tokens_actual,
+            a->seconds, shown);
+  }
+}
+
+static char *join_args(int argc, char **argv) {
+  size_t len = 32;
+  for (int i = 0; i < argc; i++) len += strlen(argv[i]) + 1;
+  char *s = calloc(len, 1);
+  if (!s) return NULL;
+  strcpy(s, "sparsetrace needle");
+  for (int i = 0; i < argc; i++) strcat(strcat(s, " "), argv[i]);
+  return s;
+}
+
+/* Splits a comma list; each item parsed by the callback. Returns the count or -1. */
+static int split_list(const char *list, void *out, size_t elem, int max, int (*parse)(const char *, void *)) {
+  char *copy = strdup(list), *save = NULL;
+  int n = 0;
+  if (!copy) return -1;
+  for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    while (*tok == ' ') tok++;
+    if (n == max || parse(tok, (char *)out + (size_t)n * elem)) { free(copy); return -1; }
+    n++;
+  }
+  free(copy);
+  return n;
+}
+
+static int parse_count_v(const char *s, void *out) { return parse_count(s, out); }
+static int parse_fraction_v(const char *s, void *out) { return parse_fraction(s, out); }
+
+static void print_json(const st_harness_options *o, const st_harness_result *r) {
+  json_t *root = json_object();
+  json_object_set_new(root, "sweep_id", json_string(r->sweep_id));
+  json_object_set_new(root, "target", json_string(r->target));
+  json_object_set_new(root, "api", json_string(st_harness_api_name(o->api)));
+  json_object_set_new(root, "kind", json_string(st_needle_kind_name(o->kind)));
+  json_error_t e;
+  json_t *settings = json_loads(r->settings_json, 0, &e);
+  json_object_set_new(root, "settings", settings ? settings : json_object());
+  json_object_set_new(root, "attempts", json_integer(r->n_attempts));
+  json_object_set_new(root, "passed", json_integer(r->n_passed));
+  json_object_set_new(root, "errors", json_integer(r->n_errors));
+  json_t *cells = json_array(), *rows = json_array();
+  for (int t = 0; t < o->n_tokens; t++)
+    for (int p = 0; p < o->n_positions; p++) {
+      int passed = 0, errors = 0, n = 0;
+      for (int s = 0; s < o->n_seeds; s++) {
+        const st_harness_attempt *a = &r->attempts[(t * o->n_positions + p) * o->n_seeds + s];
+        passed += a->pass, errors += a->error != NULL, n++;
+      }
+      json_array_append_new(cells, json_pack("{s:I, s:f, s:i, s:i, s:i}", "tokens", (json_int_t)o->tokens[t], "position",
+                                             o->positions[p], "passed", passed, "attempts", n, "errors", errors));
+    }
+  for (int i = 0; i < r->n_attempts; i++) {
+    const st_harness_attempt *a = &r->attempts[i];
+    json_t *row = json_pack("{s:I, s:I, s:I, s:s, s:f, s:f, s:I, s:s, s:s, s:b, s:f}", "attempt_id", (json_int_t)a->attempt_id,
+                            "tokens_requested", (json_int_t)a->tokens_requested, "tokens_actual", (json_int_t)a->tokens_actual,
+                            "tokens_measure", a->measured ? "tokenizer" : "estimate", "position", a->position,
+                            "position_actual", a->position_actual, "seed", (json_int_t)a->seed, "needle", a->needle,
+                            "expected", a->expected, "pass", a->pass, "seconds", a->seconds);
+    json_object_set_new(row, "answer", a->answer ? json_string(a->answer) : json_null());
+    json_object_set_new(row, "error", a->error ? json_string(a->error) : json_null());
+    json_object_set_new(row, "run_id", a->run_id[0] ? json_string(a->run_id) : json_null());
+    json_object_set_new(row, "tokens_reported", a->tokens_reported >= 0 ? json_integer(a->tokens_reported) : json_null());
+    if (a->needle_end > a->needle_start && a->needle_start >= 0)
+      json_object_set_new(row, "needle_tokens", json_pack("[I, I]", (json_int_t)a->needle_start, (json_int_t)a->needle_end));
+    json_array_append_new(rows, row);
+  }
+  json_object_set_new(root, "cells", cells);
+  json_object_set_new(root, "attempt_rows", rows);
+  char *s = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  if (s) printf("%s\n", s);
+  free(s);
+  json_decref(root);
+}
+
+static void print_table(const st_harness_options *o, const st_harness_result *r, char **token_labels) {
+  printf("needle sweep %s: %s %s, kind %s, seeds %llu..%llu\n", r->sweep_id,
+         o->api == ST_HARNESS_ENGINE ? "engine" : st_harness_api_name(o->api), r->target, st_needle_kind_name(o->kind),
+         (unsigned long long)o->first_seed, (unsigned long long)(o->first_seed + (uint64_t)o->n_seeds - 1));
+  printf("settings %s\n\n", r->settings_json);
+  printf("%-16s", "tokens");
+  for (int p = 0; p < o->n_positions; p++) printf("  %6.2f", o->positions[p]);
+  printf("  %7s\n", "all");
+  int any_error = 0;
+  int *col_pass = calloc((size_t)o->n_positions, sizeof(int)), *col_n = calloc((size_t)o->n_positions, sizeof(int));
+  int *col_err = calloc((size_t)o->n_positions, sizeof(int));
+  for (int t = 0; t < o->n_tokens; t++) {
+    int64_t actual = 0, n_actual = 0;
+    int row_pass = 0, row_n = 0, row_err = 0;
+    char cells[64][16];
+    for (int p = 0; p < o->n_positions; p++) {
+      int passed = 0, errors = 0, n = 0;
+      for (int s = 0; s < o->n_seeds; s++) {
+        const st_harness_attempt *a = &r->attempts[(t * o->n_positions + p) * o->n_seeds + s];
+        passed += a->pass, errors += a->error != NULL, n++;
+        if (a->needle[0]) actual += a->tokens_actual, n_actual++;
+      }
+      if (p < 64) snprintf(cells[p], sizeof cells[p], "%d/%d%s", passed, n, errors ? "*" : "");
+      row_pass += passed, row_n += n, row_err += errors;
+      if (col_pass) col_pass[p] += passed, col_n[p] += n, col_err[p] += errors;
+    }
+    any_error |= row_err > 0;
+    char label[64];
+    if (n_actual) snprintf(label, sizeof label, "%s (%lld)", token_labels[t], (long long)(actual / n_actual));
+    else snprintf(label, sizeof label, "%s", token_labels[t]);
+    printf("%-16s", label);
+    for (int p = 0; p < o->n_positions; p++) printf("  %6s", p < 64 ? cells[p] : "?");
+    char all[32];
+    snprintf(all, sizeof all, "%d/%d%s", row_pass, row_n, row_err ? "*" : "");
+    printf("  %7s\n", all);
+  }
+  if (o->n_tokens > 1 && col_pass) {
+    printf("%-16s", "all");
+    for (int p = 0; p < o->n_positions; p++) {
+      char cell[32];
+      snprintf(cell, sizeof cell, "%d/%d%s", col_pass[p], col_n[p], col_err[p] ? "*" : "");
+      printf("  %6s", cell);
+    }
+    char all[32];
+    snprintf(all, sizeof all, "%d/%d%s", r->n_passed, r->n_attempts, r->n_errors ? "*" : "");
+    printf("  %7s\n", all);
+  }
+  free(col_pass);
+  free(col_n);
+  free(col_err);
+  printf("\n(tokens: requested (mean actual); cells: passed/attempts");
+  if (any_error) printf("; * = some attempts could not be made, see the error column");
+  printf(")\nstored: %s/index.sqlite, needle_attempts WHERE sweep_id = '%s' (view needle_sweep_cells)\n", o->store,
+         r->sweep_id);
+}
+
+static int cmd_sweep(int argc, char **argv) {
+  enum { O_MODEL = 256, O_TOKENIZER, O_ENDPOINT, O_API, O_MODEL_NAME, O_SET, O_TOKENS, O_POSITIONS, O_SEEDS,
+         O_FIRST_SEED, O_KIND, O_FORMAT, O_RENDER, O_THINKING, O_MAX_NEW, O_TAP_POSITIONS, O_THREADS, O_TIMEOUT,
+         O_STORE, O_JSON, O_QUIET, O_HELP };
+  static const struct option options[] = {
+    {"model", required_argument, 0, O_MODEL}, {"tokenizer", required_argument, 0, O_TOKENIZER},
+    {"endpoint", required_argument, 0, O_ENDPOINT}, {"api", required_argument, 0, O_API},
+    {"model-name", required_argument, 0, O_MODEL_NAME}, {"set", required_argument, 0, O_SET},
+    {"tokens", required_argument, 0, O_TOKENS}, {"positions", required_argument, 0, O_POSITIONS},
+    {"seeds", required_argument, 0, O_SEEDS}, {"first-seed", required_argument, 0, O_FIRST_SEED},
+    {"kind", required_argument, 0, O_KIND}, {"format", required_argument, 0, O_FORMAT},
+    {"render", required_argument, 0, O_RENDER}, {"thinking", required_argument, 0, O_THINKING},
+    {"max-new-tokens", required_argument, 0, O_MAX_NEW}, {"tap-positions", required_argument, 0, O_TAP_POSITIONS},
+    {"threads", required_argument, 0, O_THREADS}, {"timeout", required_argument, 0, O_TIMEOUT},
+    {"store", required_argument, 0, O_STORE}, {"json", no_argument, 0, O_JSON}, {"quiet", no_argument, 0, O_QUIET},
+    {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+  st_harness_options o;
+  st_harness_options_default(&o);
+  int64_t tokens[64] = {2048, 4096, 8192};
+  double positions[64] = {0.25, 0.55, 0.8, 0.97};
+  char *token_labels[64] = {"2k", "4k", "8k"};
+  char *labels_copy = NULL;
+  o.n_tokens = 3;
+  o.n_positions = 4;
+  const char **sets = calloc((size_t)argc + 1, sizeof(char *));
+  int n_sets = 0, threads = 0, have_api = 0, c, rc = 2;
+  sweep_cli cli = {0};
+  char *command_line = NULL;
+  st_harness_result res = {0};
+  if (!sets) return st_cli_report_error("needle sweep");
+  optind = 1;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+    char *end;
+    switch (c) {
+    case O_MODEL: o.model_dir = optarg; break;
+    case O_TOKENIZER: o.tokenizer_dir = optarg; break;
+    case O_ENDPOINT: o.endpoint = optarg; break;
+    case O_API:
+      if (st_harness_api_parse(optarg, &o.api)) { rc = usage_error("sweep", "%s", st_errmsg()); goto out; }
+      have_api = 1;
+      break;
+    case O_MODEL_NAME: o.model_name = optarg; break;
+    case O_SET:
+      if (st_settings_set(&o.settings, optarg) && !strchr(optarg, '=')) { rc = usage_error("sweep", "%s", st_errmsg()); goto out; }
+      sets[n_sets++] = optarg;
+      break;
+    case O_TOKENS:
+      o.n_tokens = split_list(optarg, tokens, sizeof tokens[0], 64, parse_count_v);
+      if (o.n_tokens < 1) { rc = usage_error("sweep", "--tokens '%s': expected counts such as 2k,4k,8k", optarg); goto out; }
+      free(labels_copy);
+      labels_copy = strdup(optarg);
+      if (!labels_copy) goto out;
+      {
+        int n = 0;
+        char *save = NULL;
+        for (char *tok = strtok_r(labels_copy, ",", &save); tok && n < 64; tok = strtok_r(NULL, ",", &save))
+          token_labels[n++] = tok + strspn(tok, " ");
+      }
+      break;
+    case O_POSITIONS:
+      o.n_positions = split_list(optarg, positions, sizeof positions[0], 64, parse_fraction_v);
+      if (o.n_positions < 1) { rc = usage_error("sweep", "--positions '%s': expected fractions such as 0.25,0.55,0.8,0.97", optarg); goto out; }
+      break;
+    case O_SEEDS:
+      o.n_seeds = (int)strtol(optarg, &end, 10);
+      if (*end || o.n_seeds < 1 || o.n_seeds > 10000) { rc = usage_error("sweep", "--seeds '%s': expected a positive count", optarg); goto out; }
+      break;
+    case O_FIRST_SEED:
+      o.first_seed = strtoull(optarg, &end, 10);
+      if (*end || !*optarg || *optarg == '-') { rc = usage_error("sweep", "--first-seed '%s': expected a non-negative integer", optarg); goto out; }
+      break;
+    case O_KIND:
+      if (st_needle_kind_parse(optarg, &o.kind)) { rc = usage_error("sweep", "%s", st_errmsg()); goto out; }
+      break;
+    case O_FORMAT:
+      if (st_needle_format_parse(optarg, &o.format)) { rc = usage_error("sweep", "%s", st_errmsg()); goto out; }
+      break;
+    case O_RENDER:
+      if (st_render_profile_parse(optarg, &o.render.profile)) { rc = usage_error("sweep", "%s", st_errmsg()); goto out; }
+      break;
+    case O_THINKING:
+      if (!strcmp(optarg, "server") || !strcmp(optarg, "default")) o.thinking = -1;
+      else if (on_off(optarg, &o.thinking)) { rc = usage_error("sweep", "--thinking '%s': on, off or server", optarg); goto out; }
+      break;
+    case O_MAX_NEW:
+      o.max_new = (int)strtol(optarg, &end, 10);
+      if (*end || o.max_new < 1 || o.max_new > 1000000) { rc = usage_error("sweep", "--max-new-tokens '%s': expected a positive count", optarg); goto out; }
+      break;
+    case O_TAP_POSITIONS: o.tap_positions = optarg; break;
+    case O_THREADS:
+      threads = (int)strtol(optarg, &end, 10);
+      if (*end || threads < 1) { rc = usage_error("sweep", "--threads '%s': expected a positive count", optarg); goto out; }
+      break;
+    case O_TIMEOUT:
+      o.timeout_s = strtod(optarg, &end);
+      if (*end || !(o.timeout_s > 0)) { rc = usage_error("sweep", "--timeout '%s': expected seconds", optarg); goto out; }
+      break;
+    case O_STORE: o.store = optarg; break;
+    case O_JSON: cli.json = 1; break;
+    case O_QUIET: cli.quiet = 1; break;
+    case 'h': case O_HELP: fputs(sweep_help, stdout); rc = 0; goto out;
+    default:
+      fprintf(stderr, "sparsetrace needle sweep: unknown or incomplete option '%s'\n\n%s", argv[optind - 1], sweep_help);
+      goto out;
+    }
+  }
+  if (optind < argc) { rc = usage_error("sweep", "unexpected argument '%s'", argv[optind]); goto out; }
+  if (!!o.model_dir == !!o.endpoint) {
+    fprintf(stderr, "sparsetrace needle sweep: give either --model DIR (the engine) or --endpoint URL (a server)\n\n%s", sweep_help);
+    goto out;
+  }
+  if (o.model_dir) {
+    if (have_api) { rc = usage_error("sweep", "%s", "--api is for --endpoint; the engine takes --format"); goto out; }
+    o.api = ST_HARNESS_ENGINE;
+    /* with the engine every --set must be a real setting */
+    st_settings_default(&o.settings);
+    for (int i = 0; i < n_sets; i++)
+      if (st_settings_set(&o.settings, sets[i])) { rc = usage_error("sweep", "%s", st_errmsg()); goto out; }
+  } else if (!have_api) {
+    o.api = ST_HARNESS_OPENAI;
+  }
+  o.set_args = sets;
+  o.n_set = n_sets;
+  o.tokens = tokens;
+  o.positions = positions;
+#ifdef _OPENMP
+  if (threads) omp_set_num_threads(threads);
+#endif
+  command_line = join_args(argc, argv);
+  o.command_line = command_line;
+  o.progress = progress;
+  o.progress_ctx = &cli;
+  if (st_harness_sweep(&o, &res)) {
+    rc = st_cli_report_error("needle sweep");
+    goto out;
+  }
+  if (cli.json) print_json(&o, &res);
+  else print_table(&o, &res, token_labels);
+  rc = 0;
+  if (res.n_errors) {
+    const char *first = "";
+    for (int i = 0; i < res.n_attempts; i++)
+      if (res.attempts[i].error) { first = res.attempts[i].error; break; }
+    fprintf(stderr, "sparsetrace needle sweep: %d of %d attempts could not be made (first: %s)\n", res.n_errors,
+            res.n_attempts, first);
+    rc = 1;
+  }
+out:
+  st_harness_result_free(&res);
+  free(sets);
+  free(labels_copy);
+  free(command_line);
+  return rc;
+}
+
+int st_cmd_needle(int argc, char **argv) {
+  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+    fputs(needle_help, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (!strcmp(argv[1], "make")) return cmd_make(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "sweep")) return cmd_sweep(argc - 1, argv + 1);
+  fprintf(stderr, "sparsetrace needle: unknown subcommand '%s' (make or sweep)\n\n%s", argv[1], needle_help);
+  return 2;
+}

@@ -1,0 +1,104 @@
+/*
+** needle_prompt.h — synthetic agentic requests with one line to recall (the needle harness's
+** generator; `sparsetrace needle make`, replayer/harness.c).
+**
+** A request looks like what a coding agent sends: a system prompt (role, rules, an environment
+** section), tool definitions with JSON schemas, a task from the user, rounds of tool calls and
+** tool results (source files with line numbers, grep hits, test and build logs, listings, git
+** history), a short assistant summary, and a final user question asking for the needle line
+** verbatim. The needle — "Working directory: /home/dev/projects/…" (kind path), a database host,
+** an API key, a ticket number — occurs once, as its own line, at fraction `position` of the
+** rendered prompt: in the system text, in a tool description, or in a message.
+**
+** Size: the prompt is rendered with the DeepSeek-V4 encoding (engine/chat.h, the given render
+** profile) and measured with the tokenizer when one is given, else estimated at 3.25 bytes per
+** token; filler lines are added until the count is as close to `tokens` as line granularity
+** allows (normally within 2%). How many tools and rules the request carries scales with the
+** target, so small targets still make a complete request.
+**
+** Deterministic: the same spec (seed, tokens, position, kind, format, tokenizer, profile) gives
+** the same bytes. The needle itself depends only on seed and kind, so one seed recalls the same
+** value at every size and position.
+*/
+#ifndef ST_NEEDLE_PROMPT_H
+#define ST_NEEDLE_PROMPT_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "engine/base.h"
+#include "engine/chat.h"
+#include "engine/tokenizer.h"
+
+typedef enum st_needle_kind {
+  ST_NEEDLE_PATH = 0,   /* Working directory: /home/dev/projects/<name>/<name> */
+  ST_NEEDLE_HOST = 1,   /* Primary database host: pg-<name>-NN.<region>.internal.<name>.net */
+  ST_NEEDLE_KEY = 2,    /* Deploy API key: sk-live-<32 base62> */
+  ST_NEEDLE_NUMBER = 3, /* Incident ticket number: <14 digits> */
+  ST_NEEDLE_KIND_COUNT
+} st_needle_kind;
+
+typedef enum st_needle_format {
+  ST_NEEDLE_ANTHROPIC = 0,        /* POST /v1/messages */
+  ST_NEEDLE_OPENAI_CHAT = 1,      /* POST /v1/chat/completions */
+  ST_NEEDLE_OPENAI_RESPONSES = 2, /* POST /v1/responses */
+  ST_NEEDLE_FORMAT_COUNT
+} st_needle_format;
+
+const char *st_needle_kind_name(st_needle_kind k);
+st_status st_needle_kind_parse(const char *name, st_needle_kind *out);
+const char *st_needle_format_name(st_needle_format f);
+st_status st_needle_format_parse(const char *name, st_needle_format *out);
+
+/* Bytes per token assumed when no tokenizer is given. */
+#define ST_NEEDLE_BYTES_PER_TOKEN 3.25
+
+typedef struct st_needle_spec {
+  int64_t tokens;            /* target size of the rendered prompt */
+  double position;           /* where the needle goes, 0..1 of the prompt */
+  uint64_t seed;
+  st_needle_kind kind;
+  st_needle_format format;
+  st_tokenizer *tok;         /* borrowed; NULL: estimate ST_NEEDLE_BYTES_PER_TOKEN */
+  st_chat_options render;    /* how the prompt is rendered for measuring (api is set here) */
+  const char *model_name;    /* the request's "model" (NULL: "deepseek-v4") */
+  int max_tokens;            /* the request's output limit (0: 256) */
+  double temperature;        /* the request's temperature (normally 0) */
+  int thinking;              /* -1: say nothing; 0/1: ask the server for chat / thinking mode
+                             ** (anthropic "thinking", openai chat_template_kwargs) */
+} st_needle_spec;
+
+void st_needle_spec_default(st_needle_spec *s);
+
+typedef struct st_needle_prompt {
+  json_t *request;           /* the request body (owned) */
+  char label[64];            /* "Working directory" */
+  char value[128];           /* what the answer must contain verbatim */
+  char line[200];            /* the needle line: label ": " value */
+  char *question;            /* the final user message (owned) */
+  char *prompt;              /* the rendered prompt (owned), prompt_len bytes */
+  size_t prompt_len;
+  st_token_ids ids;          /* the prompt's token ids (empty without a tokenizer) */
+  int64_t tokens;            /* prompt size: tokenizer count, or bytes / 3.25 rounded */
+  int measured;              /* 1: tokens counted by the tokenizer; 0: estimated */
+  int64_t needle_byte;       /* byte offset of the needle line in the rendered prompt */
+  int64_t needle_token;      /* token of its first byte (estimated without a tokenizer) */
+  int64_t needle_token_end;  /* one past the token of its last byte */
+  double position;           /* needle_token / tokens */
+  int within_tolerance;      /* |tokens - target| <= 2% of the target */
+  int64_t min_tokens;        /* size with no filler at all (the smallest this spec makes) */
+  int n_tools, n_rounds, filler_lines;
+  const char *placement;     /* "system", "tool description", "user", "assistant", "tool result" */
+} st_needle_prompt;
+
+/* Builds the request for spec. Errors: ST_EINVAL for a bad spec (position outside [0, 1],
+** tokens < 1), render or tokenizer errors as they come. */
+st_status st_needle_make(const st_needle_spec *spec, st_needle_prompt *out);
+void st_needle_prompt_free(st_needle_prompt *p);
+
+/* The token span [start, end) of prompt bytes [byte_start, byte_end) in ids (the tokens whose
+** decoded bytes overlap it). ST_EMISMATCH when the decoded ids do not add up to prompt_len. */
+st_status st_needle_token_span(const st_tokenizer *tok, const int32_t *ids, size_t n, size_t prompt_len,
+                               int64_t byte_start, int64_t byte_end, int64_t *start, int64_t *end);
+
+#endif
