@@ -650,6 +650,8 @@ static void slots_add(slots *S, unit_kind k, int index, int line) {
   S->v[S->n++] = (slot){k, index, line};
 }
 
+static int sentence_count(const char *s);
+
 static void list_slots(const gen *g, int64_t F, slots *S) {
   int tools_first = g->spec->render.profile == ST_RENDER_ATOM;
   if (tools_first)
@@ -657,16 +659,15 @@ static void list_slots(const gen *g, int64_t F, slots *S) {
   for (int l = 0; l <= g->system.n; l++) slots_add(S, U_SYSTEM, 0, l);
   if (!tools_first)
     for (int t = 0; t < g->n_tools; t++) slots_add(S, U_TOOL, t, 1);
-  slots_add(S, U_TASK, 0, 0);
-  slots_add(S, U_TASK, 0, 1);
+  for (int l = 0, n = sentence_count(g->task); l <= n; l++) slots_add(S, U_TASK, 0, l);
   int last_lines, nr = rounds_for(g, F, &last_lines);
   for (int r = 0; r < nr; r++) {
+    slots_add(S, U_THOUGHT, r, 0);
     slots_add(S, U_THOUGHT, r, 1);
     int n = r == nr - 1 ? last_lines : g->rounds[r].out.n;
     for (int l = 0; l <= n; l++) slots_add(S, U_OUTPUT, r, l);
   }
-  slots_add(S, U_SUMMARY, 0, 0);
-  slots_add(S, U_SUMMARY, 0, 1);
+  for (int l = 0, n = sentence_count(g->summary); l <= n; l++) slots_add(S, U_SUMMARY, 0, l);
 }
 
 /* ---------------------------------------------------------------- emission */
@@ -695,6 +696,42 @@ static char *join(const gen *g, char *const *v, int n, int at) {
 static char *join1(const gen *g, const char *s, int at) {
   char *v[1] = {(char *)s};
   return join(g, v, 1, at);
+}
+
+/* Sentences of a paragraph: they end at ". ". */
+static int sentence_count(const char *s) {
+  int n = 1;
+  for (const char *p = s; (p = strstr(p, ". ")); p += 2) n++;
+  return n;
+}
+
+/* A paragraph with the needle on its own line before sentence `at` (at < 0: none). */
+static char *join_sentences(const gen *g, const char *s, int at) {
+  if (at < 0) return join1(g, s, -1);
+  st_text t = {0};
+  int i = 0;
+  const char *p = s;
+  for (;;) {
+    if (i == at) {
+      if (t.len) st_text_str(&t, "\n");
+      st_text_str(&t, g->line);
+      if (*p) st_text_str(&t, "\n");
+    }
+    if (!*p) break;
+    const char *end = strstr(p, ". ");
+    size_t len = end ? (size_t)(end - p) + 1 : strlen(p);
+    st_text_add(&t, p, len);
+    p += len;
+    if (*p == ' ') {
+      p++;
+      if (i + 1 != at) st_text_str(&t, " ");
+    }
+    i++;
+  }
+  if (t.failed) oom_flag = 1;
+  char *r = st_text_take(&t, NULL);
+  if (!r) oom_flag = 1;
+  return r;
 }
 
 static int at_of(const slot *s, unit_kind k, int index) {
@@ -759,7 +796,7 @@ static json_t *build_request(gen *g, int64_t F, const slot *s) {
 
   /* messages */
   json_t *msgs = json_array();
-  char *task = join1(g, g->task, at_of(s, U_TASK, 0));
+  char *task = join_sentences(g, g->task, at_of(s, U_TASK, 0));
   int last_lines, nr = rounds_for(g, F, &last_lines);
   if (fmt == ST_NEEDLE_OPENAI_CHAT) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system));
   if (fmt == ST_NEEDLE_ANTHROPIC)
@@ -822,7 +859,7 @@ static json_t *build_request(gen *g, int64_t F, const slot *s) {
     free(thought);
     free(output);
   }
-  char *summary = join1(g, g->summary, at_of(s, U_SUMMARY, 0));
+  char *summary = join_sentences(g, g->summary, at_of(s, U_SUMMARY, 0));
   if (fmt == ST_NEEDLE_ANTHROPIC) {
     json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "assistant", "content", text_blocks(summary)));
     json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "user", "content", text_blocks(g->question)));
