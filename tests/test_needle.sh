@@ -192,50 +192,58 @@ rc=$?
 check "a refused key is an attempt error (exit 1, HTTP 401)" bash -c "[ $rc -eq 1 ] && grep -q 'HTTP 401' '$work/key.err'"
 
 # ---------------------------------------------------------------- sweep against the engine
+# The forward pass dominates: ~1 s per 2k-token attempt normally, ~25 s per 1k under ASan, so the
+# sanitizer build runs one cell.
+if $st --version | grep -q asan; then grid=(--tokens 1k --positions 0.5); n_cells=1
+else grid=(--tokens 1k,2k --positions 0.25,0.8); n_cells=4; fi
 start=$(date +%s)
-$st needle sweep --model "$model" --tokens 1k,2k --positions 0.25,0.8 --seeds 1 --max-new-tokens 8 \
-  --threads 1 --store "$work/eng" --json >"$work/eng.json" 2>"$work/eng.err"
+$st needle sweep --model "$model" "${grid[@]}" --seeds 1 --max-new-tokens 8 --threads 1 --store "$work/eng" \
+  >"$work/eng.txt" 2>"$work/eng.err"
 rc=$?
+cat "$work/eng.txt"
 echo "engine sweep: $(( $(date +%s) - start )) s, exit $rc"
 check "engine sweep runs every attempt" test $rc -eq 0
-check "engine sweep: table shape, attempts, traces, needle spans and verdicts" $py - "$work" <<'PY'
-import json, sqlite3, sys, os
-work = sys.argv[1]
-d = json.load(open(f"{work}/eng.json"))
-assert d["api"] == "engine" and d["attempts"] == 4 and d["errors"] == 0, d
-assert [(c["tokens"], c["position"], c["attempts"]) for c in d["cells"]] == \
-    [(1024, 0.25, 1), (1024, 0.8, 1), (2048, 0.25, 1), (2048, 0.8, 1)], d["cells"]
-assert d["passed"] == sum(r["pass"] for r in d["attempt_rows"])  # random weights: expected 0
+if [ $n_cells -eq 4 ]; then
+  check "engine table: 1k row" grep -qE "^1k \(1[0-9]{3}\) +[01]/1 +[01]/1 +[0-2]/2 *$" "$work/eng.txt"
+  check "engine table: 2k row" grep -qE "^2k \(20[0-9]{2}\) +[01]/1 +[01]/1 +[0-2]/2 *$" "$work/eng.txt"
+  check "engine table: columns" grep -qE "^all +[0-2]/2 +[0-2]/2 +[0-4]/4 *$" "$work/eng.txt"
+else
+  check "engine table: one cell" grep -qE "^1k \(1[0-9]{3}\) +[01]/1 +[01]/1 *$" "$work/eng.txt"
+fi
+check "engine sweep: attempts, traces, needle spans and verdicts" $py - "$work" $n_cells <<'PY'
+import sqlite3, sys, os
+work, n_cells = sys.argv[1], int(sys.argv[2])
 db = sqlite3.connect(f"{work}/eng/index.sqlite")
 rows = db.execute("SELECT a.run_id, a.needle_start, a.needle_end, a.tokens_actual, a.tokens_measure, a.position_actual,"
-                  " a.needle, a.answer, a.render, r.n_prompt, r.trace_path, r.positions"
+                  " a.needle, a.answer, a.render, r.n_prompt, r.trace_path, r.positions, a.api, a.error, a.pass,"
+                  " a.expected, a.tokens_requested"
                   " FROM needle_attempts a JOIN runs r USING (run_id) ORDER BY attempt_id").fetchall()
-assert len(rows) == 4, rows
-for run_id, s, e, tact, meas, pact, needle, answer, render, n_prompt, trace, positions in rows:
+assert len(rows) == n_cells == db.execute("SELECT count(*) FROM needle_attempts").fetchone()[0], rows
+for (run_id, s, e, tact, meas, pact, needle, answer, render, n_prompt, trace, positions, api, err, ok, expected,
+     treq) in rows:
+    assert api == "engine" and err is None and ok == (expected in answer)  # random weights: 0 expected
     assert meas == "tokenizer" and tact == n_prompt and render == "reference" and positions == "last"
-    assert answer is not None and 0 <= s < e <= n_prompt
+    assert 0 <= s < e <= n_prompt
     assert os.path.exists(os.path.join(work, "eng", trace)), trace
     n = db.execute("SELECT token_start, token_end, text FROM needles WHERE run_id = ?", (run_id,)).fetchall()
     assert n == [(s, e, needle)], (n, s, e)
     v = db.execute("SELECT count(*), count(DISTINCT layer) FROM needle_verdicts WHERE run_id = ?", (run_id,)).fetchone()
     assert v[0] > 0 and v[1] == 2, v  # the two CSA layers of the tiny model
+    if treq == 2048:
+        assert abs(tact - 2048) <= 0.02 * 2048, tact
     try:
         import h5py
-        with h5py.File(os.path.join(work, "eng", trace), "r") as f:
-            toks = f["tokens"][:]
-            assert int(f["tokens"].attrs["n_prompt"]) == n_prompt
-            assert needle.encode() in bytes(int(t) for t in toks[s:e] if t < 256)
-            assert "taps/layers.1.indexer.scores" in f
     except ImportError:
-        pass
-big = [r for r in rows if r[9] > 1500]
-assert all(abs(r[3] - 2048) <= 0.02 * 2048 for r in big) and len(big) == 2, [r[3] for r in rows]
-# a 2k prompt of byte tokens is only 2 kB: one sentence is ~5% of it, the slot granularity
-assert abs(rows[2][5] - 0.25) < 0.05 and abs(rows[3][5] - 0.8) < 0.05, [r[5] for r in rows]
+        continue
+    with h5py.File(os.path.join(work, "eng", trace), "r") as f:
+        toks = f["tokens"][:]
+        assert int(f["tokens"].attrs["n_prompt"]) == n_prompt and len(toks) > n_prompt
+        assert needle.encode() in bytes(int(t) for t in toks[s:e] if t < 256)  # byte-level ids
+        assert "taps/layers.1.indexer.scores" in f
+if n_cells == 4:
+    # a 2k prompt of byte tokens is only 2 kB: one sentence is ~5% of it, the slot granularity
+    assert abs(rows[2][5] - 0.25) < 0.05 and abs(rows[3][5] - 0.8) < 0.05, [r[5] for r in rows]
 PY
-$st needle sweep --model "$model" --tokens 1k --positions 0.5 --seeds 1 --max-new-tokens 4 --threads 1 \
-  --store "$work/eng" --quiet >"$work/eng.txt"
-check "engine sweep prints the table" grep -qE "^1k \(1[0-9]{3}\) +0/1 +0/1" "$work/eng.txt"
 expect_usage "engine sweep refuses unknown settings" "rotate" $st needle sweep --model "$model" --set rotate=sideways
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
