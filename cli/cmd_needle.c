@@ -288,9 +288,13 @@ static void progress(void *ctx, int done, int total, const st_harness_attempt *a
           (unsigned long long)a->seed);
   if (a->error) fprintf(stderr, "ERROR %s\n", a->error);
   else {
-    char shown[81];
+    /* the first 80 bytes or so, cut at a character boundary, control characters as spaces */
+    char shown[88];
     size_t n = 0;
-    for (const char *p = a->answer ? a->answer : ""; *p && n < 80; p++) shown[n++] = (*p == '\n' || *p == '\r') ? ' ' : *p;
+    for (const unsigned char *p = (const unsigned char *)(a->answer ? a->answer : ""); *p && n < sizeof shown - 1; p++) {
+      if (n >= 80 && (*p & 0xC0) != 0x80) break;
+      shown[n++] = (char)(*p < 0x20 || *p == 0x7f ? ' ' : *p);
+    }
     shown[n] = 0;
     fprintf(stderr, "%s (%lld tokens, %.1f s) \"%s\"\n", a->pass ? "pass" : "FAIL", (long long)a->tokens_actual,
             a->seconds, shown);
