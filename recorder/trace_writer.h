@@ -41,7 +41,8 @@ st_status st_trace_writer_append(st_trace_writer *w, st_tap_id id, int layer, in
                                  st_dtype dtype, int rank, const int64_t *shape, const void *data);
 
 /* Drains the queue, writes /tokens (borrowed, n_tokens values) with attribute n_prompt, the
-** positions datasets and per-tap statistics, marks the file complete and closes it. On success
+** positions datasets, per-tap statistics and the recording cost (file attributes writer_cpu_s,
+** emit_wait_s, writer_peak_queued), marks the file complete and closes it. On success
 ** *taps (if taps non-NULL) receives a malloc'd array of *n_taps descriptors, in the order taps
 ** were first written; the caller frees it. Frees w in every case. */
 st_status st_trace_writer_finish(st_trace_writer *w, const int32_t *tokens, int64_t n_tokens,

@@ -4,7 +4,8 @@
 ** A:B) with their positions datasets, row taps; read back with the trace reader and with stock
 ** h5py (Debian's system python), the index row appearing only after finish, abort leaving a
 ** .part and no row, truncated/corrupt/unfinished traces giving clean errors, concurrent writers
-** into one store, backpressure, and I/O failures.
+** into one store, backpressure, a second axis growing block by block (indexer.scores of a chunked
+** prefill: stored size, fill, the recording-cost attributes), and I/O failures.
 */
 #include <errno.h>
 #include <math.h>
@@ -319,6 +320,9 @@ static const char *h5py_script =
   "    assert isinstance(f.attrs[k], str), (k, type(f.attrs[k]))\n"
   "assert f.attrs['model'] == 'tiny-dsv4'\n"
   "assert int(f.attrs['schema_version']) == 1 and int(f.attrs['threads']) == 2\n"
+  "assert f.attrs['writer_cpu_s'].dtype == np.float64 and f.attrs['writer_cpu_s'] > 0\n"
+  "assert f.attrs['emit_wait_s'].dtype == np.float64 and f.attrs['emit_wait_s'] >= 0\n"
+  "assert int(f.attrs['writer_peak_queued']) > 0\n"
   "tok = f['tokens']\n"
   "assert tok.dtype == np.int32 and list(tok[()]) == [11,12,13,14,15,16,101,102,103]\n"
   "assert int(tok.attrs['n_prompt']) == 6\n"
@@ -817,6 +821,80 @@ static void test_backpressure_and_dtypes(void **state) {
   }
 }
 
+static double file_attr_double(const char *path, const char *name) {
+  hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t a = f < 0 ? -1 : H5Aopen(f, name, H5P_DEFAULT);
+  double v = -1;
+  if (a < 0 || H5Aread(a, H5T_NATIVE_DOUBLE, &v) < 0) v = -1;
+  if (a >= 0) H5Aclose(a);
+  if (f >= 0) H5Fclose(f);
+  return v;
+}
+
+/* The indexer.scores pattern of a chunked prefill: blocks of 256 query rows, each as wide as the
+** compressed rows existing at its end (R = (p0 + 256) / 4), so axis 1 grows with every block.
+** The file must hold about the bytes written (the -inf triangle right of each block is fill,
+** never stored), every value and fill must read back, and the cost attributes must be there. */
+static void test_growing_width_layout(void **state) {
+  char dir[512], path[700];
+  make_tmp(dir, sizeof dir, "growing");
+  snprintf(path, sizeof path, "%s/g.h5", dir);
+  st_trace_run_attrs attrs = {.run_id = "r", .settings_json = "{}", .positions = "all"};
+  st_trace_writer *w = NULL;
+  assert_int_equal(st_trace_writer_open(path, &attrs, NULL, &w), ST_OK);
+  enum { T = 4096, C = 256, M = 4, R = T / M };
+  float *block = malloc(sizeof(float) * C * R);
+  assert_non_null(block);
+  int64_t written = 0;
+  for (int64_t p0 = 0; p0 < T; p0 += C) {
+    int64_t width = (p0 + C) / M;
+    for (int64_t i = 0; i < C; i++)
+      for (int64_t j = 0; j < width; j++)
+        block[i * width + j] = j < (p0 + i + 1) / M ? (float)((p0 + i) * 10000 + j) : -INFINITY;
+    int64_t shape[2] = {C, width};
+    assert_int_equal(st_trace_writer_append(w, ST_TAP_INDEXER_SCORES, 1, p0, ST_F32, 2, shape, block),
+                     ST_OK);
+    written += C * width * (int64_t)sizeof(float);
+  }
+  int32_t tok[1] = {0};
+  assert_int_equal(st_trace_writer_finish(w, tok, 1, 1, NULL, NULL), ST_OK);
+
+  hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+  assert_true(f >= 0);
+  hid_t d = H5Dopen2(f, "taps/layers.1.indexer.scores", H5P_DEFAULT);
+  assert_true(d >= 0);
+  hid_t space = H5Dget_space(d);
+  hsize_t dims[2] = {0, 0};
+  H5Sget_simple_extent_dims(space, dims, NULL);
+  assert_int_equal(dims[0], T);
+  assert_int_equal(dims[1], R);
+  hsize_t storage = H5Dget_storage_size(d);
+  /* about the bytes written: no chunk of the never-written triangle is stored */
+  assert_true((int64_t)storage >= written && (double)storage <= 1.1 * (double)written);
+  H5Sclose(space);
+  H5Dclose(d);
+  H5Fclose(f);
+  assert_true(file_attr_double(path, "writer_cpu_s") > 0);
+  assert_true(file_attr_double(path, "emit_wait_s") >= 0);
+
+  st_trace *t = NULL;
+  assert_int_equal(st_trace_open(path, 0, &t), ST_OK);
+  const st_trace_tap *sc = st_trace_find_tap(t, "layers.1.indexer.scores");
+  assert_non_null(sc);
+  float *row = malloc(sizeof(float) * R);
+  assert_non_null(row);
+  for (int64_t p = 0; p < T; p += 37) {
+    assert_int_equal(st_trace_read_f32(t, sc, p, 1, row), ST_OK);
+    for (int64_t j = 0; j < R; j++) {
+      float want = j < (p + 1) / M ? (float)(p * 10000 + j) : -INFINITY;
+      if (row[j] != want) fail_msg("row %lld column %lld is %g, not %g", (long long)p, (long long)j, row[j], want);
+    }
+  }
+  free(row);
+  st_trace_close(t);
+  free(block);
+}
+
 static int setup(void **state) {
   const char *base = getenv("TMPDIR");
   snprintf(tmp_root, sizeof tmp_root, "%s/st_test_recorder.XXXXXX", base && *base ? base : "/tmp");
@@ -871,6 +949,7 @@ int main(int argc, char **argv) {
     cmocka_unit_test(test_unwritable),
     cmocka_unit_test(test_bad_emits),
     cmocka_unit_test(test_backpressure_and_dtypes),
+    cmocka_unit_test(test_growing_width_layout),
   };
   return cmocka_run_group_tests_name("recorder", tests, setup, teardown);
 }
