@@ -49,6 +49,17 @@ static const char *usage_text =
   "  --idle-timeout S      upstream silent this long -> 504 or stream error event (default 600)\n"
   "  --grace S             on SIGINT/SIGTERM, let in-flight exchanges finish for S seconds\n"
   "                        before cutting them (default 5); a second signal cuts at once\n"
+  "  --ask-prompt-ids ENGINE\n"
+  "                        sglang | vllm (default: off). CHANGES THE FORWARDED REQUEST BODY: adds\n"
+  "                        the engine's own field that makes it return the prompt token ids it\n"
+  "                        ran -- sglang: \"return_prompt_token_ids\": true on /v1/chat/completions\n"
+  "                        (not on streaming ones, which sglang refuses), \"return_token_ids\": true\n"
+  "                        on /v1/completions; vllm: \"return_token_ids\": true on both. The server\n"
+  "                        then also adds token id fields to its answer, which the client gets\n"
+  "                        unchanged. The record keeps the body as the client sent it, notes the\n"
+  "                        added field (request.modified) and stores the ids (prompt_token_ids),\n"
+  "                        which `sparsetrace run --request` then replays verbatim. /v1/messages\n"
+  "                        and /v1/responses are forwarded unchanged (no engine returns ids there).\n"
   "  --ready-file FILE     once listening, write the proxy's URL to FILE (for scripts)\n"
   "  -q, --quiet           no per-request log lines\n"
   "  -h, --help            this text\n"
@@ -120,6 +131,7 @@ int st_cmd_capture(int argc, char **argv) {
     {"idle-timeout", required_argument, NULL, 'T'},
     {"grace", required_argument, NULL, 'g'},
     {"ready-file", required_argument, NULL, 'r'},
+    {"ask-prompt-ids", required_argument, NULL, 'A'},
     {"quiet", no_argument, NULL, 'q'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
@@ -146,6 +158,9 @@ int st_cmd_capture(int argc, char **argv) {
     case 'T': bad = parse_seconds_ms(optarg, &cfg.idle_timeout_ms) || !cfg.idle_timeout_ms; break;
     case 'g': bad = parse_seconds_ms(optarg, &grace_ms); break;
     case 'r': ready_file = optarg; break;
+    case 'A':
+      if (st_capture_prompt_ids_parse(optarg, &cfg.ask_prompt_ids)) return st_cli_report_error("capture") + 1;
+      break;
     case 'q': quiet = 1; break;
     case 'h': fputs(usage_text, stdout); return 0;
     default: fputs(usage_text, stderr); return 2;

@@ -34,7 +34,10 @@ static const char run_help[] =
   "  --request ID|FILE.json  a captured request (sparsetrace capture): an id, a unique prefix or\n"
   "                          'last' in the store, or a file from 'sparsetrace requests export';\n"
   "                          rendered with the model's chat encoding and tokenizer, compared with\n"
-  "                          the prompt token count the server reported, linked to the trace\n"
+  "                          the prompt token count the server reported, linked to the trace.\n"
+  "                          When the record carries the prompt token ids the server returned\n"
+  "                          (capture --ask-prompt-ids), they are used verbatim and the rendering\n"
+  "                          is compared with them (first differing position)\n"
   "  --render PROFILE        reference | sglang | vllm | atom (default reference)\n"
   "  --max-new-tokens N      greedy tokens to generate after the prompt (default 0)\n"
   "  --ignore-eos            keep generating after the end-of-sequence token\n"
@@ -101,18 +104,52 @@ out:
   return rc;
 }
 
-/* The prompt of a captured request: the record (a file, or an id in the store), its request body
-** rendered with the DeepSeek-V4 chat encoding, tokenized with the model's tokenizer. *server is the
-** prompt token count the upstream reported (-1 when it reported none). */
+/* What prompt_from_request found out about a captured request's prompt. */
+typedef struct request_prompt {
+  char id[40], api[32];
+  int64_t server_count; /* prompt tokens the server's usage reported; -1: none */
+  int from_server;      /* the ids run are the ones the server returned (record.prompt_token_ids) */
+  char from[64];        /* ... found there in its answer */
+  int n_rendered;       /* length of our own rendering; -1: not rendered (render_error says why) */
+  int64_t first_diff;   /* first position where the server's ids and ours differ; -1: none */
+  char server_tok[96], rendered_tok[96]; /* the ids there, with their token text */
+  char render_error[400];
+} request_prompt;
+
+/* "17 \"Ġthe\"" for id at position i of ids[n], or "(none: N ids)" past the end. */
+static void describe_token(const st_tokenizer *tok, const int32_t *ids, size_t n, int64_t i,
+                           char *out, size_t out_len) {
+  if (i >= (int64_t)n) {
+    snprintf(out, out_len, "(none: %zu ids)", n);
+    return;
+  }
+  const char *text = st_tokenizer_token_text(tok, ids[i]);
+  snprintf(out, out_len, "%d \"%s\"", ids[i], text ? text : "?");
+  for (char *c = out; *c; c++)
+    if ((unsigned char)*c < 0x20) *c = '?';
+}
+
+/* The prompt of a captured request (the record: a file, or an id in the store). When the record
+** carries the prompt token ids the server returned (capture --ask-prompt-ids), those are the
+** prompt, verbatim; the request body is still rendered with the DeepSeek-V4 chat encoding and the
+** model's tokenizer, and compared with them id for id, which is the point: a rendering that
+** differs from what the server ran is the first suspect when a replay does not reproduce a bug.
+** Without ids the rendering is the prompt, and its count is compared with the server's usage. */
 static st_status prompt_from_request(const char *ref, const char *store, const char *model_dir,
                                      const char *render, int32_t **out, int *n_out,
-                                     char request_id[40], int64_t *server, char api_name[32]) {
+                                     request_prompt *rp) {
   json_t *rec = NULL, *body = NULL;
   st_capture_db *db = NULL;
   st_tokenizer *tok = NULL;
   st_chat_prompt prompt = {0};
   st_token_ids ids = {0};
+  int32_t *server_ids = NULL;
+  size_t n_server = 0;
   st_status rc;
+  memset(rp, 0, sizeof *rp);
+  rp->server_count = -1;
+  rp->n_rendered = -1;
+  rp->first_diff = -1;
   FILE *probe = fopen(ref, "rb");
   if (probe) {
     fclose(probe);
@@ -124,31 +161,77 @@ static st_status prompt_from_request(const char *ref, const char *store, const c
     if (!rc) rc = st_capture_db_export(db, id, &rec);
   }
   if (rc) goto out;
-  snprintf(request_id, 40, "%s", json_string_value(json_object_get(rec, "id")) ?: "");
+  const char *request_id = json_string_value(json_object_get(rec, "id")) ?: "";
+  snprintf(rp->id, sizeof rp->id, "%s", request_id);
   const char *api = json_string_value(json_object_get(rec, "api"));
-  snprintf(api_name, 32, "%s", api ? api : "?");
+  snprintf(rp->api, sizeof rp->api, "%s", api ? api : "?");
+  json_t *count = json_object_get(json_object_get(rec, "usage"), "input_tokens");
+  rp->server_count = json_is_integer(count) ? json_integer_value(count) : -1;
+
+  json_t *sids = json_object_get(rec, "prompt_token_ids");
+  if (sids && !json_is_null(sids)) {
+    n_server = json_array_size(sids);
+    if (!json_is_array(sids) || n_server == 0) {
+      rc = st_fail(ST_EFORMAT, "request %s: \"prompt_token_ids\" is not a non-empty array of ids", request_id);
+      goto out;
+    }
+    if (!(server_ids = malloc(sizeof(int32_t) * n_server))) { rc = st_fail(ST_ENOMEM, "prompt ids"); goto out; }
+    for (size_t i = 0; i < n_server; i++) {
+      json_t *v = json_array_get(sids, i);
+      if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
+        rc = st_fail(ST_EFORMAT, "request %s: prompt_token_ids[%zu] is not a token id", request_id, i);
+        goto out;
+      }
+      server_ids[i] = (int32_t)json_integer_value(v);
+    }
+    rp->from_server = 1;
+    snprintf(rp->from, sizeof rp->from, "%s",
+             json_string_value(json_object_get(rec, "prompt_token_ids_from")) ?: "the record");
+  }
+
+  /* Our own rendering: the prompt without server ids, the comparison with them. */
   st_chat_options opt;
   st_chat_options_default(&opt);
   if (api && !strcmp(api, "anthropic.messages")) opt.api = ST_API_ANTHROPIC;
   else if (api && !strcmp(api, "openai.chat")) opt.api = ST_API_CHAT;
   else if (api && !strcmp(api, "openai.responses")) opt.api = ST_API_RESPONSES;
-  else { rc = st_fail(ST_EUNSUPPORTED, "request %s: api \"%s\" has no chat rendering (messages, chat, responses)", request_id, api ? api : "?"); goto out; }
-  if (render && (rc = st_render_profile_parse(render, &opt.profile))) goto out;
+  else rc = st_fail(ST_EUNSUPPORTED, "request %s: api \"%s\" has no chat rendering (messages, chat, responses)", request_id, api ? api : "?");
+  if (!rc && render) rc = st_render_profile_parse(render, &opt.profile);
   const char *text = json_string_value(json_object_get(json_object_get(rec, "request"), "body"));
   json_error_t jerr;
-  body = text ? json_loads(text, 0, &jerr) : NULL;
-  if (!body) { rc = st_fail(ST_EFORMAT, "request %s: the captured body is not JSON (%s)", request_id, text ? jerr.text : "missing"); goto out; }
-  if ((rc = st_chat_render_request(body, &opt, &prompt))) { st_fail_context(rc, "request %s: ", request_id); goto out; }
-  if ((rc = st_tokenizer_open(model_dir, &tok))) goto out;
-  if ((rc = st_chat_prompt_ids(tok, &prompt, &ids))) goto out;
-  if (!ids.n) { rc = st_fail(ST_EINVAL, "request %s renders to no tokens", request_id); goto out; }
-  *out = ids.ids;
-  *n_out = (int)ids.n;
-  ids.ids = NULL;
-  json_t *usage = json_object_get(rec, "usage");
-  json_t *count = json_object_get(usage, "input_tokens");
-  *server = json_is_integer(count) ? json_integer_value(count) : -1;
+  if (!rc && !(body = text ? json_loads(text, 0, &jerr) : NULL))
+    rc = st_fail(ST_EFORMAT, "request %s: the captured body is not JSON (%s)", request_id, text ? jerr.text : "missing");
+  if (!rc && (rc = st_chat_render_request(body, &opt, &prompt))) st_fail_context(rc, "request %s: ", request_id);
+  if (!rc) rc = st_tokenizer_open(model_dir, &tok);
+  if (!rc) rc = st_chat_prompt_ids(tok, &prompt, &ids);
+  if (!rc && !ids.n) rc = st_fail(ST_EINVAL, "request %s renders to no tokens", request_id);
+  if (rc && !rp->from_server) goto out;
+  if (rc) { /* the server's ids stand on their own; say why there is nothing to compare */
+    snprintf(rp->render_error, sizeof rp->render_error, "%s", st_errmsg());
+    rc = ST_OK;
+  } else {
+    rp->n_rendered = (int)ids.n;
+  }
+  if (rp->from_server && rp->n_rendered >= 0) {
+    size_t common = n_server < ids.n ? n_server : ids.n, i = 0;
+    while (i < common && server_ids[i] == ids.ids[i]) i++;
+    if (i < common || n_server != ids.n) {
+      rp->first_diff = (int64_t)i;
+      describe_token(tok, server_ids, n_server, rp->first_diff, rp->server_tok, sizeof rp->server_tok);
+      describe_token(tok, ids.ids, ids.n, rp->first_diff, rp->rendered_tok, sizeof rp->rendered_tok);
+    }
+  }
+  if (rp->from_server) {
+    *out = server_ids;
+    *n_out = (int)n_server;
+    server_ids = NULL;
+  } else {
+    *out = ids.ids;
+    *n_out = (int)ids.n;
+    ids.ids = NULL;
+  }
 out:
+  free(server_ids);
   st_token_ids_free(&ids);
   st_chat_prompt_free(&prompt);
   st_tokenizer_close(tok);
@@ -282,15 +365,31 @@ int st_cmd_run(int argc, char **argv) {
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
 
-  char request_id[40] = "", api_name[32] = "";
+  request_prompt rq = {0};
+  char *request_id = rq.id;
   int64_t server_count = -1;
   if (a.request) {
-    if (prompt_from_request(a.request, a.store, a.model, a.render, &tokens, &n_prompt, request_id,
-                            &server_count, api_name))
+    if (prompt_from_request(a.request, a.store, a.model, a.render, &tokens, &n_prompt, &rq))
       goto out;
-    if (!a.json) {
-      printf("request %s (%s): %d prompt tokens rendered with profile %s", request_id, api_name,
-             n_prompt, a.render ? a.render : "reference");
+    server_count = rq.server_count;
+    const char *profile = a.render ? a.render : "reference";
+    if (!a.json && rq.from_server) {
+      printf("request %s (%s): using the %d prompt token ids the server returned (%s)\n",
+             request_id, rq.api, n_prompt, rq.from);
+      if (rq.n_rendered < 0)
+        printf("  no rendering to compare them with: %s\n", rq.render_error);
+      else if (rq.first_diff < 0)
+        printf("  rendering with profile %s agrees with the server's ids: the same %d ids\n",
+               profile, rq.n_rendered);
+      else
+        printf("  rendering with profile %s DIFFERS from the server's ids at position %lld: server "
+               "%s, rendered %s (server %d ids, rendered %d)\n", profile,
+               (long long)rq.first_diff, rq.server_tok, rq.rendered_tok, n_prompt, rq.n_rendered);
+      if (server_count >= 0 && server_count != n_prompt)
+        printf("  note: the server's usage counted %lld prompt tokens\n", (long long)server_count);
+    } else if (!a.json) {
+      printf("request %s (%s): %d prompt tokens rendered with profile %s", request_id, rq.api,
+             n_prompt, profile);
       if (server_count >= 0)
         printf("; the server counted %lld: %s\n", (long long)server_count,
                server_count == n_prompt ? "they agree" : "they DIFFER");
@@ -411,6 +510,14 @@ int st_cmd_run(int argc, char **argv) {
       printf(",\"request_id\":\"%s\",\"server_prompt_tokens\":", request_id);
       if (server_count >= 0) printf("%lld,\"token_count_agrees\":%s", (long long)server_count, server_count == n_prompt ? "true" : "false");
       else printf("null");
+      printf(",\"prompt_source\":\"%s\"", rq.from_server ? "server" : "rendered");
+      if (rq.from_server) {
+        printf(",\"rendered_prompt_tokens\":");
+        if (rq.n_rendered >= 0) printf("%d,\"rendering_agrees\":%s,\"first_difference\":", rq.n_rendered, rq.first_diff < 0 ? "true" : "false");
+        else printf("null,\"rendering_agrees\":null,\"first_difference\":");
+        if (rq.first_diff >= 0) printf("%lld", (long long)rq.first_diff);
+        else printf("null");
+      }
     }
     printf("}\n");
   } else {

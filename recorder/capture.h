@@ -6,6 +6,8 @@
 ** Shape of the thing. A client (Claude-Code-style /v1/messages, Codex-style /v1/responses, any
 ** OpenAI-compatible /v1/chat/completions or /v1/completions) is pointed at the proxy instead of
 ** its server. The proxy relays each request upstream unchanged except for hop-by-hop headers
+** (and, only when asked to with ask_prompt_ids, one field added to the JSON body that makes a
+** sglang or vLLM server return the prompt token ids it ran)
 ** (capture_server.c accepts with civetweb, capture_upstream.c forwards with libcurl), streams
 ** the answer back chunk by chunk as it arrives (server-sent events are never buffered), and tees
 ** a copy: request and response bytes, headers with credentials redacted (capture_redact.c), the
@@ -39,6 +41,19 @@
 
 #include "engine/base.h"
 
+/* Which serving engine to ask for the prompt token ids it ran (capture --ask-prompt-ids). The ask
+** is a field added to the JSON body forwarded upstream, so it CHANGES the request the server sees;
+** the record keeps the client's body unchanged and notes the addition (capture_internal.h,
+** capture_ask_prompt_ids). */
+typedef enum st_capture_prompt_ids {
+  ST_CAPTURE_PROMPT_IDS_OFF = 0, /* forward bodies unchanged (the default) */
+  ST_CAPTURE_PROMPT_IDS_SGLANG,  /* "return_prompt_token_ids" / "return_token_ids" (completions) */
+  ST_CAPTURE_PROMPT_IDS_VLLM,    /* "return_token_ids" */
+} st_capture_prompt_ids;
+
+/* "sglang" / "vllm" -> the enum; ST_EINVAL with a message otherwise. */
+st_status st_capture_prompt_ids_parse(const char *name, st_capture_prompt_ids *out);
+
 typedef struct st_capture_config {
   const char *listen;         /* "HOST:PORT", ":PORT" or "PORT"; host defaults to 127.0.0.1;
                                  port 0 picks a free port (see st_capture_port) */
@@ -53,6 +68,7 @@ typedef struct st_capture_config {
   size_t inline_max_bytes;    /* bodies above this go to files beside the index; 0: 1 MiB */
   int connect_timeout_ms;     /* upstream connect; 0: 10000 */
   int idle_timeout_ms;        /* upstream silent this long -> 504 / stream error; 0: 600000 */
+  st_capture_prompt_ids ask_prompt_ids; /* OFF: relay bodies unchanged */
   void (*log)(void *user, const char *line); /* NULL: silent */
   void *log_user;
 } st_capture_config;
@@ -113,7 +129,8 @@ st_status st_capture_db_list(st_capture_db *db, int limit, json_t **out);
 
 /* The full record of one request as a JSON object following schemas/capture.schema.json
 ** (bodies as raw text, or base64 when not UTF-8; redacted headers; final message; timings with
-** every SSE event). Caller json_decref()s. */
+** every SSE event; the prompt token ids the server returned, when it was asked for them).
+** Caller json_decref()s. */
 st_status st_capture_db_export(st_capture_db *db, const char *id, json_t **out);
 
 /* Loads an exported record from a file and checks the fields a replay needs (schema, api,

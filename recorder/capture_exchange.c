@@ -54,6 +54,15 @@ const char *capture_state_name(capture_state s) {
   return "open";
 }
 
+st_status st_capture_prompt_ids_parse(const char *name, st_capture_prompt_ids *out) {
+  if (name && !strcmp(name, "sglang")) *out = ST_CAPTURE_PROMPT_IDS_SGLANG;
+  else if (name && !strcmp(name, "vllm")) *out = ST_CAPTURE_PROMPT_IDS_VLLM;
+  else
+    return st_fail(ST_EINVAL, "--ask-prompt-ids '%s': the engines that return prompt token ids "
+                              "are sglang and vllm", name ? name : "");
+  return ST_OK;
+}
+
 int64_t capture_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -131,6 +140,7 @@ void capture_exchange_unref(capture_exchange *x) {
   free(x->query);
   capture_headers_free(&x->request_headers);
   capture_buf_free(&x->request_body);
+  free(x->modified_request);
   capture_secrets_free(&x->secrets);
   capture_headers_free(&x->response_headers);
   capture_buf_free(&x->response_body);

@@ -199,8 +199,10 @@ typedef struct capture_exchange {
   const char *upstream;      /* credentials-free upstream base URL (borrowed from the proxy) */
   capture_headers request_headers; /* as received (values include credentials: never written
                                       without capture_header_is_secret() filtering) */
-  capture_buf request_body;
+  capture_buf request_body;      /* as the client sent it (what the record keeps) */
   size_t request_declared_bytes; /* Content-Length when the body was refused */
+  char *modified_request;        /* JSON note of what the forwarded body had in addition
+                                    (capture_ask_prompt_ids), or NULL: forwarded unchanged */
   capture_secrets secrets;
 
   /* response side, written by the worker while relaying */
@@ -242,12 +244,38 @@ typedef struct capture_summary {
   char *stop_reason;
   int64_t input_tokens, output_tokens; /* -1: not reported */
   double max_gap_ms;       /* largest gap between consecutive SSE events, -1 if < 2 events */
+  json_t *prompt_token_ids; /* array of the prompt ids the upstream returned, or NULL */
+  char prompt_token_ids_from[64]; /* where: "body.prompt_token_ids", "event 0.choices[0]..." */
 } capture_summary;
 
 /* Parses the request body and reassembles the response (from the SSE events for streams, from
 ** the JSON body otherwise). Never fails: what cannot be derived stays NULL/-1. */
 void capture_summarize(const capture_exchange *x, capture_summary *out);
 void capture_summary_free(capture_summary *s);
+
+/* --ask-prompt-ids: decides whether the request x asks `engine` for its prompt token ids and how.
+** The field each engine reads (sglang python/sglang/srt/entrypoints/openai/protocol.py,
+** ChatCompletionRequest.return_prompt_token_ids and CompletionRequest.return_token_ids; vLLM
+** vllm/entrypoints/openai/{chat_completion,completion}/protocol.py, return_token_ids):
+**   sglang  POST .../chat/completions, not streaming   "return_prompt_token_ids": true
+**           (sglang's serving_chat.py refuses it with stream=true: nothing is added then)
+**   sglang  POST .../completions                       "return_token_ids": true
+**   vllm    POST .../chat/completions, .../completions "return_token_ids": true
+**   either  .../messages, .../responses                nothing: neither engine returns ids there
+** The field is inserted as the first member of the top-level object; every other byte of the
+** client's body is forwarded as it was. When the field is added, *forward gets the new body
+** (malloc'd, *forward_len bytes); otherwise *forward is NULL (forward x->request_body). When the
+** flag is on and the request is a JSON-API POST, x->modified_request gets the note recorded in
+** the store: {"engine", "added": {...} | null, "forwarded_bytes", "skipped": why}. 0, or -1 on
+** out of memory. Call before capture_store_submit_open (the note is in the open row). */
+int capture_ask_prompt_ids(capture_exchange *x, st_capture_prompt_ids engine, char **forward,
+                           size_t *forward_len);
+
+/* The prompt ids in one parsed answer object (a whole JSON body or one SSE event's data): its
+** top-level "prompt_token_ids" (vLLM chat), else those of choice 0 (sglang chat, completions).
+** Returns a borrowed reference to an array of non-negative integers, or NULL; *where gets
+** "prompt_token_ids" or "choices[0].prompt_token_ids". */
+json_t *capture_prompt_ids_in(json_t *answer, const char **where);
 
 /* Reassembly entry points, exposed for tests. Return a new normalised message or NULL. */
 json_t *capture_message_from_events(capture_api api, const capture_event *ev, size_t n);

@@ -31,6 +31,17 @@
 **   openai.responses    response.created, output_item.added/done, output_text.delta,
 **                       function_call_arguments.delta, reasoning_*_text.delta,
 **                       response.completed/incomplete/failed (authoritative when present), error
+**
+** Prompt token ids (capture --ask-prompt-ids). The request side: capture_ask_prompt_ids() adds
+** the serving engine's own field to the body forwarded upstream. The answer side: while the
+** events (or the body) are parsed for the final message, the first object that carries prompt
+** ids gives them — vLLM: top-level "prompt_token_ids" of a chat.completion, or of the first
+** chat.completion.chunk of a stream (vllm/entrypoints/openai/chat_completion/protocol.py,
+** ChatCompletionResponse / ChatCompletionStreamResponse.prompt_token_ids; serving.py sends them
+** "at the first chunk ever"); vLLM and sglang completions, and sglang chat: choices[i].
+** prompt_token_ids (completion/protocol.py CompletionResponseChoice / CompletionResponseStreamChoice;
+** sglang protocol.py ChatCompletionResponseChoice, CompletionResponse(Stream)Choice), of choice 0.
+** The answer itself is never touched: the client gets the upstream's bytes, ids included.
 */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -436,8 +447,11 @@ fail:
 }
 
 /* Feeds parsed event payloads (NULL entries = not JSON; is_done marks [DONE]). */
+static void note_prompt_ids(capture_summary *s, json_t *d, const char *origin);
+
+/* ids: where the prompt ids found on the way go (NULL: not wanted). */
 static json_t *from_parsed_events(capture_api api, json_t *const *parsed, const int *is_done,
-                                  size_t n) {
+                                  size_t n, capture_summary *ids) {
   if (api == CAPTURE_API_OTHER) return NULL;
   acc a = {.api = api};
   for (size_t i = 0; i < n; i++) {
@@ -448,6 +462,11 @@ static json_t *from_parsed_events(capture_api api, json_t *const *parsed, const 
     if (!json_is_object(parsed[i])) {
       a.unparsed++;
       continue;
+    }
+    if (ids && !ids->prompt_token_ids) {
+      char origin[32];
+      snprintf(origin, sizeof origin, "event %zu", i);
+      note_prompt_ids(ids, parsed[i], origin);
     }
     switch (api) {
     case CAPTURE_API_ANTHROPIC_MESSAGES: anthropic_event(&a, parsed[i]); break;
@@ -466,7 +485,8 @@ static int is_done_marker(const capture_event *ev) {
   return ev->data_len == 6 && !memcmp(ev->data, "[DONE]", 6);
 }
 
-json_t *capture_message_from_events(capture_api api, const capture_event *ev, size_t n) {
+static json_t *message_from_events(capture_api api, const capture_event *ev, size_t n,
+                                   capture_summary *ids) {
   json_t **parsed = calloc(n ? n : 1, sizeof *parsed);
   int *done = calloc(n ? n : 1, sizeof *done);
   json_t *out = NULL;
@@ -475,7 +495,7 @@ json_t *capture_message_from_events(capture_api api, const capture_event *ev, si
       done[i] = is_done_marker(&ev[i]);
       if (!done[i]) parsed[i] = json_loadb(ev[i].data, ev[i].data_len, 0, NULL);
     }
-    out = from_parsed_events(api, parsed, done, n);
+    out = from_parsed_events(api, parsed, done, n, ids);
     for (size_t i = 0; i < n; i++) json_decref(parsed[i]);
   }
   free(parsed);
@@ -483,13 +503,19 @@ json_t *capture_message_from_events(capture_api api, const capture_event *ev, si
   return out;
 }
 
-json_t *capture_message_from_body(capture_api api, const char *body, size_t len) {
+json_t *capture_message_from_events(capture_api api, const capture_event *ev, size_t n) {
+  return message_from_events(api, ev, n, NULL);
+}
+
+static json_t *message_from_body(capture_api api, const char *body, size_t len,
+                                 capture_summary *ids) {
   if (api == CAPTURE_API_OTHER || len == 0) return NULL;
   json_t *d = json_loadb(body, len, 0, NULL);
   if (!json_is_object(d)) {
     json_decref(d);
     return NULL;
   }
+  note_prompt_ids(ids, d, "body");
   acc a = {.api = api};
   switch (api) {
   case CAPTURE_API_ANTHROPIC_MESSAGES: anthropic_message(&a, d); break;
@@ -510,6 +536,10 @@ json_t *capture_message_from_body(capture_api api, const char *body, size_t len)
   return out;
 }
 
+json_t *capture_message_from_body(capture_api api, const char *body, size_t len) {
+  return message_from_body(api, body, len, NULL);
+}
+
 const char *capture_event_name(const capture_event *ev, char *scratch, size_t scratch_len) {
   if (ev->event) return ev->event;
   if (is_done_marker(ev)) return "[DONE]";
@@ -524,6 +554,125 @@ const char *capture_event_name(const capture_event *ev, char *scratch, size_t sc
   }
   json_decref(d);
   return name;
+}
+
+/* ---- prompt token ids ------------------------------------------------------------------------ */
+
+static int ids_valid(json_t *a) {
+  if (!json_is_array(a) || json_array_size(a) == 0) return 0;
+  size_t i;
+  json_t *v;
+  json_array_foreach(a, i, v) {
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+      return 0;
+  }
+  return 1;
+}
+
+json_t *capture_prompt_ids_in(json_t *d, const char **where) {
+  if (!json_is_object(d)) return NULL;
+  json_t *ids = json_object_get(d, "prompt_token_ids");
+  if (ids_valid(ids)) {
+    *where = "prompt_token_ids";
+    return ids;
+  }
+  size_t i;
+  json_t *choice;
+  json_array_foreach(json_object_get(d, "choices"), i, choice) {
+    json_t *ci = json_object_get(choice, "index");
+    if (json_is_integer(ci) ? json_integer_value(ci) != 0 : i != 0) continue;
+    ids = json_object_get(choice, "prompt_token_ids");
+    if (ids_valid(ids)) {
+      *where = "choices[0].prompt_token_ids";
+      return ids;
+    }
+  }
+  return NULL;
+}
+
+/* Keeps the first ids found (s may be NULL: nobody wants them). */
+static void note_prompt_ids(capture_summary *s, json_t *d, const char *origin) {
+  const char *where = NULL;
+  json_t *ids;
+  if (!s || s->prompt_token_ids || !(ids = capture_prompt_ids_in(d, &where))) return;
+  s->prompt_token_ids = json_incref(ids);
+  snprintf(s->prompt_token_ids_from, sizeof s->prompt_token_ids_from, "%s.%s", origin, where);
+}
+
+static int is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+int capture_ask_prompt_ids(capture_exchange *x, st_capture_prompt_ids engine, char **forward,
+                           size_t *forward_len) {
+  *forward = NULL;
+  *forward_len = 0;
+  if (engine == ST_CAPTURE_PROMPT_IDS_OFF || strcmp(x->method, "POST") ||
+      x->api == CAPTURE_API_OTHER)
+    return 0;
+  const char *engine_name = engine == ST_CAPTURE_PROMPT_IDS_SGLANG ? "sglang" : "vllm";
+  const char *data = x->request_body.data ? x->request_body.data : "";
+  size_t len = x->request_body.len;
+  json_t *req = len ? json_loadb(data, len, 0, NULL) : NULL;
+  const char *field = NULL;
+  char why[256] = "";
+  size_t open = 0;
+  if (!json_is_object(req)) {
+    snprintf(why, sizeof why, "the body is not a JSON object");
+  } else if (x->api == CAPTURE_API_ANTHROPIC_MESSAGES || x->api == CAPTURE_API_OPENAI_RESPONSES) {
+    snprintf(why, sizeof why, "%s returns no prompt token ids on %s (only on /v1/chat/completions "
+             "and /v1/completions)", engine_name,
+             x->api == CAPTURE_API_ANTHROPIC_MESSAGES ? "/v1/messages" : "/v1/responses");
+  } else {
+    int sglang_chat = engine == ST_CAPTURE_PROMPT_IDS_SGLANG && x->api == CAPTURE_API_OPENAI_CHAT;
+    field = sglang_chat ? "return_prompt_token_ids" : "return_token_ids";
+    if (sglang_chat && json_is_true(json_object_get(req, "stream"))) {
+      /* sglang serving_chat.py _convert_to_internal_request: "return_prompt_token_ids is not
+      ** supported with streaming" (a 400 to the client): asking would break the request. */
+      snprintf(why, sizeof why, "sglang refuses return_prompt_token_ids on a streaming "
+                                "/v1/chat/completions request (HTTP 400), so it was not asked");
+      field = NULL;
+    } else if (json_object_get(req, field)) {
+      snprintf(why, sizeof why, "the client's body already sets \"%s\"", field);
+      field = NULL;
+    } else {
+      while (open < len && is_space(data[open])) open++;
+      if (open == len || data[open] != '{') { /* cannot happen for an object jansson parsed */
+        snprintf(why, sizeof why, "the body does not start with '{'");
+        field = NULL;
+      }
+    }
+  }
+  json_decref(req);
+  int rc = 0;
+  if (field) {
+    size_t after = open + 1;
+    while (after < len && is_space(data[after])) after++;
+    char member[64];
+    int m = snprintf(member, sizeof member, "\"%s\":true%s", field,
+                     after < len && data[after] == '}' ? "" : ",");
+    char *out = malloc(len + (size_t)m + 1);
+    if (!out) return -1;
+    memcpy(out, data, open + 1);
+    memcpy(out + open + 1, member, (size_t)m);
+    memcpy(out + open + 1 + m, data + open + 1, len - open - 1);
+    out[len + (size_t)m] = 0;
+    *forward = out;
+    *forward_len = len + (size_t)m;
+  }
+  json_t *note = json_pack("{s:s, s:o, s:I}", "engine", engine_name, "added",
+                           field ? json_pack("{s:b}", field, 1) : json_null(), "forwarded_bytes",
+                           (json_int_t)(field ? *forward_len : len));
+  if (note && !field) json_object_set_new(note, "skipped", json_string(why));
+  char *text = note ? json_dumps(note, JSON_COMPACT) : NULL;
+  json_decref(note);
+  if (!text) {
+    free(*forward);
+    *forward = NULL;
+    *forward_len = 0;
+    rc = -1;
+  }
+  free(x->modified_request);
+  x->modified_request = text;
+  return rc;
 }
 
 /* ---- the whole summary ---------------------------------------------------------------------- */
@@ -560,9 +709,9 @@ void capture_summarize(const capture_exchange *x, capture_summary *s) {
       json_decref(req);
     }
   }
-  if (x->n_events > 0) s->final_message = capture_message_from_events(x->api, x->events, x->n_events);
+  if (x->n_events > 0) s->final_message = message_from_events(x->api, x->events, x->n_events, s);
   else if (!x->stream && x->response_body.len > 0 && !x->response_truncated)
-    s->final_message = capture_message_from_body(x->api, x->response_body.data, x->response_body.len);
+    s->final_message = message_from_body(x->api, x->response_body.data, x->response_body.len, s);
   if (s->final_message) {
     const char *sr = json_string_value(json_object_get(s->final_message, "stop_reason"));
     if (sr) s->stop_reason = strdup(sr);
@@ -582,5 +731,6 @@ void capture_summary_free(capture_summary *s) {
   free(s->model);
   json_decref(s->final_message);
   free(s->stop_reason);
+  json_decref(s->prompt_token_ids);
   memset(s, 0, sizeof *s);
 }

@@ -12,7 +12,10 @@
 ** headers in order, minus hop-by-hop ones (Connection and what it names, Keep-Alive, TE,
 ** Transfer-Encoding, Upgrade, Trailer, Proxy-Connection) and those the next hop owns (Host,
 ** Content-Length, Expect). One deliberate change: Accept-Encoding is replaced by "identity", so
-** that what is relayed and recorded is plaintext (a gzip'd SSE stream could not be teed). The
+** that what is relayed and recorded is plaintext (a gzip'd SSE stream could not be teed). A
+** second one only when asked (--ask-prompt-ids): one field added at the front of a chat or
+** completions JSON body, so that a sglang or vLLM upstream returns the prompt ids it ran
+** (capture_ask_prompt_ids; the record keeps the client's body and a note of the addition). The
 ** answer comes back with the upstream's status line (reason phrase included) and headers in
 ** order, minus hop-by-hop ones, written by the relay in one write (not civetweb's response API,
 ** which would add Date/Connection headers of its own). Bodies are relayed byte for byte: a
@@ -68,6 +71,7 @@ struct st_capture {
   char *upstream_display;
   char *store_dir;
   size_t max_request_bytes, max_record_bytes;
+  st_capture_prompt_ids ask_prompt_ids;
   void (*log)(void *, const char *);
   void *log_user;
   int port;
@@ -477,6 +481,12 @@ static int relay_request(struct mg_connection *conn) {
   oom |= qoom;
 
   int verdict = oom ? 500 : atomic_load(&p->stopping) ? 503 : read_request(&r, ri);
+  /* --ask-prompt-ids: the body that goes upstream may carry one more field than the client's
+  ** (kept as it was in x->request_body); the note of it goes into the open row. */
+  char *forward_body = NULL;
+  size_t forward_len = 0;
+  if (verdict == 0 && capture_ask_prompt_ids(x, p->ask_prompt_ids, &forward_body, &forward_len) < 0)
+    verdict = 500;
   capture_store_submit_open(p->store, x);
 
   char message[1024] = "";
@@ -502,7 +512,8 @@ static int relay_request(struct mg_connection *conn) {
     if (!handle) handle = &local_handle; /* not a pool worker: a handle for this call only */
     capture_upstream_outcome out = capture_upstream_perform(
         p->upstream, handle, x->method, raw_path, ri->query_string, &forward,
-        x->request_body.data, x->request_body.len, &hooks, message, sizeof message);
+        forward_body ? forward_body : x->request_body.data,
+        forward_body ? forward_len : x->request_body.len, &hooks, message, sizeof message);
     capture_upstream_handle_free(local_handle);
     if (out == CAPTURE_UPSTREAM_OK) {
       x->state = CAPTURE_COMPLETE;
@@ -548,6 +559,7 @@ static int relay_request(struct mg_connection *conn) {
   ** the next request on this keep-alive connection. */
   capture_store_submit_finish(p->store, x);
   capture_headers_free(&forward);
+  free(forward_body);
   capture_buf_free(&r.frame);
   capture_exchange_unref(x);
   atomic_fetch_sub(&p->in_flight, 1);
@@ -647,6 +659,7 @@ st_status st_capture_start(const st_capture_config *cin, st_capture **out) {
   if (!p) return st_fail(ST_ENOMEM, "starting the capture proxy");
   p->max_request_bytes = c.max_request_bytes;
   p->max_record_bytes = c.max_record_bytes;
+  p->ask_prompt_ids = c.ask_prompt_ids;
   p->log = c.log;
   p->log_user = c.log_user;
   p->upstream_display = capture_url_without_credentials(c.upstream);
@@ -703,6 +716,10 @@ st_status st_capture_start(const st_capture_config *cin, st_capture **out) {
   snprintf(p->url, sizeof p->url, "http://%s:%d", host, p->port);
   proxy_log(p, "listening on %s, relaying to %s, recording into %s/%s", p->url, p->upstream_display,
             c.store_dir, ST_INDEX_FILE);
+  if (p->ask_prompt_ids)
+    proxy_log(p, "asking the upstream (%s) for prompt token ids: chat/completions request bodies "
+                 "are forwarded with one field added (recorded as the client sent them)",
+              p->ask_prompt_ids == ST_CAPTURE_PROMPT_IDS_SGLANG ? "sglang" : "vllm");
   if (!loopback)
     proxy_log(p, "warning: listening on a non-loopback address: anyone who can reach %s can use "
                  "the credentials your clients send through it", p->url);

@@ -205,6 +205,10 @@ static st_status step_done(sqlite3 *db, sqlite3_stmt *st, const char *what) {
   "id, received_at, method, endpoint, query, api, upstream, client_addr, request_headers, "      \
   "request_body, request_body_file, request_bytes, redactions"
 #define REQUEST_PARAMS "?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13"
+/* modified_request (migration 0004) is written by both jobs too, as ?36 (after the finish's ?35;
+** the open statement simply leaves ?14..?35 unused). */
+#define MODIFIED_PARAM "?36"
+#define MODIFIED_INDEX 36
 
 /* Binds the request side. When the open row is already in (x->open_recorded), the upsert will
 ** take its UPDATE branch, which ignores these values: the body is then not masked or spilled a
@@ -243,12 +247,14 @@ static st_status write_open(capture_store *s, sqlite3 *db, job *j) {
   body_bind body = {0};
   st_status rc = ST_OK;
   if (sqlite3_prepare_v2(db, "INSERT OR IGNORE INTO requests (" REQUEST_COLUMNS
-                             ", state) VALUES (" REQUEST_PARAMS ", 'open')",
+                             ", modified_request, state) VALUES (" REQUEST_PARAMS ", "
+                             MODIFIED_PARAM ", 'open')",
                          -1, &st, NULL) != SQLITE_OK) {
     rc = st_fail(ST_ESQLITE, "preparing insert: %s", sqlite3_errmsg(db));
     goto out;
   }
   if ((rc = bind_request(s, st, x, &body))) goto out;
+  bind_text(st, MODIFIED_INDEX, x->modified_request);
   rc = step_done(db, st, "inserting the open row");
   x->open_recorded = !rc && sqlite3_changes(db) == 1;
   x->open_redactions = body.masked;
@@ -269,15 +275,17 @@ static st_status write_finish(capture_store *s, sqlite3 *db, job *j) {
     "INSERT INTO requests (" REQUEST_COLUMNS ", stream, state, status, model, request_malformed, "
     "request_json_error, response_headers, response_body, response_body_file, response_bytes, "
     "response_truncated, final_message, stop_reason, input_tokens, output_tokens, n_events, "
-    "headers_ms, ttfb_ms, total_ms, max_gap_ms, upstream_error, client_error) VALUES ("
+    "headers_ms, ttfb_ms, total_ms, max_gap_ms, upstream_error, client_error, modified_request, "
+    "prompt_token_ids, prompt_token_ids_from) VALUES ("
     REQUEST_PARAMS ", ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28,"
-    " ?29, ?30, ?31, ?32, ?33, ?34, ?35) "
+    " ?29, ?30, ?31, ?32, ?33, ?34, ?35, " MODIFIED_PARAM ", ?37, ?38) "
     "ON CONFLICT (id) DO UPDATE SET stream = ?14, state = ?15, status = ?16, model = ?17, "
     "request_malformed = ?18, request_json_error = ?19, response_headers = ?20, "
     "response_body = ?21, response_body_file = ?22, response_bytes = ?23, "
     "response_truncated = ?24, final_message = ?25, stop_reason = ?26, input_tokens = ?27, "
     "output_tokens = ?28, n_events = ?29, headers_ms = ?30, ttfb_ms = ?31, total_ms = ?32, "
-    "max_gap_ms = ?33, upstream_error = ?34, client_error = ?35, redactions = ?13";
+    "max_gap_ms = ?33, upstream_error = ?34, client_error = ?35, redactions = ?13, "
+    "modified_request = " MODIFIED_PARAM ", prompt_token_ids = ?37, prompt_token_ids_from = ?38";
   if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
     rc = st_fail(ST_ESQLITE, "preparing upsert: %s", sqlite3_errmsg(db));
     goto out;
@@ -323,6 +331,11 @@ static st_status write_finish(capture_store *s, sqlite3 *db, job *j) {
   if (sum->max_gap_ms >= 0) sqlite3_bind_double(st, 33, sum->max_gap_ms);
   bind_text(st, 34, x->upstream_error);
   bind_text(st, 35, x->client_error);
+  bind_text(st, MODIFIED_INDEX, x->modified_request);
+  if (sum->prompt_token_ids) { /* integers only (checked when found): nothing to scrub */
+    sqlite3_bind_text(st, 37, json_dumps(sum->prompt_token_ids, JSON_COMPACT), -1, free);
+    bind_text(st, 38, sum->prompt_token_ids_from);
+  }
   sqlite3_bind_int64(st, 13, (sqlite3_int64)((x->open_recorded ? x->open_redactions : req.masked) +
                                              resp.masked));
   if ((rc = step_done(db, st, "finishing the row"))) goto out;
@@ -764,6 +777,27 @@ st_status st_capture_db_export(st_capture_db *db, const char *id, json_t **out) 
   json_object_set_new(r, "redactions", col_int(q, 34));
   sqlite3_finalize(q);
   q = NULL;
+
+  /* Migration 0004's columns; a store last written by an older build has none of them (it is
+  ** opened read-only, so not migrated): the record then says null. */
+  json_object_set_new(req, "modified", json_null());
+  json_object_set_new(r, "prompt_token_ids", json_null());
+  json_object_set_new(r, "prompt_token_ids_from", json_null());
+  if (st_index_schema_version(db->ix) >= 4) {
+    if (sqlite3_prepare_v2(sq, "SELECT modified_request, prompt_token_ids, prompt_token_ids_from "
+                               "FROM requests WHERE id = ?1", -1, &q, NULL) != SQLITE_OK) {
+      st = st_fail(ST_ESQLITE, "reading the prompt ids of %s: %s", id, sqlite3_errmsg(sq));
+      goto out;
+    }
+    sqlite3_bind_text(q, 1, id, -1, SQLITE_TRANSIENT);
+    if (sqlite3_step(q) == SQLITE_ROW) {
+      json_object_set_new(req, "modified", col_json(q, 0));
+      json_object_set_new(r, "prompt_token_ids", col_json(q, 1));
+      json_object_set_new(r, "prompt_token_ids_from", col_text(q, 2));
+    }
+    sqlite3_finalize(q);
+    q = NULL;
+  }
 
   if (sqlite3_prepare_v2(sq, "SELECT seq, t_ms, gap_ms, event, byte_offset, byte_length FROM "
                              "request_event_gaps WHERE request_id = ?1 ORDER BY seq",

@@ -29,6 +29,16 @@
 **   x-fake-stall-after: K    after K events (or before the head if K < 0) ...
 **   x-fake-stall-ms: M       ... go silent for M ms (watching for the client leaving)
 **   x-fake-echo: 1           answer {"method","path","query","headers","body"} as received
+**   x-fake-prompt-ids: [..]  the prompt token ids to return when the body asks for them (below)
+**
+** Prompt token ids, only when the body asks for them the way the serving engines read it:
+** "return_token_ids": true (vLLM; sglang's /v1/completions) or "return_prompt_token_ids": true
+** (sglang's /v1/chat/completions). They come back as the engines send them: vLLM chat at the top
+** level ("prompt_token_ids" of the chat.completion, or of the first chunk of a stream), sglang chat
+** and every /v1/completions answer in choices[0].prompt_token_ids (the first chunk of a stream);
+** sglang refuses return_prompt_token_ids on a streaming chat request with a 400. The ids are the
+** x-fake-prompt-ids header's JSON array when given, else a made-up list of body_len/4 ids; the
+** usage's prompt count is then their number. Messages and responses answers never carry ids.
 */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -220,11 +230,29 @@ static json_t *api_error(api a, int status, const char *msg) {
                    status >= 500 ? "server_error" : "invalid_request_error", "param", "code");
 }
 
+/* ---- prompt token ids ----------------------------------------------------------------------- */
+
+typedef struct ids_ask {
+  json_t *ids;   /* the ids to return; NULL: the request did not ask */
+  int top_level; /* vLLM chat: at the top level of the answer; else in choices[0] */
+} ids_ask;
+
+static void attach_prompt_ids(json_t *answer, const ids_ask *ask) {
+  if (!ask || !ask->ids) return;
+  if (ask->top_level) {
+    json_object_set(answer, "prompt_token_ids", ask->ids);
+  } else {
+    json_t *choice = json_array_get(json_object_get(answer, "choices"), 0);
+    if (choice) json_object_set(choice, "prompt_token_ids", ask->ids);
+  }
+}
+
 /* ---- streaming -------------------------------------------------------------------------- */
 
 typedef struct streamer {
   conn *c;
   const request *r;
+  const ids_ask *ask; /* prompt ids go into the first event */
   int interval_ms, split, stall_after, stall_ms;
   int sent;      /* events written */
   int fail_at;   /* event index at which to fail (-1 never) */
@@ -246,6 +274,7 @@ static int emit(streamer *s, const char *event, json_t *data) {
     atomic_fetch_add(&stat_cancelled, 1);
     return -1;
   }
+  if (s->sent == 0) attach_prompt_ids(data, s->ask);
   char *d = json_dumps(data, JSON_COMPACT);
   json_decref(data);
   char *text = NULL;
@@ -499,7 +528,7 @@ static char *full_text(int events, int bytes) {
 }
 
 static int whole_answer(conn *c, api a, const char *id, const char *model, int in_tokens,
-                        int events, int bytes, int tool) {
+                        int events, int bytes, int tool, const ids_ask *ask) {
   char *text = full_text(events, bytes);
   char args[128];
   snprintf(args, sizeof args, "%s%s", tool_pieces[0], tool_pieces[1]);
@@ -549,6 +578,7 @@ static int whole_answer(conn *c, api a, const char *id, const char *model, int i
                                    events, "total_tokens", in_tokens + events));
   }
   free(text);
+  attach_prompt_ids(j, ask);
   return send_json(c, 200, j);
 }
 
@@ -629,21 +659,46 @@ static int serve(conn *c, request *r) {
   snprintf(model_buf, sizeof model_buf, "%s", model ? model : "fake-model");
   int stream = json_is_true(json_object_get(body, "stream"));
   int usage = json_is_true(json_object_get(json_object_get(body, "stream_options"), "include_usage"));
+  int ask_vllm = json_is_true(json_object_get(body, "return_token_ids"));
+  int ask_sglang = a == API_CHAT && json_is_true(json_object_get(body, "return_prompt_token_ids"));
   json_decref(body);
   int events = header_int(r, "x-fake-events", 5);
   int bytes = header_int(r, "x-fake-delta-bytes", 0);
   int tool = header_int(r, "x-fake-tool", 0);
   int in_tokens = (int)(r->body_len / 4);
+  ids_ask ask = {0};
+  if ((ask_vllm || ask_sglang) && (a == API_CHAT || a == API_COMPLETIONS)) {
+    if (ask_sglang && stream) /* sglang serving_chat.py refuses it the same way */
+      return send_json(c, 400, api_error(a, 400, "return_prompt_token_ids is not supported with "
+                                                 "streaming. Please set stream=false when using "
+                                                 "return_prompt_token_ids=true."));
+    const char *given = header(r, "x-fake-prompt-ids");
+    ask.ids = given ? json_loads(given, 0, NULL) : NULL;
+    if (!json_is_array(ask.ids)) {
+      json_decref(ask.ids);
+      ask.ids = json_array();
+      for (int i = 0; i < in_tokens; i++) json_array_append_new(ask.ids, json_integer((i * 31 + 7) % 250));
+    }
+    in_tokens = (int)json_array_size(ask.ids);
+    ask.top_level = a == API_CHAT && ask_vllm && !ask_sglang;
+  }
   char id[96];
   static const char *const prefixes[] = {"msg_", "chatcmpl-", "cmpl-", "resp_"};
   snprintf(id, sizeof id, "%s%016llx", prefixes[a], (unsigned long long)fnv1a(r->body, r->body_len));
-  if (!stream) return whole_answer(c, a, id, model_buf, in_tokens, events, bytes, tool);
+  if (!stream) {
+    int rc = whole_answer(c, a, id, model_buf, in_tokens, events, bytes, tool, &ask);
+    json_decref(ask.ids);
+    return rc;
+  }
 
   const char *head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
                      "Cache-Control: no-cache\r\nrequest-id: req_fake\r\n"
                      "Transfer-Encoding: chunked\r\n\r\n";
-  if (send_all(c, head, strlen(head)) < 0) return -1;
-  streamer s = {.c = c, .r = r, .interval_ms = header_int(r, "x-fake-interval-ms", 0),
+  if (send_all(c, head, strlen(head)) < 0) {
+    json_decref(ask.ids);
+    return -1;
+  }
+  streamer s = {.c = c, .r = r, .ask = &ask, .interval_ms = header_int(r, "x-fake-interval-ms", 0),
                 .split = header_int(r, "x-fake-split", 0), .stall_after = stall_after,
                 .stall_ms = stall_ms, .fail = fail, .fail_at = fail ? 4 : -1};
   switch (a) {
@@ -652,6 +707,7 @@ static int serve(conn *c, request *r) {
   case API_COMPLETIONS: stream_completions(&s, id, model_buf, events, bytes); break;
   case API_RESPONSES: stream_responses(&s, id, model_buf, in_tokens, events, bytes, tool); break;
   }
+  json_decref(ask.ids);
   if (c->fd < 0 || c->peer_gone || fail) return -1;
   return send_all(c, "0\r\n\r\n", 5);
 }
