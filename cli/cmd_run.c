@@ -241,19 +241,6 @@ out:
   return rc;
 }
 
-static char *read_text_file(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long size = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *text = size >= 0 ? malloc((size_t)size + 1) : NULL;
-  if (text && fread(text, 1, (size_t)size, f) == (size_t)size) text[size] = 0;
-  else { free(text); text = NULL; }
-  fclose(f);
-  return text;
-}
-
 static double seconds_since(const struct timespec *t0) {
   struct timespec t1;
   clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -463,7 +450,7 @@ int st_cmd_run(int argc, char **argv) {
   }
   char config_path[4096];
   snprintf(config_path, sizeof config_path, "%s/config.json", a.model);
-  config_text = read_text_file(config_path);
+  config_text = st_read_text_file(config_path);
   size_t cmd_len = 1;
   for (int i = 0; i < argc; i++) cmd_len += strlen(argv[i]) + 1;
   command_line = calloc(cmd_len + 16, 1);

@@ -75,6 +75,23 @@ size_t st_dtype_size(st_dtype t) {
   return 0;
 }
 
+char *st_read_text_file(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  char *text = NULL;
+  long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+  if (size >= 0 && fseek(f, 0, SEEK_SET) == 0 && (text = malloc((size_t)size + 1))) {
+    if (fread(text, 1, (size_t)size, f) == (size_t)size) {
+      text[size] = 0;
+    } else {
+      free(text);
+      text = NULL;
+    }
+  }
+  fclose(f);
+  return text;
+}
+
 void st_assert_fail(const char *expr, const char *file, int line) {
   fprintf(stderr, "sparsetrace: assertion failed at %s:%d: %s\n", file, line, expr);
   abort();

@@ -70,6 +70,9 @@ size_t st_dtype_size(st_dtype t);
   ((cond) ? (void)0 : st_assert_fail(#cond, __FILE__, __LINE__))
 _Noreturn void st_assert_fail(const char *expr, const char *file, int line);
 
+/* The whole file as a NUL-terminated malloc'd string (caller frees), or NULL when it cannot be read. */
+char *st_read_text_file(const char *path);
+
 #define ST_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define ST_MAX(a, b) ((a) > (b) ? (a) : (b))
 

@@ -483,19 +483,6 @@ static st_status settings_for_server(const st_harness_options *o, char *buf, siz
   return ST_OK;
 }
 
-static char *read_text_file(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long size = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *text = size >= 0 ? malloc((size_t)size + 1) : NULL;
-  if (text && fread(text, 1, (size_t)size, f) == (size_t)size) text[size] = 0;
-  else { free(text); text = NULL; }
-  fclose(f);
-  return text;
-}
-
 st_status st_harness_sweep(const st_harness_options *o, st_harness_result *out) {
   memset(out, 0, sizeof *out);
   if (o->n_tokens < 1 || o->n_positions < 1 || o->n_seeds < 1)
@@ -533,7 +520,7 @@ st_status st_harness_sweep(const st_harness_options *o, st_harness_result *out) 
     w.taps.sink = NULL;
     char config_path[4200];
     snprintf(config_path, sizeof config_path, "%s/config.json", o->model_dir);
-    w.config_text = read_text_file(config_path);
+    w.config_text = st_read_text_file(config_path);
     name_copy = strdup(o->model_dir);
     if (!name_copy) { rc = st_fail(ST_ENOMEM, "model name"); goto out; }
     size_t n = strlen(name_copy);

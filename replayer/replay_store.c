@@ -21,6 +21,64 @@ static void utc_now(char *buf, size_t size) {
            tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
 }
 
+/* The needle's row for (run, span), inserted or found; SQLITE_CONSTRAINT when the run is not in
+** this index (foreign key). */
+static int needle_upsert(sqlite3 *db, const char *run_id, const char *text, int64_t start,
+                         int64_t end, const char *now, int64_t *needle_id) {
+  sqlite3_stmt *st = NULL;
+  int rc = sqlite3_prepare_v2(db, "INSERT INTO needles (run_id, text, token_start, token_end, source, created_at) "
+                                  "VALUES (?, ?, ?, ?, 'user', ?) ON CONFLICT (run_id, token_start, token_end) "
+                                  "DO UPDATE SET text = coalesce(excluded.text, text) RETURNING needle_id",
+                              -1, &st, NULL);
+  if (rc != SQLITE_OK) return rc;
+  sqlite3_bind_text(st, 1, run_id, -1, SQLITE_STATIC);
+  if (text) sqlite3_bind_text(st, 2, text, -1, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 3, start);
+  sqlite3_bind_int64(st, 4, end);
+  sqlite3_bind_text(st, 5, now, -1, SQLITE_STATIC);
+  rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) {
+    *needle_id = sqlite3_column_int64(st, 0);
+    rc = SQLITE_OK;
+  }
+  sqlite3_finalize(st);
+  return rc;
+}
+
+static const char insert_verdict_sql[] =
+  "INSERT OR REPLACE INTO needle_verdicts (needle_id, run_id, replay_id, layer, position, best_rank, "
+  "best_row, score, in_topk, topk, n_visible) VALUES (?,?,?,?,?,?,?,?,?,?,?)";
+
+/* Inserts a cell's verdicts; replay_id NULL = the recorded run's own. Returns an SQLite code. */
+static int insert_verdicts(sqlite3_stmt *st, int64_t needle_id, const char *run_id,
+                           const char *replay_id, int layer, const st_replay_cell *cell) {
+  for (int64_t v = 0; v < cell->n_verdicts; v++) {
+    const st_needle_verdict *nv = &cell->verdicts[v];
+    sqlite3_reset(st);
+    sqlite3_bind_int64(st, 1, needle_id);
+    sqlite3_bind_text(st, 2, run_id, -1, SQLITE_STATIC);
+    if (replay_id) sqlite3_bind_text(st, 3, replay_id, -1, SQLITE_TRANSIENT);
+    else sqlite3_bind_null(st, 3);
+    sqlite3_bind_int(st, 4, layer);
+    sqlite3_bind_int64(st, 5, nv->position);
+    if (nv->best_rank >= 0) {
+      sqlite3_bind_int64(st, 6, nv->best_rank);
+      sqlite3_bind_int(st, 7, nv->best_row);
+      sqlite3_bind_double(st, 8, nv->score);
+    } else {
+      sqlite3_bind_null(st, 6);
+      sqlite3_bind_null(st, 7);
+      sqlite3_bind_null(st, 8);
+    }
+    sqlite3_bind_int(st, 9, nv->in_topk);
+    sqlite3_bind_int(st, 10, nv->topk);
+    sqlite3_bind_int64(st, 11, nv->n_visible);
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_DONE) return rc;
+  }
+  return SQLITE_OK;
+}
+
 int st_replay_metrics_json(const st_replay_report *r, const st_replay_cell *c, char *buf, size_t size) {
   int n = snprintf(buf, size, "{\"label\":\"%s\",\"seconds\":%.4f", c->label, c->seconds);
 #define ADD(...) n += snprintf(buf + n, size > (size_t)n ? size - (size_t)n : 0, __VA_ARGS__)
@@ -84,28 +142,14 @@ st_status st_replay_store(const char *store_dir, const st_replay_report *r, cons
   st_index_build b = {ST_GIT_REVISION, ST_COMPILER, ST_BUILD_TYPE, "cpu-ref", "deterministic"};
   if ((rc = st_index_build_id(ix, &b, &build_id))) goto rollback;
   int64_t needle_id = -1;
-  if (needle_end > needle_start) {
-    if (sqlite3_prepare_v2(db, "INSERT INTO needles (run_id, text, token_start, token_end, source, created_at) "
-                               "VALUES (?, ?, ?, ?, 'user', ?) ON CONFLICT (run_id, token_start, token_end) "
-                               "DO UPDATE SET text = coalesce(excluded.text, text) RETURNING needle_id",
-                           -1, &st, NULL) != SQLITE_OK) goto sql_error;
-    sqlite3_bind_text(st, 1, r->run_id, -1, SQLITE_STATIC);
-    if (needle_text) sqlite3_bind_text(st, 2, needle_text, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 3, needle_start);
-    sqlite3_bind_int64(st, 4, needle_end);
-    sqlite3_bind_text(st, 5, now, -1, SQLITE_STATIC);
-    if (sqlite3_step(st) != SQLITE_ROW) goto sql_error;
-    needle_id = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    st = NULL;
-  }
+  if (needle_end > needle_start &&
+      needle_upsert(db, r->run_id, needle_text, needle_start, needle_end, now, &needle_id) != SQLITE_OK)
+    goto sql_error;
   sqlite3_stmt *ins_replay = NULL, *ins_verdict = NULL;
   if (sqlite3_prepare_v2(db, "INSERT INTO replays (replay_id, run_id, layer, stage, settings, metrics, bit_exact, "
                              "build_id, created_at, command_line, duration_s) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                          -1, &ins_replay, NULL) != SQLITE_OK ||
-      sqlite3_prepare_v2(db, "INSERT INTO needle_verdicts (needle_id, run_id, replay_id, layer, position, best_rank, "
-                             "best_row, score, in_topk, topk, n_visible) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                         -1, &ins_verdict, NULL) != SQLITE_OK) {
+      sqlite3_prepare_v2(db, insert_verdict_sql, -1, &ins_verdict, NULL) != SQLITE_OK) {
     sqlite3_finalize(ins_replay);
     goto sql_error;
   }
@@ -129,28 +173,8 @@ st_status st_replay_store(const char *store_dir, const st_replay_report *r, cons
     sqlite3_bind_text(ins_replay, 10, command_line, -1, SQLITE_STATIC);
     sqlite3_bind_double(ins_replay, 11, cell->seconds);
     if (sqlite3_step(ins_replay) != SQLITE_DONE) { rc = st_fail(ST_ESQLITE, "storing a replay: %s", sqlite3_errmsg(db)); break; }
-    for (int64_t v = 0; needle_id >= 0 && v < cell->n_verdicts; v++) {
-      const st_needle_verdict *nv = &cell->verdicts[v];
-      sqlite3_reset(ins_verdict);
-      sqlite3_bind_int64(ins_verdict, 1, needle_id);
-      sqlite3_bind_text(ins_verdict, 2, r->run_id, -1, SQLITE_STATIC);
-      sqlite3_bind_text(ins_verdict, 3, id.run_id, -1, SQLITE_TRANSIENT);
-      sqlite3_bind_int(ins_verdict, 4, r->layer);
-      sqlite3_bind_int64(ins_verdict, 5, nv->position);
-      if (nv->best_rank >= 0) {
-        sqlite3_bind_int64(ins_verdict, 6, nv->best_rank);
-        sqlite3_bind_int(ins_verdict, 7, nv->best_row);
-        sqlite3_bind_double(ins_verdict, 8, nv->score);
-      } else {
-        sqlite3_bind_null(ins_verdict, 6);
-        sqlite3_bind_null(ins_verdict, 7);
-        sqlite3_bind_null(ins_verdict, 8);
-      }
-      sqlite3_bind_int(ins_verdict, 9, nv->in_topk);
-      sqlite3_bind_int(ins_verdict, 10, nv->topk);
-      sqlite3_bind_int64(ins_verdict, 11, nv->n_visible);
-      if (sqlite3_step(ins_verdict) != SQLITE_DONE) { rc = st_fail(ST_ESQLITE, "storing a needle verdict: %s", sqlite3_errmsg(db)); break; }
-    }
+    if (needle_id >= 0 && insert_verdicts(ins_verdict, needle_id, r->run_id, id.run_id, r->layer, cell) != SQLITE_OK)
+      rc = st_fail(ST_ESQLITE, "storing a needle verdict: %s", sqlite3_errmsg(db));
   }
   sqlite3_finalize(ins_replay);
   sqlite3_finalize(ins_verdict);
@@ -180,51 +204,16 @@ st_status st_replay_store_verdicts(const char *store_dir, const st_replay_report
   char now[64];
   utc_now(now, sizeof now);
   if ((rc = st_index_begin(ix))) goto out;
-  if (sqlite3_prepare_v2(db, "INSERT INTO needles (run_id, text, token_start, token_end, source, created_at) "
-                             "VALUES (?, ?, ?, ?, 'user', ?) ON CONFLICT (run_id, token_start, token_end) "
-                             "DO UPDATE SET text = coalesce(excluded.text, text) RETURNING needle_id",
-                         -1, &st, NULL) != SQLITE_OK) goto sql_error;
-  sqlite3_bind_text(st, 1, r->run_id, -1, SQLITE_STATIC);
-  if (needle_text) sqlite3_bind_text(st, 2, needle_text, -1, SQLITE_STATIC);
-  sqlite3_bind_int64(st, 3, needle_start);
-  sqlite3_bind_int64(st, 4, needle_end);
-  sqlite3_bind_text(st, 5, now, -1, SQLITE_STATIC);
-  int step = sqlite3_step(st);
+  int64_t needle_id;
+  int step = needle_upsert(db, r->run_id, needle_text, needle_start, needle_end, now, &needle_id);
   if (step == SQLITE_CONSTRAINT) { /* the run is not in this index */
-    sqlite3_finalize(st);
     st_index_rollback(ix);
     goto out;
   }
-  if (step != SQLITE_ROW) goto sql_error;
-  int64_t needle_id = sqlite3_column_int64(st, 0);
-  sqlite3_finalize(st);
-  st = NULL;
-  if (sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO needle_verdicts (needle_id, run_id, replay_id, layer, "
-                             "position, best_rank, best_row, score, in_topk, topk, n_visible) "
-                             "VALUES (?,?,NULL,?,?,?,?,?,?,?,?)", -1, &st, NULL) != SQLITE_OK)
+  if (step != SQLITE_OK) goto sql_error;
+  if (sqlite3_prepare_v2(db, insert_verdict_sql, -1, &st, NULL) != SQLITE_OK ||
+      insert_verdicts(st, needle_id, r->run_id, NULL, r->layer, &r->cells[0]) != SQLITE_OK)
     goto sql_error;
-  const st_replay_cell *cell = &r->cells[0];
-  for (int64_t v = 0; v < cell->n_verdicts; v++) {
-    const st_needle_verdict *nv = &cell->verdicts[v];
-    sqlite3_reset(st);
-    sqlite3_bind_int64(st, 1, needle_id);
-    sqlite3_bind_text(st, 2, r->run_id, -1, SQLITE_STATIC);
-    sqlite3_bind_int(st, 3, r->layer);
-    sqlite3_bind_int64(st, 4, nv->position);
-    if (nv->best_rank >= 0) {
-      sqlite3_bind_int64(st, 5, nv->best_rank);
-      sqlite3_bind_int(st, 6, nv->best_row);
-      sqlite3_bind_double(st, 7, nv->score);
-    } else {
-      sqlite3_bind_null(st, 5);
-      sqlite3_bind_null(st, 6);
-      sqlite3_bind_null(st, 7);
-    }
-    sqlite3_bind_int(st, 8, nv->in_topk);
-    sqlite3_bind_int(st, 9, nv->topk);
-    sqlite3_bind_int64(st, 10, nv->n_visible);
-    if (sqlite3_step(st) != SQLITE_DONE) goto sql_error;
-  }
   sqlite3_finalize(st);
   st = NULL;
   if ((rc = st_index_commit(ix))) goto out;
