@@ -329,8 +329,11 @@ struct st_session {
   float *router_logits;                /* [n, E] */
   int32_t *experts;                    /* [n, kE] */
   float *expert_w;                     /* [n, kE] */
-  int32_t *group_tokens;               /* [n] tokens routed to one expert */
-  float *xg, *g, *u, *h, *y;           /* [n, D], [n, F], [n, F], [n, F], [n, D] */
+  int32_t *group_tokens;               /* [n kE] (token, slot) pairs routed to one expert */
+  int32_t *group_rows;                 /* [n kE] their token rows */
+  float *group_weights;                /* [n kE] their routing weights */
+  int32_t *hash_experts;               /* [n, kE] tid2eid rows of the chunk's tokens */
+  float *xg, *g, *u, *h, *y;           /* [n kE, D], [n kE, F] x3, [n kE, D] */
   float *logits;                       /* [n, V] */
   float *tmp;                          /* [n, max(D, q_lo, H d, ...)] reference-mode copies */
   size_t tmp_size;
@@ -371,7 +374,8 @@ void st_session_free(st_session *s) {
                      s->x, s->xn, s->qr, s->q, s->o, s->group_in, s->group_out, s->z, s->a,
                      s->ckv, s->cscore, s->iq, s->iq_used, s->iw, s->scores, s->topk_idx,
                      s->visible, s->cand, s->topk_scratch, s->router_logits, s->experts,
-                     s->expert_w, s->group_tokens, s->xg, s->g, s->u, s->h, s->y, s->logits,
+                     s->expert_w, s->group_tokens, s->group_rows, s->group_weights,
+                     s->hash_experts, s->xg, s->g, s->u, s->h, s->y, s->logits,
                      s->tmp};
   for (size_t k = 0; k < sizeof scratch / sizeof scratch[0]; k++) free(scratch[k]);
   free(s);
@@ -476,7 +480,8 @@ st_status st_session_create(st_model *m, const st_session_options *opt, st_sessi
   int64_t topk_cap = s->topk < s->rows_cap_csa ? s->topk : s->rows_cap_csa;
   int64_t cand_cap = w + (topk_cap > hca_cap ? topk_cap : hca_cap);
   int cmax = 2 * (d > dI ? d : dI);
-  s->tmp_size = (size_t)n * ST_MAX(ST_MAX(ST_MAX(D, q_lo), H * d), ST_MAX(hc * D, ST_MAX(F, cmax)));
+  s->tmp_size = (size_t)n * ST_MAX(ST_MAX(ST_MAX(D, q_lo), H * d),
+                                   ST_MAX(ST_MAX(hc * D, cmax), kE * ST_MAX(D, F)));
   s->positions = calloc((size_t)n, sizeof(int64_t));
   s->row_positions = calloc((size_t)n, sizeof(int64_t));
   s->X = alloc_floats((size_t)n * hc * D, &failed);
@@ -506,16 +511,20 @@ st_status st_session_create(st_model *m, const st_session_options *opt, st_sessi
   s->router_logits = alloc_floats((size_t)n * E, &failed);
   s->experts = calloc((size_t)n * kE, sizeof(int32_t));
   s->expert_w = alloc_floats((size_t)n * kE, &failed);
-  s->group_tokens = calloc((size_t)n, sizeof(int32_t));
-  s->xg = alloc_floats((size_t)n * D, &failed);
-  s->g = alloc_floats((size_t)n * F, &failed);
-  s->u = alloc_floats((size_t)n * F, &failed);
-  s->h = alloc_floats((size_t)n * F, &failed);
-  s->y = alloc_floats((size_t)n * D, &failed);
+  s->group_tokens = calloc((size_t)n * kE, sizeof(int32_t));
+  s->group_rows = calloc((size_t)n * kE, sizeof(int32_t));
+  s->group_weights = alloc_floats((size_t)n * kE, &failed);
+  s->hash_experts = calloc((size_t)n * kE, sizeof(int32_t));
+  /* an expert sees at most n kE (token, slot) rows, should a hash table repeat an expert */
+  s->xg = alloc_floats((size_t)n * kE * D, &failed);
+  s->g = alloc_floats((size_t)n * kE * F, &failed);
+  s->u = alloc_floats((size_t)n * kE * F, &failed);
+  s->h = alloc_floats((size_t)n * kE * F, &failed);
+  s->y = alloc_floats((size_t)n * kE * D, &failed);
   s->logits = alloc_floats((size_t)n * V, &failed);
   s->tmp = alloc_floats(s->tmp_size, &failed);
   if (failed || !s->positions || !s->row_positions || !s->topk_idx || !s->visible || !s->cand ||
-      !s->topk_scratch || !s->experts || !s->group_tokens) {
+      !s->topk_scratch || !s->experts || !s->group_tokens || !s->group_rows || !s->hash_experts) {
     rc = st_fail(ST_ENOMEM, "scratch buffers for chunks of %d tokens", n);
     goto out;
   }
@@ -797,32 +806,11 @@ static void moe_sublayer(st_session *s, int layer, const int32_t *tokens, int n,
   /* routing: sqrt(softplus(logit)) scores; hash layers pick experts by token id, others by
   ** top-k of score + bias (bias steers selection only); weights renormalised and scaled */
   ops->matmul(s->router_logits, s->xn, lw->gate, n, D, E);               /* [n, E] */
-  for (int i = 0; i < n; i++) {
-    float *score = s->router_logits + (size_t)i * E;
-    for (int e = 0; e < E; e++) {
-      float l = score[e];
-      score[e] = sqrtf(l > 20.0f ? l : log1pf(expf(l)));
-    }
-    int32_t *chosen = s->experts + (size_t)i * kE;
-    if (lw->tid2eid) {
-      memcpy(chosen, lw->tid2eid + (size_t)tokens[i] * kE, sizeof(int32_t) * (size_t)kE);
-    } else {
-      for (int c = 0; c < kE; c++) { /* selection by (score + bias) desc, then id asc */
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-          int taken = 0;
-          for (int q = 0; q < c; q++) taken |= chosen[q] == e;
-          if (taken) continue;
-          if (best < 0 || score[e] + lw->gate_bias[e] > score[best] + lw->gate_bias[best]) best = e;
-        }
-        chosen[c] = best;
-      }
-    }
-    float sum = 0;
-    for (int c = 0; c < kE; c++) sum += score[chosen[c]];
-    for (int c = 0; c < kE; c++)
-      s->expert_w[(size_t)i * kE + c] = score[chosen[c]] / (sum + 1e-20f) * (float)cfg->routed_scaling_factor;
-  }
+  if (lw->tid2eid) /* hash layers: the experts of each token id */
+    for (int i = 0; i < n; i++)
+      memcpy(s->hash_experts + (size_t)i * kE, lw->tid2eid + (size_t)tokens[i] * kE, sizeof(int32_t) * (size_t)kE);
+  ops->moe_route(s->experts, s->expert_w, s->router_logits, lw->gate_bias,
+                 lw->tid2eid ? s->hash_experts : NULL, n, E, kE, (float)cfg->routed_scaling_factor);
   tap(s, ST_TAP_FFN_EXPERTS, layer, p0, ST_I32, 2, n, kE, 0, s->experts);
 
   /* routed experts, one expert at a time over the tokens that chose it; each token sums its
@@ -843,10 +831,10 @@ static void moe_sublayer(st_session *s, int layer, const int32_t *tokens, int n,
     ops->swiglu(s->h, s->g, s->u, count, F, limit);
     linear(s, s->y, s->h, lw->w2[e], count, F, D, 1);
     for (int k = 0; k < count; k++) {
-      int i = s->group_tokens[k] / kE;
-      float weight = s->expert_w[s->group_tokens[k]];
-      for (int c = 0; c < D; c++) s->a[(size_t)i * D + c] += s->y[(size_t)k * D + c] * weight;
+      s->group_rows[k] = s->group_tokens[k] / kE;
+      s->group_weights[k] = s->expert_w[s->group_tokens[k]];
     }
+    ops->scatter_add(s->a, s->y, s->group_rows, s->group_weights, count, D);
   }
   /* shared expert, unweighted */
   linear(s, s->g, s->xn, lw->shared_w1, n, D, F, 1);

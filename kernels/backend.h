@@ -73,6 +73,17 @@ typedef struct st_backend_ops {
                            int heads, int d, int width, const float *sinks, float scale,
                            int probs_bf16);
 
+  /* MoE routing (SPEC §2.5), in place on logits [n, E] which become the sqrt(softplus) scores:
+  ** experts [n, kE] = hash_experts[n, kE] when given (hash layers), else the kE best of
+  ** score + bias (ties to the lower id); weights [n, kE] = score / sum * route_scale. */
+  void (*moe_route)(int32_t *experts, float *weights, float *logits, const float *bias,
+                    const int32_t *hash_experts, int n, int E, int kE, float route_scale);
+
+  /* out[row[k], :] += y[k, :] * weight[k] for k in [0, count), in order of k; rows may repeat
+  ** only in increasing k order of the caller's choosing (the sum order is k's). */
+  void (*scatter_add)(float *out, const float *y, const int32_t *row, const float *weight,
+                      int count, int D);
+
   /* h[n, F] = silu(min(g, limit)) * clamp(u, -limit, limit) */
   void (*swiglu)(float *h, const float *g, const float *u, int n, int F, float limit);
 } st_backend_ops;

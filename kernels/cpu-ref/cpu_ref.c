@@ -291,6 +291,44 @@ static void cpu_sparse_attention(float *out, const float *q, const float *kv, co
     }
 }
 
+static void cpu_moe_route(int32_t *experts, float *weights, float *logits, const float *bias,
+                          const int32_t *hash_experts, int n, int E, int kE, float route_scale) {
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < n; i++) {
+    float *score = logits + (size_t)i * E;
+    for (int e = 0; e < E; e++) {
+      float l = score[e];
+      score[e] = sqrtf(l > 20.0f ? l : log1pf(expf(l)));
+    }
+    int32_t *chosen = experts + (size_t)i * kE;
+    if (hash_experts) {
+      memcpy(chosen, hash_experts + (size_t)i * kE, sizeof(int32_t) * (size_t)kE);
+    } else {
+      for (int c = 0; c < kE; c++) { /* selection by (score + bias) desc, then id asc */
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+          int taken = 0;
+          for (int q = 0; q < c; q++) taken |= chosen[q] == e;
+          if (taken) continue;
+          if (best < 0 || score[e] + bias[e] > score[best] + bias[best]) best = e;
+        }
+        chosen[c] = best;
+      }
+    }
+    float sum = 0;
+    for (int c = 0; c < kE; c++) sum += score[chosen[c]];
+    for (int c = 0; c < kE; c++) weights[(size_t)i * kE + c] = score[chosen[c]] / (sum + 1e-20f) * route_scale;
+  }
+}
+
+static void cpu_scatter_add(float *out, const float *y, const int32_t *row, const float *weight,
+                            int count, int D) {
+  /* one thread per output column keeps each element's additions in k order */
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < D; c++)
+    for (int k = 0; k < count; k++) out[(size_t)row[k] * D + c] += y[(size_t)k * D + c] * weight[k];
+}
+
 static void cpu_swiglu(float *h, const float *g, const float *u, int n, int F, float limit) {
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < n; i++)
@@ -317,5 +355,7 @@ const st_backend_ops st_backend_cpu_ref = {
   .indexer_scores = cpu_indexer_scores,
   .topk = cpu_topk,
   .sparse_attention = cpu_sparse_attention,
+  .moe_route = cpu_moe_route,
+  .scatter_add = cpu_scatter_add,
   .swiglu = cpu_swiglu,
 };
