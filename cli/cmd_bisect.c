@@ -40,16 +40,13 @@ int st_cmd_bisect(int argc, char **argv) {
   opterr = 0;
   int c;
   while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
-    char *end;
     switch (c) {
     case O_TRACE: trace = optarg; break;
     case O_MODEL: model = optarg; break;
     case O_GOOD: good = optarg; break;
     case O_BAD: bad = optarg; break;
     case O_NEEDLE:
-      a = strtoll(optarg, &end, 10);
-      if (*end == ':') b = strtoll(end + 1, &end, 10);
-      if (*end || b <= a || a < 0) { fprintf(stderr, "sparsetrace bisect: --needle-tokens '%s': expected A:B\n", optarg); return 2; }
+      if (st_cli_parse_span(optarg, &a, &b)) { fprintf(stderr, "sparsetrace bisect: --needle-tokens '%s': expected A:B\n", optarg); return 2; }
       break;
     case O_NEEDLE_TEXT: needle_text = optarg; break;
     case O_JSON: json = 1; break;

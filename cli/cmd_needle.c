@@ -301,16 +301,6 @@ static void progress(void *ctx, int done, int total, const st_harness_attempt *a
   }
 }
 
-static char *join_args(int argc, char **argv) {
-  size_t len = 32;
-  for (int i = 0; i < argc; i++) len += strlen(argv[i]) + 1;
-  char *s = calloc(len, 1);
-  if (!s) return NULL;
-  strcpy(s, "sparsetrace needle");
-  for (int i = 0; i < argc; i++) strcat(strcat(s, " "), argv[i]);
-  return s;
-}
-
 /* Splits a comma list; each item parsed by the callback. Returns the count or -1. */
 static int split_list(const char *list, void *out, size_t elem, int max, int (*parse)(const char *, void *)) {
   char *copy = strdup(list), *save = NULL;
@@ -559,7 +549,7 @@ static int cmd_sweep(int argc, char **argv) {
 #ifdef _OPENMP
   if (threads) omp_set_num_threads(threads);
 #endif
-  command_line = join_args(argc, argv);
+  command_line = st_cli_join_args("sparsetrace needle", argc, argv);
   o.command_line = command_line;
   o.progress = progress;
   o.progress_ctx = &cli;

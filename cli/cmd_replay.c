@@ -46,14 +46,6 @@ static const char replay_help[] =
   "Exit status: 0 when the replay ran (and every recorded-settings cell was bit-exact), 1 on error\n"
   "or when a recorded-settings cell was NOT bit-exact, 2 on usage errors.\n";
 
-static int parse_span(const char *s, int64_t *a, int64_t *b) {
-  char *end;
-  *a = strtoll(s, &end, 10);
-  if (*end != ':') return -1;
-  *b = strtoll(end + 1, &end, 10);
-  return *end || *a < 0 || *b <= *a ? -1 : 0;
-}
-
 static void print_table(const st_replay_report *r, const char *trace) {
   printf("replay of %s, layer %d, stage %s: %lld positions", trace, r->layer,
          st_replay_stage_name(r->stage), (long long)r->n_positions);
@@ -157,7 +149,7 @@ int st_cmd_replay(int argc, char **argv) {
     case O_SET: sets[req.n_sets++] = optarg; break;
     case O_SWEEP: sweeps[req.n_sweeps++] = optarg; break;
     case O_NEEDLE_TOKENS:
-      if (parse_span(optarg, &req.needle_start, &req.needle_end)) {
+      if (st_cli_parse_span(optarg, &req.needle_start, &req.needle_end)) {
         fprintf(stderr, "sparsetrace replay: --needle-tokens '%s': expected A:B with A < B\n", optarg);
         goto done;
       }
@@ -198,11 +190,7 @@ int st_cmd_replay(int argc, char **argv) {
     exit_code = st_cli_report_error("replay");
     goto done;
   }
-  size_t cmd_len = 16;
-  for (int i = 0; i < argc; i++) cmd_len += strlen(argv[i]) + 1;
-  char *command_line = calloc(cmd_len, 1);
-  strcpy(command_line, "sparsetrace");
-  for (int i = 0; i < argc; i++) strcat(strcat(command_line, " "), argv[i]);
+  char *command_line = st_cli_join_args("sparsetrace", argc, argv);
   int stored = 0;
   st_status src = st_replay_store(store, rep, command_line, req.needle_start, req.needle_end, needle_text, &stored);
   free(command_line);

@@ -286,9 +286,7 @@ static int parse_args(int argc, char **argv, run_args *a) {
     case OPT_REQUEST: a->request = optarg; break;
     case OPT_RENDER: a->render = optarg; break;
     case OPT_NEEDLE_TOKENS:
-      a->needle_start = strtoll(optarg, &end, 10);
-      if (*end == ':') a->needle_end = strtoll(end + 1, &end, 10);
-      if (*end || a->needle_end <= a->needle_start || a->needle_start < 0) {
+      if (st_cli_parse_span(optarg, &a->needle_start, &a->needle_end)) {
         fprintf(stderr, "sparsetrace run: --needle-tokens '%s': expected A:B with A < B\n", optarg);
         return 2;
       }
@@ -451,11 +449,7 @@ int st_cmd_run(int argc, char **argv) {
   char config_path[4096];
   snprintf(config_path, sizeof config_path, "%s/config.json", a.model);
   config_text = st_read_text_file(config_path);
-  size_t cmd_len = 1;
-  for (int i = 0; i < argc; i++) cmd_len += strlen(argv[i]) + 1;
-  command_line = calloc(cmd_len + 16, 1);
-  strcpy(command_line, "sparsetrace");
-  for (int i = 0; i < argc; i++) strcat(strcat(command_line, " "), argv[i]);
+  if (!(command_line = st_cli_join_args("sparsetrace", argc, argv))) { st_fail(ST_ENOMEM, "command line"); goto out; }
   model_copy = strdup(a.model);
   st_run_meta meta = {
     .model_dir = a.model, .model_name = basename(model_copy), .settings_json = settings_json,

@@ -6,6 +6,8 @@
 #ifndef ST_COMMANDS_H
 #define ST_COMMANDS_H
 
+#include <stdint.h>
+
 int st_cmd_run(int argc, char **argv);      /* cli/cmd_run.c */
 int st_cmd_taps(int argc, char **argv);     /* cli/cmd_catalogue.c */
 int st_cmd_settings(int argc, char **argv); /* cli/cmd_catalogue.c */
@@ -19,6 +21,13 @@ int st_cmd_diff(int argc, char **argv);     /* cli/cmd_diff.c: exit 0 same, 1 di
 int st_cmd_replay(int argc, char **argv);   /* cli/cmd_replay.c */
 int st_cmd_bisect(int argc, char **argv);   /* cli/cmd_bisect.c */
 int st_cmd_needle(int argc, char **argv);   /* cli/cmd_needle.c: make, sweep */
+
+/* Shared by subcommands: "prefix argv[0] ... argv[argc-1]" for provenance (caller frees; NULL
+** when out of memory). */
+char *st_cli_join_args(const char *prefix, int argc, char **argv);
+
+/* Parses a token span "A:B" (0 <= A < B). Returns 0, or -1 when malformed. */
+int st_cli_parse_span(const char *text, int64_t *start, int64_t *end);
 
 /* Shared by subcommands: prints "sparsetrace <cmd>: <st_errmsg()>" to stderr, returns 1. */
 int st_cli_report_error(const char *cmd);

@@ -2,6 +2,7 @@
 ** main.c — the sparsetrace command line: dispatches argv[1] to a subcommand.
 */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "commands.h"
@@ -35,6 +36,25 @@ static void usage(FILE *f) {
              "commands:\n");
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+}
+
+char *st_cli_join_args(const char *prefix, int argc, char **argv) {
+  size_t len = strlen(prefix) + 1;
+  for (int i = 0; i < argc; i++) len += strlen(argv[i]) + 1;
+  char *s = malloc(len);
+  if (!s) return NULL;
+  strcpy(s, prefix);
+  for (int i = 0; i < argc; i++) strcat(strcat(s, " "), argv[i]);
+  return s;
+}
+
+int st_cli_parse_span(const char *text, int64_t *start, int64_t *end) {
+  char *p;
+  *start = strtoll(text, &p, 10);
+  if (p == text || *p != ':') return -1;
+  const char *second = p + 1;
+  *end = strtoll(second, &p, 10);
+  return p == second || *p || *start < 0 || *end <= *start ? -1 : 0;
 }
 
 int st_cli_report_error(const char *cmd) {

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static _Thread_local char error_buffer[2048];
 
@@ -73,6 +74,18 @@ size_t st_dtype_size(st_dtype t) {
   case ST_F4_E2M1: case ST_DTYPE_COUNT: return 0;
   }
   return 0;
+}
+
+void st_utc_now(char *buf, size_t size) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  struct tm tm;
+  gmtime_r(&ts.tv_sec, &tm);
+  char text[96]; /* wide enough for any int fields */
+  snprintf(text, sizeof text, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+           tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+           (int)(ts.tv_nsec / 1000000));
+  snprintf(buf, size, "%s", text);
 }
 
 char *st_read_text_file(const char *path) {

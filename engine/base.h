@@ -70,6 +70,9 @@ size_t st_dtype_size(st_dtype t);
   ((cond) ? (void)0 : st_assert_fail(#cond, __FILE__, __LINE__))
 _Noreturn void st_assert_fail(const char *expr, const char *file, int line);
 
+/* Now in UTC, ISO 8601 with milliseconds: "2026-11-29T22:35:48.737Z" (needs size >= 25). */
+void st_utc_now(char *buf, size_t size);
+
 /* The whole file as a NUL-terminated malloc'd string (caller frees), or NULL when it cannot be read. */
 char *st_read_text_file(const char *path);
 

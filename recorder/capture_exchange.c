@@ -69,20 +69,6 @@ int64_t capture_now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-void capture_utc_now(char out[32]) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  struct tm tm;
-  gmtime_r(&ts.tv_sec, &tm);
-  char text[96]; /* large enough for any int fields, so the compiler need not worry */
-  snprintf(text, sizeof text, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
-           tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-           (int)(ts.tv_nsec / 1000000));
-  size_t n = strnlen(text, 31);
-  memcpy(out, text, n);
-  out[n] = 0;
-}
-
 void capture_uuid_v4(char out[40]) {
   unsigned char b[16];
   size_t got = 0;
@@ -125,7 +111,7 @@ capture_exchange *capture_exchange_new(void) {
   if (!x) return NULL;
   atomic_init(&x->refs, 1);
   capture_uuid_v4(x->id);
-  capture_utc_now(x->received_at);
+  st_utc_now(x->received_at, sizeof x->received_at);
   x->t0_ns = capture_now_ns();
   x->t_headers_ns = x->t_first_byte_ns = x->t_end_ns = -1;
   x->state = CAPTURE_OPEN;

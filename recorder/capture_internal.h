@@ -367,7 +367,6 @@ int capture_header_is_hop_by_hop(const char *name, const char *connection);
 /* ---- small shared utilities ---------------------------------------------------------------- */
 
 int64_t capture_now_ns(void); /* CLOCK_MONOTONIC */
-void capture_utc_now(char out[32]); /* "2025-05-01T12:34:56.789Z" */
 void capture_uuid_v4(char out[40]);
 char *capture_base64(const void *data, size_t n); /* malloc'd, NUL-terminated; NULL on OOM */
 

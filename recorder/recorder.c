@@ -66,15 +66,6 @@ void st_run_id_new(st_run_meta *meta) {
            b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
 }
 
-static void iso8601_now(char *buf, size_t size) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  struct tm tm;
-  gmtime_r(&ts.tv_sec, &tm);
-  size_t n = strftime(buf, size, "%Y-%m-%dT%H:%M:%S", &tm);
-  snprintf(buf + n, size - n, ".%03dZ", (int)(ts.tv_nsec / 1000000L) % 1000);
-}
-
 static double seconds_since(const struct timespec *t0) {
   struct timespec now;
   clock_gettime(CLOCK_MONOTONIC, &now);
@@ -207,7 +198,7 @@ st_status st_recorder_open(const char *h5_path, const char *store_dir, const st_
   r->keep_lo = lo;
   r->keep_hi = hi;
   clock_gettime(CLOCK_MONOTONIC, &r->started);
-  iso8601_now(r->created_at, sizeof r->created_at);
+  st_utc_now(r->created_at, sizeof r->created_at);
   if (meta->run_id[0]) {
     snprintf(r->run_id, sizeof r->run_id, "%s", meta->run_id);
   } else {

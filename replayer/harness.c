@@ -55,15 +55,6 @@ void st_harness_options_default(st_harness_options *o) {
 
 /* ---------------------------------------------------------------- small helpers */
 
-static void utc_now(char *buf, size_t size) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  struct tm tm;
-  gmtime_r(&ts.tv_sec, &tm);
-  snprintf(buf, size, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
-           tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
-}
-
 static double seconds_since(const struct timespec *t0) {
   struct timespec t1;
   clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -208,7 +199,7 @@ static st_status store_attempt(sweep *w, st_harness_attempt *a, st_needle_format
   const st_harness_options *o = w->o;
   sqlite3_stmt *s = w->insert;
   char now[64];
-  utc_now(now, sizeof now);
+  st_utc_now(now, sizeof now);
   sqlite3_reset(s);
   sqlite3_clear_bindings(s);
   int i = 1;

@@ -12,15 +12,6 @@
 #include "recorder/recorder.h"
 #include "replay_store.h"
 
-static void utc_now(char *buf, size_t size) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  struct tm tm;
-  gmtime_r(&ts.tv_sec, &tm);
-  snprintf(buf, size, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
-           tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
-}
-
 /* The needle's row for (run, span), inserted or found; SQLITE_CONSTRAINT when the run is not in
 ** this index (foreign key). */
 static int needle_upsert(sqlite3 *db, const char *run_id, const char *text, int64_t start,
@@ -126,7 +117,7 @@ st_status st_replay_store(const char *store_dir, const st_replay_report *r, cons
   sqlite3 *db = st_index_db(ix);
   sqlite3_stmt *st = NULL;
   char now[64];
-  utc_now(now, sizeof now);
+  st_utc_now(now, sizeof now);
   if ((rc = st_index_begin(ix))) goto out;
   /* the run must be in this index (foreign keys); otherwise nothing is stored */
   if (sqlite3_prepare_v2(db, "SELECT 1 FROM runs WHERE run_id = ?", -1, &st, NULL) != SQLITE_OK) goto sql_error;
@@ -202,7 +193,7 @@ st_status st_replay_store_verdicts(const char *store_dir, const st_replay_report
   sqlite3 *db = st_index_db(ix);
   sqlite3_stmt *st = NULL;
   char now[64];
-  utc_now(now, sizeof now);
+  st_utc_now(now, sizeof now);
   if ((rc = st_index_begin(ix))) goto out;
   int64_t needle_id;
   int step = needle_upsert(db, r->run_id, needle_text, needle_start, needle_end, now, &needle_id);
