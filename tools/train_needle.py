@@ -1,0 +1,645 @@
+#!/usr/bin/env python3
+"""Train the bundled needle model: a small DeepSeek-V4 (transformers' DeepseekV4ForCausalLM) that
+copies a line back out of a long agentic prompt, so that which compressed rows the lightning
+indexer keeps decides the answer.
+
+Runs on the GPU machine (PyTorch, transformers 5.17, tokenizers). Data: tools/needle_data.py.
+Training goes in stages of at most ten minutes each; every stage resumes from the last one's
+checkpoint and leaves weights, a log and an evaluation behind.
+
+  tokenizer  a byte-level BPE with DeepSeek's pre-tokenizer (ENCODING-dsv4.md §2) trained on the
+             training families, plus DeepSeek-V4's added tokens
+  stage N    train stage N (see STAGES) for --budget seconds, then save and evaluate
+  eval       the model card's table: recall on the held-out family and kind, at several lengths
+             and needle positions, with top-k = all, the model's own index_topk, a q-only
+             Hadamard rotation of the indexer (the fault the harness exists for) and small top-k
+  smoke      a few steps of a miniature model through every code path, for a quick check
+
+Curriculum (why: a probe showed that a tiny V4 does not learn to copy across a small window
+from scratch, learns in-window copying quickly, and that an untrained indexer then picks the
+wrong rows):
+  1  copy:    window 256, prompts of 256-1024 tokens, dense compressed attention (top-k = all);
+              the indexer is distilled towards the attention mass the main attention gives each
+              compressed row (KL), on detached inputs, as DeepSeek's sparse-attention training does
+  2  reach:   window 64 (the release's), prompts of 512-2048 tokens: most needles are reachable
+              only through compressed rows; still dense, still distilling
+  3  sparse:  top-k = index_topk: the main attention sees only the indexer's choice; the
+              indexer keeps distilling over the rows it selected
+
+Usage (DIR holds tokenizer.json, state.pt, weights/, log.jsonl):
+  python3 tools/train_needle.py tokenizer DIR
+  python3 tools/train_needle.py stage 1 DIR --budget 520
+  python3 tools/train_needle.py eval DIR/weights --tokenizer DIR --out FILE.json [--seeds 8]
+  python3 tools/train_needle.py smoke DIR
+"""
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import needle_data as nd  # noqa: E402
+
+# ---------------------------------------------------------------- the model
+
+# SPEC-dsv4 §7 in spirit: every structural feature, small. Sliding layer first, then CSA and HCA
+# alternating; hash MoE in layer 0; mHC with 4 streams; YaRN on the compressed rope; an indexer
+# whose top-k (32) is far below the compressed rows at the trained lengths (128-512) and the
+# evaluated ones (up to 2048 at 8k tokens); a 64-token window, so a needle further back is only
+# reachable through compressed rows.
+MODEL = dict(
+    hidden_size=256, num_hidden_layers=6, compress_ratios=[0, 4, 128, 4, 128, 4, 0],
+    num_nextn_predict_layers=1, num_attention_heads=8, num_key_value_heads=1, head_dim=128,
+    qk_rope_head_dim=64, q_lora_rank=128, o_groups=2, o_lora_rank=128, sliding_window=64,
+    index_n_heads=16, index_head_dim=128, index_topk=32, n_routed_experts=4,
+    num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=256,
+    scoring_func="sqrtsoftplus", norm_topk_prob=True, routed_scaling_factor=1.5, swiglu_limit=10.0,
+    num_hash_layers=1, hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6, rms_norm_eps=1e-6,
+    rope_theta=10000.0, compress_rope_theta=160000.0,
+    rope_scaling={"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                  "beta_fast": 32, "beta_slow": 1},
+    max_position_embeddings=1048576, tie_word_embeddings=False, initializer_range=0.02)
+
+SMOKE_MODEL = dict(MODEL, hidden_size=128, num_hidden_layers=3, compress_ratios=[0, 4, 128, 0],
+                   num_attention_heads=2, index_n_heads=4, moe_intermediate_size=64)
+
+STAGES = {
+    1: dict(name="copy", window=256, lengths=(256, 1024), sparse=False, lr=2e-3, warmup=150),
+    2: dict(name="reach", window=64, lengths=(512, 2048), sparse=False, lr=1.5e-3, warmup=50),
+    3: dict(name="sparse", window=64, lengths=(512, 2048), sparse=True, lr=6e-4, warmup=20),
+}
+TOKENS_PER_STEP = 32768
+LM_WEIGHT = 0.3      # ordinary language-model loss on the prompt, next to the answer loss
+DISTILL_WEIGHT = 1.0  # KL(attention mass over compressed rows || indexer softmax)
+BALANCE_RATE = 1e-3   # aux-loss-free balancing: router bias step per update
+VOCAB = 4096
+
+# ---------------------------------------------------------------- tokenizer (ENCODING §2)
+
+PRETOKENIZE = [r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
+               r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|"
+               r" ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"]
+
+
+def _corpus_chunk(seed0):
+    out = []
+    for i in range(400):
+        s = nd.make_sample(seed0 * 1000 + i, chars=random.Random(seed0 * 7 + i).randrange(1500, 9000))
+        out.append(s.prompt.replace(nd.BOS, "") + s.answer)
+    return out
+
+
+def train_tokenizer(outdir):
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    t0 = time.time()
+    with mp.Pool(min(16, os.cpu_count() or 2)) as pool:
+        texts = [t for chunk in pool.map(_corpus_chunk, range(40)) for t in chunk]
+    tok = Tokenizer(models.BPE(byte_fallback=False))
+    tok.normalizer = normalizers.Sequence([])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(p), behavior="isolated", invert=False) for p in PRETOKENIZE]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = [nd.BOS, nd.EOS, nd.PAD]
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB - len(nd.ADDED_TOKENS), min_frequency=2,
+                                  special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    # The markers are cut out before BPE training sees the text, as the tokenizer will at run time.
+    strip = nd.ADDED_TOKENS + specials
+    def clean(t):
+        for m in strip:
+            t = t.replace(m, "\n")
+        return t
+    tok.train_from_iterator((clean(t) for t in texts), trainer=trainer)
+    # DeepSeek's flags: BOS/EOS/PAD special; the role, thinking and DSML markers not special.
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in nd.ADDED_TOKENS])
+    os.makedirs(outdir, exist_ok=True)
+    tok.save(os.path.join(outdir, "tokenizer.json"))
+    cfg = {"add_bos_token": False, "add_eos_token": False, "bos_token": nd.BOS, "eos_token": nd.EOS,
+           "pad_token": nd.EOS, "clean_up_tokenization_spaces": False, "legacy": True,
+           "model_max_length": 1048576, "tokenizer_class": "PreTrainedTokenizerFast"}
+    with open(os.path.join(outdir, "tokenizer_config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, ensure_ascii=False)
+    n_chars = sum(len(t) for t in texts[:2000])
+    n_tok = sum(len(e.ids) for e in tok.encode_batch(texts[:2000], add_special_tokens=False))
+    info = {"vocab": tok.get_vocab_size(), "corpus_texts": len(texts), "chars_per_token": n_chars / n_tok,
+            "seconds": round(time.time() - t0, 1),
+            "ids": {t: tok.token_to_id(t) for t in specials + nd.ADDED_TOKENS}}
+    with open(os.path.join(outdir, "tokenizer_info.json"), "w") as f:
+        json.dump(info, f, indent=1, ensure_ascii=False)
+    print("tokenizer:", json.dumps(info, ensure_ascii=False), flush=True)
+    return info
+
+
+def load_tokenizer(d):
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
+    with open(os.path.join(d, "tokenizer_info.json")) as f:
+        info = json.load(f)
+    return tok, info
+
+
+# ---------------------------------------------------------------- batches
+
+
+def encode_sample(tok, s):
+    """(ids, answer_start, needle_token): the prompt, the answer and EOS as one sequence."""
+    enc = tok.encode(s.prompt, add_special_tokens=False)
+    ans = tok.encode(s.answer, add_special_tokens=False).ids + [tok.token_to_id(nd.EOS)]
+    needle_tok = next((i for i, (a, b) in enumerate(enc.offsets) if b > s.needle_char), len(enc.ids))
+    return enc.ids + ans, len(enc.ids), needle_tok
+
+
+class Batches:
+    """An endless stream of training batches for one stage, made in worker processes."""
+    def __init__(self, tokdir, stage, seed, ratio):
+        self.tokdir, self.stage, self.seed, self.ratio = tokdir, stage, seed, ratio
+
+    def __call__(self, worker):
+        import torch
+        tok, _ = load_tokenizer(self.tokdir)
+        r = random.Random(f"{self.seed}:{self.stage['name']}:{worker}")
+        lo, hi = self.stage["lengths"]
+        pad = tok.token_to_id(nd.PAD)
+        n = 0
+        while True:
+            length = r.randrange(lo, hi + 1)
+            batch = max(1, TOKENS_PER_STEP // length)
+            seqs = []
+            for _ in range(batch):
+                s = nd.make_sample(f"{self.seed}:{worker}:{n}", chars=int(length * self.ratio * r.uniform(0.75, 0.97)))
+                n += 1
+                seqs.append(encode_sample(tok, s))
+            width = max(len(x[0]) for x in seqs)
+            ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+            answer = torch.zeros((len(seqs), width), dtype=torch.bool)
+            valid = torch.zeros((len(seqs), width), dtype=torch.bool)
+            dist = torch.zeros(len(seqs), dtype=torch.long)
+            for i, (seq, a0, nt) in enumerate(seqs):
+                ids[i, :len(seq)] = torch.tensor(seq)
+                valid[i, :len(seq) - 1] = True           # positions whose next token is real
+                answer[i, a0 - 1:len(seq) - 1] = True    # positions that predict the answer and EOS
+                dist[i] = a0 - nt
+            yield ids, valid, answer, dist
+
+
+def _stream(args):
+    gen, worker, q = args
+    for b in gen(worker):
+        q.put(b)
+
+
+class Loader:
+    def __init__(self, gen, workers=12, depth=24):
+        ctx = mp.get_context("fork")
+        self.q = ctx.Queue(depth)
+        self.procs = [ctx.Process(target=_stream, args=((gen, w, self.q),), daemon=True) for w in range(workers)]
+        for p in self.procs:
+            p.start()
+
+    def next(self):
+        return self.q.get(timeout=300)  # a worker that died leaves the queue empty
+
+    def close(self):
+        for p in self.procs:
+            p.terminate()
+
+
+# ---------------------------------------------------------------- model, taps, losses
+
+
+def build_model(cfg_dict, vocab, ids, device):
+    import torch
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+    cfg = DeepseekV4Config(vocab_size=vocab, bos_token_id=ids[nd.BOS], eos_token_id=ids[nd.EOS],
+                           pad_token_id=ids[nd.PAD], **cfg_dict)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(1234)
+    model = DeepseekV4ForCausalLM(cfg)
+    gen = torch.Generator().manual_seed(4321)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("tid2eid"):  # hash routing: a fixed random pair of experts per token
+                v, k = b.shape
+                b.copy_(torch.stack([torch.randperm(cfg.n_routed_experts, generator=gen)[:k] for _ in range(v)]))
+    return model.to(device)
+
+
+def hadamard(n, device):
+    import torch
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return (h / math.sqrt(n)).to(device)
+
+
+class Taps:
+    """Forward hooks: each CSA layer's indexer scores (with gradient), its top-k, and the main
+    attention's probabilities; detached indexer inputs; router choices for balancing; and the
+    fault patches used by the evaluation (Hadamard on q or k only)."""
+    def __init__(self, model):
+        import torch
+        self.scores, self.topk, self.attn, self.loads = {}, {}, {}, {}
+        self.rotate = None  # None, "q", "k", "both"
+        self.hooks, self.csa = [], []
+        for i, layer in enumerate(model.model.layers):
+            comp = layer.self_attn.compressor
+            if comp is not None and hasattr(comp, "indexer"):
+                self.csa.append(i)
+                idx = comp.indexer
+                self.hooks.append(idx.register_forward_pre_hook(self._detach, with_kwargs=True))
+                self.hooks.append(idx.scorer.register_forward_pre_hook(self._patch, with_kwargs=True))
+                self.hooks.append(idx.scorer.register_forward_hook(lambda m, a, o, i=i: self.scores.__setitem__(i, o)))
+                self.hooks.append(idx.register_forward_hook(lambda m, a, o, i=i: self.topk.__setitem__(i, o)))
+                self.hooks.append(layer.self_attn.register_forward_hook(lambda m, a, o, i=i: self.attn.__setitem__(i, o[1])))
+            gate = layer.mlp.gate
+            if not layer.mlp.is_hash:
+                self.hooks.append(gate.register_forward_hook(lambda m, a, o, i=i: self.loads.__setitem__(i, o[2].detach())))
+        self.H = hadamard(model.config.index_head_dim, next(model.parameters()).device)
+        self.torch = torch
+
+    @staticmethod
+    def _swap(args, kwargs, names, fn):
+        """Apply fn to the first two inputs of a call, positional or keyword."""
+        args, kwargs = list(args), dict(kwargs)
+        for j, name in enumerate(names):
+            if j < len(args):
+                args[j] = fn(j, args[j])
+            elif name in kwargs:
+                kwargs[name] = fn(j, kwargs[name])
+        return tuple(args), kwargs
+
+    def _detach(self, module, args, kwargs):
+        # The indexer trains on its own loss only: its inputs are cut from the main graph.
+        return self._swap(args, kwargs, ("hidden_states", "q_residual"), lambda j, x: x.detach())
+
+    def _patch(self, module, args, kwargs):
+        if self.rotate is None:
+            return None
+        def rot(j, x):
+            if (j == 0 and self.rotate in ("q", "both")) or (j == 1 and self.rotate in ("k", "both")):
+                return (x.float() @ self.H).to(x.dtype)
+            return x
+        return self._swap(args, kwargs, ("q", "compressed_kv"), rot)
+
+    def clear(self):
+        self.scores.clear(), self.topk.clear(), self.attn.clear(), self.loads.clear()
+
+    def distill_loss(self, seq_len, sparse):
+        """Mean over CSA layers and queries of KL(p || q): p = the main attention's mass on each
+        compressed row (summed over heads, normalised), q = softmax of the indexer's scores over
+        the causally visible rows (in sparse mode: over the rows it selected)."""
+        torch = self.torch
+        total, n = 0.0, 0
+        for i in self.csa:
+            s = self.scores[i].float()                       # [B, S, R]
+            w = self.attn[i].detach().float()                # [B, H, S, S + R]
+            rows = s.shape[-1]
+            if rows == 0:
+                continue
+            mass = w[..., w.shape[-1] - rows:].sum(1)        # [B, S, R]
+            pos = torch.arange(s.shape[1], device=s.device)
+            visible = torch.arange(rows, device=s.device)[None, :] < ((pos + 1) // 4)[:, None]  # [S, R]
+            keep = visible.unsqueeze(0).expand_as(s)
+            if sparse:
+                t = self.topk[i]
+                sel = torch.zeros(keep.shape[:-1] + (rows + 1,), dtype=torch.bool, device=s.device)
+                sel.scatter_(-1, torch.where(t >= 0, t, rows), True)  # -1 (none) lands in a spare column
+                keep = keep & sel[..., :rows]
+            mass = mass.masked_fill(~keep, 0.0)
+            tot = mass.sum(-1, keepdim=True)
+            ok = (tot.squeeze(-1) > 1e-6) & keep.any(-1)
+            p = mass / tot.clamp_min(1e-12)
+            logq = torch.log_softmax(s.masked_fill(~keep, float("-inf")), dim=-1)
+            kl = torch.where(p > 0, p * (torch.log(p.clamp_min(1e-30)) - logq.masked_fill(~keep, 0.0)), 0.0).sum(-1)
+            total = total + (kl * ok).sum() / ok.sum().clamp_min(1)
+            n += 1
+        return total / max(n, 1)
+
+    def balance(self, model):
+        """DeepSeek's auxiliary-loss-free balancing: nudge each routed layer's bias towards the
+        experts that got fewer tokens than the mean."""
+        torch = self.torch
+        with torch.no_grad():
+            for i, idx in self.loads.items():
+                gate = model.model.layers[i].mlp.gate
+                load = torch.bincount(idx.reshape(-1), minlength=gate.num_experts).float()
+                gate.e_score_correction_bias += BALANCE_RATE * torch.sign(load.mean() - load)
+
+
+def set_mode(model, window=None, topk=None):
+    if window is not None:
+        model.config.sliding_window = window
+        for layer in model.model.layers:
+            layer.self_attn.sliding_window = window
+    if topk is not None:
+        for layer in model.model.layers:
+            comp = layer.self_attn.compressor
+            if comp is not None and hasattr(comp, "indexer"):
+                comp.indexer.index_topk = topk
+
+
+def answer_metrics(logits, ids, answer, dist, window):
+    """Teacher-forced exact recall: every answer token (and EOS) is the argmax. Equal to greedy
+    decoding reproducing the line, since greedy stays on the answer while every argmax matches."""
+    pred = logits.argmax(-1)
+    right = (pred[:, :-1] == ids[:, 1:]) | ~answer[:, :-1]
+    exact = right.all(-1).float()
+    far = dist > window
+    out = {"exact": exact.mean().item()}
+    if far.any():
+        out["exact_far"] = exact[far].mean().item()
+    if (~far).any():
+        out["exact_near"] = exact[~far].mean().item()
+    return out
+
+
+def forward_losses(model, taps, ids, valid, answer, sparse):
+    import torch
+    import torch.nn.functional as F
+    taps.clear()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(input_ids=ids).logits
+    logits = logits.float()
+    tgt = ids[:, 1:]
+    ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none").view_as(tgt)
+    v, a = valid[:, :-1].float(), answer[:, :-1].float()
+    lm = (ce * v).sum() / v.sum()
+    ans = (ce * a).sum() / a.sum()
+    kl = taps.distill_loss(ids.shape[1], sparse)
+    return logits, lm, ans, kl
+
+
+# ---------------------------------------------------------------- training stages
+
+
+def save(model, opt, step, stage_no, outdir, log):
+    import torch
+    model.save_pretrained(os.path.join(outdir, "weights"), max_shard_size="12MB")
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "stage": stage_no},
+               os.path.join(outdir, "state.pt"))
+    log({"event": "saved", "step": step, "stage": stage_no})
+
+
+def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True):
+    import torch
+    t0 = time.time()
+    st = STAGES[stage_no]
+    dev = "cuda"
+    tok, info = load_tokenizer(outdir)
+    logf = open(os.path.join(outdir, "log.jsonl"), "a")
+
+    def log(rec):
+        rec = dict(rec, t=round(time.time() - t0, 1))
+        logf.write(json.dumps(rec) + "\n"), logf.flush()
+        print(json.dumps(rec), flush=True)
+
+    # Workers fork before CUDA starts in this process.
+    saves = sum(1 for line in open(os.path.join(outdir, "log.jsonl")) if '"saved"' in line) \
+        if os.path.exists(os.path.join(outdir, "log.jsonl")) else 0
+    loader = Loader(Batches(outdir, st, seed=1000 * stage_no + saves, ratio=info["chars_per_token"]))
+    model = build_model(model_cfg, tok.get_vocab_size(), info["ids"], dev)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "hc" not in n]
+    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "hc" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=st["lr"], betas=(0.9, 0.95), eps=1e-8)
+    step = 0
+    state_path = os.path.join(outdir, "state.pt")
+    if os.path.exists(state_path):
+        ck = torch.load(state_path, map_location=dev)
+        model.load_state_dict(ck["model"])
+        if ck["stage"] == stage_no:  # same stage: resume the optimiser too
+            opt.load_state_dict(ck["opt"])
+            step = ck["step"]
+        else:
+            opt.load_state_dict(ck["opt"])
+            for g in opt.param_groups:
+                g["lr"] = st["lr"]
+        log({"event": "resumed", "from_stage": ck["stage"], "from_step": ck["step"]})
+    elif os.path.exists(os.path.join(outdir, "weights", "config.json")):
+        from transformers import DeepseekV4ForCausalLM
+        model = DeepseekV4ForCausalLM.from_pretrained(os.path.join(outdir, "weights"), dtype=torch.float32).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=st["lr"], betas=(0.9, 0.95), weight_decay=0.1)
+        log({"event": "resumed from weights only (optimiser state lost)"})
+    n_params = sum(p.numel() for p in model.parameters())
+    set_mode(model, window=st["window"], topk=(model.config.index_topk if st["sparse"] else 1 << 30))
+    taps = Taps(model)
+    model.train()
+    log({"event": "stage", "stage": stage_no, **st, "params": n_params, "tokens_per_step": TOKENS_PER_STEP})
+    stop_at = t0 + budget - (75 if quick_eval else 30)
+    step0, tokens, agg = step, 0, {}
+    last = time.time()
+    try:
+        while time.time() < stop_at:
+            ids, valid, answer, dist = (x.to(dev, non_blocking=True) for x in loader.next())
+            warm = min(1.0, (step - step0 + 1) / st["warmup"])
+            for g in opt.param_groups:
+                g["lr"] = st["lr"] * warm
+            logits, lm, ans, kl = forward_losses(model, taps, ids, valid, answer, st["sparse"])
+            loss = ans + LM_WEIGHT * lm + DISTILL_WEIGHT * kl
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            taps.balance(model)
+            step += 1
+            tokens += ids.numel()
+            m = answer_metrics(logits.detach(), ids, answer, dist, st["window"])
+            for k, v in dict(m, lm=lm.item(), ans=ans.item(), kl=float(kl), gnorm=gn.item()).items():
+                agg.setdefault(k, []).append(v)
+            if step % 50 == 0 or step - step0 == 5:
+                now = time.time()
+                log({"step": step, **{k: round(sum(v) / len(v), 4) for k, v in agg.items()},
+                     "len": ids.shape[1], "s_per_step": round((now - last) / 50, 3),
+                     "mem_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1)})
+                agg, last = {}, now
+    finally:
+        loader.close()
+    log({"event": "stage done", "stage": stage_no, "steps": step - step0, "tokens": tokens,
+         "seconds": round(time.time() - t0, 1)})
+    save(model, opt, step, stage_no, outdir, log)
+    if quick_eval:
+        model.eval()
+        res = evaluate(model, taps, tok, info, lengths=[1024, 2048], positions=[0.25, 0.55, 0.8, 0.97],
+                       seeds=4, modes=["all", "sparse", "q-rot"], deadline=t0 + budget - 5)
+        log({"event": "quick eval", **res["summary"]})
+    logf.close()
+
+
+# ---------------------------------------------------------------- evaluation
+
+MODES = {
+    "all": dict(topk=1 << 30, rotate=None),       # every compressed row reaches the attention
+    "sparse": dict(topk=None, rotate=None),       # the model's own index_topk
+    "both-rot": dict(topk=None, rotate="both"),   # control: H on q and k leaves q.k unchanged
+    "q-rot": dict(topk=None, rotate="q"),         # fault F1: Hadamard on the indexer q only
+    "k-rot": dict(topk=None, rotate="k"),         # its mirror
+    "topk-4": dict(topk=4, rotate=None),          # too small a top-k
+    "no-rows": dict(topk=0, rotate=None),         # CSA rows cut off: window and HCA only
+}
+
+
+def eval_cases(tok, info, lengths, positions, seeds, family, kind):
+    cases = []
+    for L in lengths:
+        for p in positions:
+            for sd in range(seeds):
+                chars = int(L * info["chars_per_token"])
+                for _ in range(3):  # aim at L tokens: rescale by the measured size
+                    s = nd.make_sample(f"eval:{sd}", family, kind, chars, p, False, train=False)
+                    seq, a0, nt = encode_sample(tok, s)
+                    if abs(a0 - L) < 0.03 * L:
+                        break
+                    chars = int(chars * L / a0)
+                cases.append(dict(L=L, position=p, seed=sd, seq=seq, a0=a0, needle_tok=nt,
+                                  needle=s.needle))
+    return cases
+
+
+def evaluate(model, taps, tok, info, lengths, positions, seeds, modes, family=nd.HELDOUT_FAMILY,
+             kind=nd.HELDOUT_KIND, deadline=None):
+    import torch
+    dev = next(model.parameters()).device
+    cases = eval_cases(tok, info, lengths, positions, seeds, family, kind)
+    own_topk = model.config.index_topk
+    results = {}
+    for mode in modes:
+        spec = MODES[mode]
+        set_mode(model, topk=own_topk if spec["topk"] is None else spec["topk"])
+        taps.rotate = spec["rotate"]
+        by_len = {}
+        for c in cases:
+            by_len.setdefault(c["L"], []).append(c)
+        for L, group in by_len.items():
+            bs = max(1, 16384 // (L + 64))
+            for j in range(0, len(group), bs):
+                if deadline and time.time() > deadline:
+                    break
+                part = group[j:j + bs]
+                width = max(len(c["seq"]) for c in part)
+                ids = torch.full((len(part), width), tok.token_to_id(nd.PAD), dtype=torch.long)
+                for i, c in enumerate(part):
+                    ids[i, :len(c["seq"])] = torch.tensor(c["seq"])
+                ids = ids.to(dev)
+                taps.clear()
+                with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                    pred = model(input_ids=ids).logits.argmax(-1)
+                for i, c in enumerate(part):
+                    a0, n = c["a0"], len(c["seq"])
+                    ok = (pred[i, a0 - 1:n - 1] == ids[i, a0:n]).float()
+                    c.setdefault("exact", {})[mode] = bool(ok.all())
+                    c.setdefault("token_acc", {})[mode] = ok.mean().item()
+        taps.rotate = None
+    set_mode(model, topk=own_topk)
+    summary = {}
+    for mode in modes:
+        done = [c for c in cases if mode in c.get("exact", {})]
+        summary[mode] = round(100 * sum(c["exact"][mode] for c in done) / max(1, len(done)), 1)
+    table = {}
+    for c in cases:
+        for mode, e in c.get("exact", {}).items():
+            table.setdefault(mode, {}).setdefault(str(c["L"]), {}).setdefault(str(c["position"]), []).append(e)
+    for mode in table:
+        for L in table[mode]:
+            for p in table[mode][L]:
+                v = table[mode][L][p]
+                table[mode][L][p] = round(100 * sum(v) / len(v), 1)
+    actual = {str(L): round(sum(c["a0"] for c in cases if c["L"] == L) / max(1, sum(1 for c in cases if c["L"] == L)))
+              for L in lengths}
+    return {"family": family, "kind": kind, "seeds": seeds, "index_topk": own_topk,
+            "window": model.config.sliding_window, "mean_prompt_tokens": actual,
+            "summary": summary, "table": table,
+            "cases": [{k: c[k] for k in ("L", "position", "seed", "a0", "needle_tok", "needle", "exact", "token_acc")
+                       if k in c} for c in cases]}
+
+
+def run_eval(weights, tokdir, out, seeds, lengths, modes, family, kind, budget):
+    import torch
+    from transformers import DeepseekV4ForCausalLM
+    t0 = time.time()
+    tok, info = load_tokenizer(tokdir)
+    model = DeepseekV4ForCausalLM.from_pretrained(weights, dtype=torch.float32).to("cuda").eval()
+    model.config._attn_implementation = "eager"
+    taps = Taps(model)
+    res = evaluate(model, taps, tok, info, lengths, [0.25, 0.55, 0.8, 0.97], seeds, modes, family, kind,
+                   deadline=t0 + budget)
+    res["weights"], res["seconds"] = weights, round(time.time() - t0, 1)
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1)
+    print(json.dumps({k: res[k] for k in ("family", "kind", "summary", "mean_prompt_tokens", "seconds")}), flush=True)
+    for mode, t in res["table"].items():
+        print(mode, json.dumps(t), flush=True)
+
+
+def smoke(outdir):
+    """Every code path on a miniature model, in well under a minute."""
+    global TOKENS_PER_STEP
+    import torch
+    if not os.path.exists(os.path.join(outdir, "tokenizer.json")):
+        train_tokenizer(outdir)
+    tok, info = load_tokenizer(outdir)
+    model = build_model(SMOKE_MODEL, tok.get_vocab_size(), info["ids"], "cuda")
+    taps = Taps(model)
+    assert taps.csa, "no CSA layer found"
+    TOKENS_PER_STEP = 4096
+    gen = Batches(outdir, STAGES[1], 0, info["chars_per_token"])(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for sparse in (False, True):
+        set_mode(model, window=64, topk=8 if sparse else 1 << 30)
+        for _ in range(2):
+            ids, valid, answer, dist = (x.cuda() for x in next(gen))
+            logits, lm, ans, kl = forward_losses(model, taps, ids, valid, answer, sparse)
+            (ans + lm + kl).backward()
+            opt.step(), opt.zero_grad()
+            taps.balance(model)
+            grads = [p.grad for n, p in model.named_parameters() if "indexer" in n]
+            print(f"smoke sparse={sparse} len={ids.shape[1]} lm={lm.item():.3f} ans={ans.item():.3f} kl={float(kl):.4f} "
+                  f"scores={[tuple(taps.scores[i].shape) for i in taps.csa]} attn={[tuple(taps.attn[i].shape) for i in taps.csa]}",
+                  flush=True)
+            assert math.isfinite(float(kl)) and float(kl) >= 0
+    model.eval()
+    res = evaluate(model, taps, tok, info, [512], [0.5], 2, list(MODES))
+    print("smoke eval", res["summary"], flush=True)
+    model.save_pretrained(os.path.join(outdir, "smoke-weights"))
+    print("smoke ok", flush=True)
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("tokenizer")
+    a.add_argument("dir")
+    b = sub.add_parser("stage")
+    b.add_argument("n", type=int, choices=sorted(STAGES)), b.add_argument("dir")
+    b.add_argument("--budget", type=float, default=540, help="seconds for the whole stage, evaluation included")
+    c = sub.add_parser("eval")
+    c.add_argument("weights"), c.add_argument("--tokenizer", required=True), c.add_argument("--out", required=True)
+    c.add_argument("--seeds", type=int, default=8), c.add_argument("--budget", type=float, default=300)
+    c.add_argument("--lengths", default="1024,2048,4096,8192"), c.add_argument("--modes", default=",".join(MODES))
+    c.add_argument("--family", default=nd.HELDOUT_FAMILY), c.add_argument("--kind", default=nd.HELDOUT_KIND)
+    d = sub.add_parser("smoke")
+    d.add_argument("dir")
+    args = ap.parse_args(argv)
+    if args.cmd == "tokenizer":
+        train_tokenizer(args.dir)
+    elif args.cmd == "stage":
+        if not os.path.exists(os.path.join(args.dir, "tokenizer.json")):
+            train_tokenizer(args.dir)
+        run_stage(args.n, args.dir, args.budget)
+    elif args.cmd == "eval":
+        run_eval(args.weights, args.tokenizer, args.out, args.seeds, [int(x) for x in args.lengths.split(",")],
+                 args.modes.split(","), args.family if args.family != "any" else None,
+                 args.kind if args.kind != "any" else None, args.budget)
+    else:
+        smoke(args.dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
