@@ -500,17 +500,27 @@ ENV_FILLERS = [
 
 class Sample:
     __slots__ = ("request", "prompt", "answer", "needle", "label", "kind", "family", "needle_char",
-                 "thinking")
+                 "thinking", "followups")
 
 
 def _fill(r, text, **kw):
     return text.format(**kw)
 
 
-def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinking=None, train=True):
+FOLLOWUPS = ["And the \"{label}\" line? Quote it exactly.",
+             "One more: copy the line that starts with \"{label}:\", verbatim.",
+             "Also give me the {lower} line from above, unchanged.",
+             "Same for the {lower}: the whole \"{label}: ...\" line, exactly as written."]
+
+
+def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinking=None, train=True,
+                followups=0):
     """One request with its rendered prompt. `chars` is the prompt's target size in characters
     (tools/train_needle.py converts tokens to characters with the tokenizer's measured ratio);
-    `position` is where the needle line sits, as a fraction of the prompt (None: uniform)."""
+    `position` is where the needle line sits, as a fraction of the prompt (None: uniform).
+    `followups` more questions (training only) ask for other "Label: value" lines of the system
+    text, each as a further user turn after the answer: [(turn text, answer)], where the turn text
+    runs from the user marker to the generation prompt."""
     r = random.Random(f"{seed}:{family}:{kind}:{chars}:{position}:{thinking}")
     fam = FAMILIES[family or r.choice(TRAIN_FAMILIES if train else list(FAMILIES))]
     kind = kind or r.choice(TRAIN_KINDS if train else list(NEEDLE_KINDS))
@@ -530,7 +540,15 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
     for other in r.sample([l for l in labels if l != label], min(2, len(labels) - 1)):
         env.insert(r.randrange(len(env) + 1), f"{other}: {maker(r)}")
     rules = r.sample(fam.rules, r.randrange(3, len(fam.rules) + 1))
-    tools = [tool_def(t) for t in r.sample(fam.tools, r.randrange(max(2, len(fam.tools) - 3), len(fam.tools) + 1))]
+    # Tools scale with the size: their schemas take at most about a third of the prompt.
+    tools, tools_chars = [], len(TOOLS_HEAD) + len(TOOLS_TAIL)
+    for t in r.sample(fam.tools, len(fam.tools)):
+        d = tool_def(t)
+        size = len(to_json(d["function"])) + 1
+        if tools and tools_chars + size > chars / 3:
+            break
+        tools.append(d)
+        tools_chars += size
     kw = dict(verb=r.choice(VERBS), thing=r.choice(THINGS), module=r.choice(MODULES), hex=rstr(r, HEX, 8))
     system_lines = [_fill(r, r.choice(fam.intro), agent=agent), "", fam.env_title] + env + \
                    ["", fam.rules_title] + [f"- {x}" for x in rules]
@@ -538,7 +556,6 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
 
     # Rounds until the size is reached: (assistant thought + call, tool output lines).
     tool_names = [t["function"]["name"] for t in tools]
-    tools_chars = len(TOOLS_HEAD) + sum(len(to_json(t["function"])) + 1 for t in tools) + len(TOOLS_TAIL)
     used = sum(len(x) + 1 for x in system_lines) + tools_chars + len(task_lines[0]) + 300
     rounds = []
     while used < chars or not rounds:
@@ -561,7 +578,7 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
             else:
                 args[p] = [{"content": f"{r.choice(VERBS)} {r.choice(THINGS)}", "status": "pending"}]
         kind_out = r.choice(fam.outputs)
-        n = r.randrange(4, 40)
+        n = r.randrange(3, max(4, min(40, (chars - used) // 60)))  # the last round fills what is left
         out = {"code": lambda: _code_lines(r, n), "listing": lambda: _listing_lines(r, n, root),
                "log": lambda: _log_lines(r, n), "table": lambda: _table_lines(r, n),
                "json": lambda: _json_lines(r, n), "commits": lambda: _commit_lines(r, n)}[kind_out]()
@@ -607,6 +624,13 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
     s.answer = (THINK_END if thinking else "") + needle
     s.needle, s.label, s.kind, s.family, s.thinking = needle, label, kind, fam.name, thinking
     s.needle_char = s.prompt.find(needle)
+    s.followups = []
+    facts = [x for x in env if x != needle and ": " in x]
+    for fact in r.sample(facts, min(followups, len(facts))):
+        flabel = fact.split(": ", 1)[0]
+        q = r.choice(FOLLOWUPS).format(label=flabel, lower=flabel.lower())
+        s.followups.append((USER + q + ASSISTANT + (THINK if thinking else THINK_END),
+                            (THINK_END if thinking else "") + fact))
     return s
 
 

@@ -18,7 +18,7 @@ checkpoint and leaves weights, a log and an evaluation behind.
 Curriculum (why: a probe showed that a tiny V4 does not learn to copy across a small window
 from scratch, learns in-window copying quickly, and that an untrained indexer then picks the
 wrong rows):
-  1  copy:    window 256, prompts of 256-1024 tokens, dense compressed attention (top-k = all);
+  1  copy:    window 512, prompts of 512-1024 tokens, dense compressed attention (top-k = all);
               the indexer is distilled towards the attention mass the main attention gives each
               compressed row (KL), on detached inputs, as DeepSeek's sparse-attention training does
   2  reach:   window 64 (the release's), prompts of 512-2048 tokens: most needles are reachable
@@ -26,11 +26,16 @@ wrong rows):
   3  sparse:  top-k = index_topk: the main attention sees only the indexer's choice; the
               indexer keeps distilling over the rows it selected
 
-Usage (DIR holds tokenizer.json, state.pt, weights/, log.jsonl):
+Usage (DIR holds tokenizer.json, state.pt, weights/, log.jsonl; the committed tokenizer
+(models/needle-v4/) and training checkpoint (models/needle-v4-train/) seed a fresh DIR):
   python3 tools/train_needle.py tokenizer DIR
-  python3 tools/train_needle.py stage 1 DIR --budget 520
+  python3 tools/train_needle.py stage 1 DIR --budget 520 [--init models/needle-v4-train]
   python3 tools/train_needle.py eval DIR/weights --tokenizer DIR --out FILE.json [--seeds 8]
   python3 tools/train_needle.py smoke DIR
+
+On the device machine DIR must not be named in `carry`: a carried path replaces the folder
+there, and with it the optimiser state of the warm machine. The checkpoint travels as a tracked
+file (models/needle-v4-train/, bf16); state.pt stays on the machine between calls.
 """
 import argparse
 import json
@@ -69,15 +74,16 @@ SMOKE_MODEL = dict(MODEL, hidden_size=128, num_hidden_layers=3, compress_ratios=
                    num_attention_heads=2, index_n_heads=4, moe_intermediate_size=64)
 
 STAGES = {
-    1: dict(name="copy", window=256, lengths=(256, 1024), sparse=False, lr=2e-3, warmup=150),
+    1: dict(name="copy", window=512, lengths=(512, 1024), sparse=False, lr=2e-3, warmup=30),
     2: dict(name="reach", window=64, lengths=(512, 2048), sparse=False, lr=1.5e-3, warmup=50),
     3: dict(name="sparse", window=64, lengths=(512, 2048), sparse=True, lr=6e-4, warmup=20),
 }
-TOKENS_PER_STEP = 32768
+TOKENS_PER_STEP = 16384  # eager attention is S x S per head: memory grows with tokens x S
 LM_WEIGHT = 0.3      # ordinary language-model loss on the prompt, next to the answer loss
 DISTILL_WEIGHT = 1.0  # KL(attention mass over compressed rows || indexer softmax)
 BALANCE_RATE = 1e-3   # aux-loss-free balancing: router bias step per update
 VOCAB = 4096
+FOLLOWUPS = 3         # up to this many further questions per training prompt (more answer signal)
 
 # ---------------------------------------------------------------- tokenizer (ENCODING §2)
 
@@ -149,11 +155,21 @@ def load_tokenizer(d):
 
 
 def encode_sample(tok, s):
-    """(ids, answer_start, needle_token): the prompt, the answer and EOS as one sequence."""
+    """(ids, spans, needle_token): the prompt, the answer and EOS, then any follow-up turns and
+    their answers, as one sequence; spans are the [start, end) of every answer with its EOS (the
+    first is the needle's)."""
+    eos = tok.token_to_id(nd.EOS)
     enc = tok.encode(s.prompt, add_special_tokens=False)
-    ans = tok.encode(s.answer, add_special_tokens=False).ids + [tok.token_to_id(nd.EOS)]
+    ids = list(enc.ids)
+    spans = []
+    for turn, answer in [(None, s.answer)] + list(getattr(s, "followups", []) or []):
+        if turn is not None:
+            ids += tok.encode(turn, add_special_tokens=False).ids
+        a0 = len(ids)
+        ids += tok.encode(answer, add_special_tokens=False).ids + [eos]
+        spans.append((a0, len(ids)))
     needle_tok = next((i for i, (a, b) in enumerate(enc.offsets) if b > s.needle_char), len(enc.ids))
-    return enc.ids + ans, len(enc.ids), needle_tok
+    return ids, spans, needle_tok
 
 
 class Batches:
@@ -173,20 +189,26 @@ class Batches:
             batch = max(1, TOKENS_PER_STEP // length)
             seqs = []
             for _ in range(batch):
-                s = nd.make_sample(f"{self.seed}:{worker}:{n}", chars=int(length * self.ratio * r.uniform(0.75, 0.97)))
+                s = nd.make_sample(f"{self.seed}:{worker}:{n}", chars=int(length * self.ratio * r.uniform(0.7, 0.92)),
+                                   followups=r.randrange(FOLLOWUPS + 1))
                 n += 1
                 seqs.append(encode_sample(tok, s))
             width = max(len(x[0]) for x in seqs)
+            seqs = seqs[:max(1, TOKENS_PER_STEP // width)]
             ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-            answer = torch.zeros((len(seqs), width), dtype=torch.bool)
+            answer = torch.zeros((len(seqs), width), dtype=torch.bool)   # every answer
+            needle = torch.zeros((len(seqs), width), dtype=torch.bool)   # the needle's answer
             valid = torch.zeros((len(seqs), width), dtype=torch.bool)
             dist = torch.zeros(len(seqs), dtype=torch.long)
-            for i, (seq, a0, nt) in enumerate(seqs):
+            for i, (seq, spans, nt) in enumerate(seqs):
                 ids[i, :len(seq)] = torch.tensor(seq)
                 valid[i, :len(seq) - 1] = True           # positions whose next token is real
-                answer[i, a0 - 1:len(seq) - 1] = True    # positions that predict the answer and EOS
-                dist[i] = a0 - nt
-            yield ids, valid, answer, dist
+                for j, (a0, a1) in enumerate(spans):     # positions that predict an answer and EOS
+                    answer[i, a0 - 1:a1 - 1] = True
+                    if j == 0:
+                        needle[i, a0 - 1:a1 - 1] = True
+                dist[i] = spans[0][0] - nt
+            yield ids, valid, answer, needle, dist
 
 
 def _stream(args):
@@ -387,7 +409,34 @@ def save(model, opt, step, stage_no, outdir, log):
     log({"event": "saved", "step": step, "stage": stage_no})
 
 
-def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True):
+def _last_step(d):
+    """The step of the last save recorded in d/log.jsonl (0 if none)."""
+    step = 0
+    try:
+        for line in open(os.path.join(d, "log.jsonl")):
+            rec = json.loads(line)
+            if rec.get("event") == "saved":
+                step = rec["step"]
+    except OSError:
+        pass
+    return step
+
+
+def seed_dir(outdir, init):
+    """A fresh DIR gets the committed tokenizer and its measured ratio, and the log so far."""
+    import shutil
+    os.makedirs(outdir, exist_ok=True)
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name, src in (("tokenizer.json", "models/needle-v4"), ("tokenizer_config.json", "models/needle-v4"),
+                      ("tokenizer_info.json", "models/needle-v4-train")):
+        src = os.path.join(here, "..", src, name)
+        if not os.path.exists(os.path.join(outdir, name)) and os.path.exists(src):
+            shutil.copy(src, os.path.join(outdir, name))
+    if init and not os.path.exists(os.path.join(outdir, "log.jsonl")) and os.path.exists(os.path.join(init, "log.jsonl")):
+        shutil.copy(os.path.join(init, "log.jsonl"), os.path.join(outdir, "log.jsonl"))
+
+
+def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True, init=None):
     import torch
     t0 = time.time()
     st = STAGES[stage_no]
@@ -414,19 +463,20 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True):
     if os.path.exists(state_path):
         ck = torch.load(state_path, map_location=dev)
         model.load_state_dict(ck["model"])
-        if ck["stage"] == stage_no:  # same stage: resume the optimiser too
-            opt.load_state_dict(ck["opt"])
-            step = ck["step"]
-        else:
-            opt.load_state_dict(ck["opt"])
-            for g in opt.param_groups:
-                g["lr"] = st["lr"]
+        opt.load_state_dict(ck["opt"])
+        step = ck["step"]
         log({"event": "resumed", "from_stage": ck["stage"], "from_step": ck["step"]})
-    elif os.path.exists(os.path.join(outdir, "weights", "config.json")):
+    elif init:
+        # A committed checkpoint: weights only (bf16), the optimiser starts afresh (warmup).
         from transformers import DeepseekV4ForCausalLM
-        model = DeepseekV4ForCausalLM.from_pretrained(os.path.join(outdir, "weights"), dtype=torch.float32).to(dev)
-        opt = torch.optim.AdamW(model.parameters(), lr=st["lr"], betas=(0.9, 0.95), weight_decay=0.1)
-        log({"event": "resumed from weights only (optimiser state lost)"})
+        loaded = DeepseekV4ForCausalLM.from_pretrained(init, dtype=torch.float32)
+        missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+        if missing or unexpected:
+            raise SystemExit(f"{init}: state does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        step = _last_step(init)
+        log({"event": "resumed from weights", "init": init, "from_step": step})
+    for g in opt.param_groups:
+        g["lr"] = st["lr"]
     n_params = sum(p.numel() for p in model.parameters())
     set_mode(model, window=st["window"], topk=(model.config.index_topk if st["sparse"] else 1 << 30))
     taps = Taps(model)
@@ -437,7 +487,7 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True):
     last = time.time()
     try:
         while time.time() < stop_at:
-            ids, valid, answer, dist = (x.to(dev, non_blocking=True) for x in loader.next())
+            ids, valid, answer, needle, dist = (x.to(dev, non_blocking=True) for x in loader.next())
             warm = min(1.0, (step - step0 + 1) / st["warmup"])
             for g in opt.param_groups:
                 g["lr"] = st["lr"] * warm
@@ -450,7 +500,7 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True):
             taps.balance(model)
             step += 1
             tokens += ids.numel()
-            m = answer_metrics(logits.detach(), ids, answer, dist, st["window"])
+            m = answer_metrics(logits.detach(), ids, needle, dist, st["window"])
             for k, v in dict(m, lm=lm.item(), ans=ans.item(), kl=float(kl), gnorm=gn.item()).items():
                 agg.setdefault(k, []).append(v)
             if step % 50 == 0 or step - step0 == 5:
@@ -493,7 +543,8 @@ def eval_cases(tok, info, lengths, positions, seeds, family, kind):
                 chars = int(L * info["chars_per_token"])
                 for _ in range(3):  # aim at L tokens: rescale by the measured size
                     s = nd.make_sample(f"eval:{sd}", family, kind, chars, p, False, train=False)
-                    seq, a0, nt = encode_sample(tok, s)
+                    seq, spans, nt = encode_sample(tok, s)
+                    a0 = spans[0][0]
                     if abs(a0 - L) < 0.03 * L:
                         break
                     chars = int(chars * L / a0)
@@ -581,6 +632,7 @@ def smoke(outdir):
     """Every code path on a miniature model, in well under a minute."""
     global TOKENS_PER_STEP
     import torch
+    seed_dir(outdir, None)
     if not os.path.exists(os.path.join(outdir, "tokenizer.json")):
         train_tokenizer(outdir)
     tok, info = load_tokenizer(outdir)
@@ -593,7 +645,7 @@ def smoke(outdir):
     for sparse in (False, True):
         set_mode(model, window=64, topk=8 if sparse else 1 << 30)
         for _ in range(2):
-            ids, valid, answer, dist = (x.cuda() for x in next(gen))
+            ids, valid, answer, needle, dist = (x.cuda() for x in next(gen))
             logits, lm, ans, kl = forward_losses(model, taps, ids, valid, answer, sparse)
             (ans + lm + kl).backward()
             opt.step(), opt.zero_grad()
@@ -618,6 +670,7 @@ def main(argv):
     b = sub.add_parser("stage")
     b.add_argument("n", type=int, choices=sorted(STAGES)), b.add_argument("dir")
     b.add_argument("--budget", type=float, default=540, help="seconds for the whole stage, evaluation included")
+    b.add_argument("--init", help="start from these weights (a save_pretrained directory) when DIR has no state.pt")
     c = sub.add_parser("eval")
     c.add_argument("weights"), c.add_argument("--tokenizer", required=True), c.add_argument("--out", required=True)
     c.add_argument("--seeds", type=int, default=8), c.add_argument("--budget", type=float, default=300)
@@ -629,9 +682,10 @@ def main(argv):
     if args.cmd == "tokenizer":
         train_tokenizer(args.dir)
     elif args.cmd == "stage":
+        seed_dir(args.dir, args.init)
         if not os.path.exists(os.path.join(args.dir, "tokenizer.json")):
             train_tokenizer(args.dir)
-        run_stage(args.n, args.dir, args.budget)
+        run_stage(args.n, args.dir, args.budget, init=args.init)
     elif args.cmd == "eval":
         run_eval(args.weights, args.tokenizer, args.out, args.seeds, [int(x) for x in args.lengths.split(",")],
                  args.modes.split(","), args.family if args.family != "any" else None,
