@@ -21,9 +21,12 @@ wrong rows):
   1  copy:    window 512, prompts of 512-1024 tokens, dense compressed attention (top-k = all);
               the indexer is distilled towards the attention mass the main attention gives each
               compressed row (KL), on detached inputs, as DeepSeek's sparse-attention training does
-  2  reach:   window 64 (the release's), prompts of 512-2048 tokens: most needles are reachable
-              only through compressed rows; still dense, still distilling
-  3  sparse:  top-k = index_topk: the main attention sees only the indexer's choice; the
+  2  narrow:  window 128, prompts of 512-1536 tokens
+  3  reach:   window 64 (the release's), prompts of 512-2048 tokens: most needles are reachable
+              only through compressed rows; still dense, still distilling; from here the
+              weights are trained quantisation-aware (QAT): FP8 e4m3 128x128-block linears and
+              FP4 e2m1 experts in the forward pass, straight-through gradients, as released
+  4  sparse:  top-k = index_topk: the main attention sees only the indexer's choice; the
               indexer keeps distilling over the rows it selected
 
 Usage (DIR holds tokenizer.json, state.pt, weights/, log.jsonl; the committed tokenizer
@@ -74,11 +77,14 @@ SMOKE_MODEL = dict(MODEL, hidden_size=128, num_hidden_layers=3, compress_ratios=
                    num_attention_heads=2, index_n_heads=4, moe_intermediate_size=64)
 
 STAGES = {
-    1: dict(name="copy", window=512, lengths=(512, 1024), sparse=False, lr=2e-3, warmup=30),
-    2: dict(name="reach", window=64, lengths=(512, 2048), sparse=False, lr=1.5e-3, warmup=50),
-    3: dict(name="sparse", window=64, lengths=(512, 2048), sparse=True, lr=6e-4, warmup=20),
+    1: dict(name="copy", window=512, lengths=(512, 1024), sparse=False, qat=False, lr=2e-3, warmup=30),
+    2: dict(name="narrow", window=128, lengths=(512, 1536), sparse=False, qat=False, lr=1.5e-3, warmup=30),
+    3: dict(name="reach", window=64, lengths=(512, 2048), sparse=False, qat=True, lr=1.5e-3, warmup=30),
+    4: dict(name="sparse", window=64, lengths=(512, 2048), sparse=True, qat=True, lr=6e-4, warmup=20),
 }
-TOKENS_PER_STEP = 16384  # eager attention is S x S per head: memory grows with tokens x S
+# Eager attention is S x S per head: memory grows with tokens x S (16384 tokens at S = 2048 took
+# 30 GB; the batch is cut to this many tokens whatever the samples' lengths).
+TOKENS_PER_STEP = 32768
 LM_WEIGHT = 0.3      # ordinary language-model loss on the prompt, next to the answer loss
 DISTILL_WEIGHT = 1.0  # KL(attention mass over compressed rows || indexer softmax)
 BALANCE_RATE = 1e-3   # aux-loss-free balancing: router bias step per update
@@ -401,11 +407,82 @@ def forward_losses(model, taps, ids, valid, answer, sparse):
 # ---------------------------------------------------------------- training stages
 
 
-def save(model, opt, step, stage_no, outdir, log):
+# ---------------------------------------------------------------- quantisation-aware training
+
+# What the release stores in FP8 (128x128 blocks) and FP4 (32-element blocks along the input), in
+# transformers' module names; tools/convert_release.py TENSOR_CLASSES is the same list in release
+# names. Everything else is bf16 or fp32 there.
+QAT_FP8 = ("self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_proj", "self_attn.o_a_proj",
+           "self_attn.o_b_proj", "compressor.indexer.q_b_proj", "shared_experts.gate_proj",
+           "shared_experts.up_proj", "shared_experts.down_proj")
+QAT_FP4 = ("mlp.experts",)
+
+
+def fake_fp8(w):
+    """w [out, in] through e4m3fn with one power-of-two scale per 128x128 block (SPEC §4.1)."""
     import torch
+    o, i = w.shape
+    po, pi = -o % 128, -i % 128
+    x = torch.nn.functional.pad(w.float(), (0, pi, 0, po)).view((o + po) // 128, 128, (i + pi) // 128, 128)
+    amax = x.abs().amax(dim=(1, 3), keepdim=True).clamp_min(1e-4)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
+    q = (x / scale).to(torch.float8_e4m3fn).float() * scale
+    return q.view(o + po, i + pi)[:o, :i].to(w.dtype)
+
+
+FP4_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def fake_fp4(w):
+    """w [..., in] through e2m1 with one power-of-two scale per 32 inputs (SPEC §4.2)."""
+    import torch
+    x = w.float().reshape(*w.shape[:-1], w.shape[-1] // 32, 32)
+    amax = x.abs().amax(-1, keepdim=True).clamp_min(6 * 2.0 ** -126)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / 6.0)))
+    grid = torch.tensor(FP4_GRID, device=w.device)
+    mids = (grid[1:] + grid[:-1]) / 2
+    a = (x.abs() / scale)
+    q = grid[torch.bucketize(a, mids)] * torch.sign(x) * scale
+    return q.reshape(w.shape).to(w.dtype)
+
+
+def _fake_quant_module(kind):
+    import torch
+    class FakeQuant(torch.nn.Module):
+        def forward(self, w):
+            with torch.no_grad():
+                q = fake_fp8(w) if kind == "fp8" else fake_fp4(w)
+            return w + (q - w).detach()  # straight-through: the gradient skips the rounding
+    return FakeQuant()
+
+
+def qat(model, on):
+    """Put the release's quantisation into the forward pass of the FP8 / FP4 weights, or take it
+    out again (the trained full-precision weights stay, as parametrisation originals)."""
+    import torch.nn.utils.parametrize as P
+    for name, mod in model.named_modules():
+        if name.endswith(QAT_FP8):
+            tensors, kind = ["weight"], "fp8"
+        elif name.endswith(QAT_FP4):
+            tensors, kind = ["gate_up_proj", "down_proj"], "fp4"
+        else:
+            continue
+        for t in tensors:
+            if on and not P.is_parametrized(mod, t):
+                P.register_parametrization(mod, t, _fake_quant_module(kind), unsafe=True)
+            elif not on and P.is_parametrized(mod, t):
+                P.remove_parametrizations(mod, t, leave_parametrized=False)
+
+
+def save(model, opt, step, stage_no, outdir, log, qat_on=False):
+    import torch
+    if qat_on:
+        qat(model, False)  # save the full-precision weights under their own names
     model.save_pretrained(os.path.join(outdir, "weights"), max_shard_size="12MB")
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "stage": stage_no},
                os.path.join(outdir, "state.pt"))
+    if qat_on:
+        qat(model, True)
     log({"event": "saved", "step": step, "stage": stage_no})
 
 
@@ -479,6 +556,8 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True, init=N
         g["lr"] = st["lr"]
     n_params = sum(p.numel() for p in model.parameters())
     set_mode(model, window=st["window"], topk=(model.config.index_topk if st["sparse"] else 1 << 30))
+    if st["qat"]:
+        qat(model, True)
     taps = Taps(model)
     model.train()
     log({"event": "stage", "stage": stage_no, **st, "params": n_params, "tokens_per_step": TOKENS_PER_STEP})
@@ -513,7 +592,7 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True, init=N
         loader.close()
     log({"event": "stage done", "stage": stage_no, "steps": step - step0, "tokens": tokens,
          "seconds": round(time.time() - t0, 1)})
-    save(model, opt, step, stage_no, outdir, log)
+    save(model, opt, step, stage_no, outdir, log, qat_on=st["qat"])
     if quick_eval:
         model.eval()
         res = evaluate(model, taps, tok, info, lengths=[1024, 2048], positions=[0.25, 0.55, 0.8, 0.97],
@@ -655,10 +734,33 @@ def smoke(outdir):
                   f"scores={[tuple(taps.scores[i].shape) for i in taps.csa]} attn={[tuple(taps.attn[i].shape) for i in taps.csa]}",
                   flush=True)
             assert math.isfinite(float(kl)) and float(kl) >= 0
+    # QAT's fake quantisation equals the release converter's, code for code.
+    import numpy as np
+    import convert_release as cr
+    w = torch.randn(200, 300) * 0.05
+    q8 = fake_fp8(w).double().numpy()
+    codes, k = cr.quantize_fp8_blocks(w.double().numpy())
+    d8 = cr.dequantize_fp8_blocks(codes, np.ldexp(1.0, k))
+    w4 = torch.randn(64, 256) * 0.05
+    packed, k4 = cr.quantize_fp4_rows(w4.double().numpy())
+    d4 = cr.dequantize_fp4_rows(packed, np.ldexp(1.0, k4))
+    q4 = fake_fp4(w4).double().numpy()
+    print(f"smoke qat: fp8 equal {np.mean(q8 == d8):.6f}, fp4 equal {np.mean(q4 == d4):.6f}", flush=True)
+    assert np.mean(q8 == d8) > 0.999 and np.mean(q4 == d4) > 0.999
+    qat(model, True)
+    ids, valid, answer, needle, dist = (x.cuda() for x in next(gen))
+    logits, lm, ans, kl = forward_losses(model, taps, ids, valid, answer, True)
+    (ans + lm + kl).backward()
+    opt.step(), opt.zero_grad()
+    print(f"smoke qat step: lm={lm.item():.3f} ans={ans.item():.3f}", flush=True)
     model.eval()
     res = evaluate(model, taps, tok, info, [512], [0.5], 2, list(MODES))
     print("smoke eval", res["summary"], flush=True)
+    qat(model, False)
     model.save_pretrained(os.path.join(outdir, "smoke-weights"))
+    names = json.load(open(os.path.join(outdir, "smoke-weights", "model.safetensors.index.json")))["weight_map"] \
+        if os.path.exists(os.path.join(outdir, "smoke-weights", "model.safetensors.index.json")) else {}
+    assert not any("parametrizations" in n for n in names), "QAT names leaked into the save"
     print("smoke ok", flush=True)
 
 
