@@ -13,6 +13,8 @@ checkpoint and leaves weights, a log and an evaluation behind.
   eval       the model card's table: recall on the held-out family and kind, at several lengths
              and needle positions, with top-k = all, the model's own index_topk, a q-only
              Hadamard rotation of the indexer (the fault the harness exists for) and small top-k
+  release    the release (tools/convert_release.py) from DIR/weights, reloaded dequantised in
+             transformers and evaluated next to the trained weights on the same cases
   smoke      a few steps of a miniature model through every code path, for a quick check
 
 Curriculum (why: a probe showed that a tiny V4 does not learn to copy across a small window
@@ -34,6 +36,7 @@ Usage (DIR holds tokenizer.json, state.pt, weights/, log.jsonl; the committed to
   python3 tools/train_needle.py tokenizer DIR
   python3 tools/train_needle.py stage 1 DIR --budget 520 [--init models/needle-v4-train]
   python3 tools/train_needle.py eval DIR/weights --tokenizer DIR --out FILE.json [--seeds 8]
+  python3 tools/train_needle.py release DIR models/needle-v4 --budget 240
   python3 tools/train_needle.py smoke DIR
 
 On the device machine DIR must not be named in `carry`: a carried path replaces the folder
@@ -705,6 +708,37 @@ def run_eval(weights, tokdir, out, seeds, lengths, modes, family, kind, budget):
     print(json.dumps({k: res[k] for k in ("family", "kind", "summary", "mean_prompt_tokens", "seconds")}), flush=True)
     for mode, t in res["table"].items():
         print(mode, json.dumps(t), flush=True)
+    del model
+    torch.cuda.empty_cache()
+    return res
+
+
+def release(outdir, dest, seeds, lengths, budget):
+    """Write the release (FP8 / FP4, reference names) from DIR/weights, reload its dequantised
+    weights in transformers, and measure both on the same held-out cases: the model card's table
+    comes from the release, and the two must agree."""
+    import shutil
+    import subprocess
+    t0 = time.time()
+    here = os.path.dirname(os.path.abspath(__file__))
+    weights = os.path.join(outdir, "weights")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(outdir, name), os.path.join(weights, name))
+    conv = [sys.executable, os.path.join(here, "convert_release.py")]
+    subprocess.run(conv + ["to-release", weights, dest], check=True)
+    deq = os.path.join(outdir, "release-dequantised")
+    subprocess.run(conv + ["to-hf", dest, deq, "--dtype", "float32"], check=True)
+    modes = list(MODES)
+    left = budget - (time.time() - t0)
+    rel = run_eval(deq, outdir, os.path.join(outdir, "eval_release.json"), seeds, lengths, modes,
+                   nd.HELDOUT_FAMILY, nd.HELDOUT_KIND, left * 0.45)
+    full = run_eval(weights, outdir, os.path.join(outdir, "eval_trained.json"), seeds, lengths,
+                    ["all", "sparse", "q-rot"], nd.HELDOUT_FAMILY, nd.HELDOUT_KIND, left * 0.25)
+    seen = run_eval(deq, outdir, os.path.join(outdir, "eval_release_train_families.json"), max(2, seeds // 2),
+                    lengths, ["all", "sparse", "q-rot"], None, None, left * 0.2)
+    print("release vs trained (held-out):", json.dumps({m: (rel["summary"].get(m), full["summary"].get(m))
+                                                         for m in full["summary"]}), flush=True)
+    print("release, any family and kind:", json.dumps(seen["summary"]), flush=True)
 
 
 def smoke(outdir):
@@ -764,6 +798,58 @@ def smoke(outdir):
     print("smoke ok", flush=True)
 
 
+# ---------------------------------------------------------------- the model card's tables
+
+CARD_BEGIN, CARD_END = "<!-- tables: tools/train_needle.py card -->", "<!-- end of tables -->"
+
+
+def card_tables(train_dir, evals):
+    """Markdown: training time per stage (from log.jsonl) and the recall tables (eval JSON)."""
+    out = ["### Training, as logged", "",
+           "| stage | window | prompt tokens | sparse | QAT | steps | tokens | GPU seconds |",
+           "|---|---:|---|---|---|---:|---:|---:|"]
+    cur, total = None, 0.0
+    for line in open(os.path.join(train_dir, "log.jsonl")):
+        rec = json.loads(line)
+        if rec.get("event") == "stage":
+            cur = rec
+        elif rec.get("event") == "stage done" and cur:
+            total += rec["seconds"]
+            out.append(f"| {cur['stage']} {cur['name']} | {cur['window']} | {cur['lengths'][0]}-{cur['lengths'][1]} | "
+                       f"{'yes' if cur['sparse'] else 'no'} | {'yes' if cur.get('qat') else 'no'} | {rec['steps']} | "
+                       f"{rec['tokens'] / 1e6:.1f}M | {rec['seconds']:.0f} |")
+    out += ["", f"Total: {total / 60:.1f} GPU minutes of training (H200) in this lineage.", ""]
+    for title, path in evals:
+        if not os.path.exists(path):
+            continue
+        res = json.load(open(path))
+        out += [f"### {title}", "",
+                f"Family `{res['family'] or 'any'}`, needle kind `{res['kind'] or 'any'}`, {res['seeds']} seeds per cell, "
+                f"window {res['window']}, index_topk {res['index_topk']}; mean prompt tokens "
+                + ", ".join(f"{k}: {v}" for k, v in res["mean_prompt_tokens"].items())
+                + ". Exact recall of the whole line (teacher-forced argmax = greedy), %.", ""]
+        lengths = sorted({k for t in res["table"].values() for k in t}, key=int)
+        positions = sorted({p for t in res["table"].values() for L in t.values() for p in L}, key=float)
+        out.append("| mode | " + " | ".join(f"{int(L) // 1024}k @ {p}" for L in lengths for p in positions) + " | all |")
+        out.append("|---|" + "---:|" * (len(lengths) * len(positions) + 1))
+        for mode, t in res["table"].items():
+            cells = [t.get(L, {}).get(p) for L in lengths for p in positions]
+            out.append(f"| {mode} | " + " | ".join("" if c is None else f"{c:.0f}" for c in cells)
+                       + f" | {res['summary'][mode]:.1f} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def write_card(card, train_dir, eval_dir):
+    evals = [("Held-out family and kind, the release reloaded in transformers", os.path.join(eval_dir, "eval_release.json")),
+             ("Held-out family and kind, the trained full-precision weights", os.path.join(eval_dir, "eval_trained.json")),
+             ("Any family and kind, the release", os.path.join(eval_dir, "eval_release_train_families.json"))]
+    text = open(card, encoding="utf-8").read()
+    a, b = text.index(CARD_BEGIN) + len(CARD_BEGIN), text.index(CARD_END)
+    text = text[:a] + "\n" + card_tables(train_dir, evals) + "\n" + text[b:]
+    open(card, "w", encoding="utf-8").write(text)
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -780,6 +866,11 @@ def main(argv):
     c.add_argument("--family", default=nd.HELDOUT_FAMILY), c.add_argument("--kind", default=nd.HELDOUT_KIND)
     d = sub.add_parser("smoke")
     d.add_argument("dir")
+    f = sub.add_parser("card", help="rewrite the model card's tables from a training log and evaluations")
+    f.add_argument("card"), f.add_argument("--train", required=True), f.add_argument("--evals", required=True)
+    e = sub.add_parser("release")
+    e.add_argument("dir"), e.add_argument("dest"), e.add_argument("--seeds", type=int, default=8)
+    e.add_argument("--budget", type=float, default=300), e.add_argument("--lengths", default="1024,2048,4096,8192")
     args = ap.parse_args(argv)
     if args.cmd == "tokenizer":
         train_tokenizer(args.dir)
@@ -792,6 +883,10 @@ def main(argv):
         run_eval(args.weights, args.tokenizer, args.out, args.seeds, [int(x) for x in args.lengths.split(",")],
                  args.modes.split(","), args.family if args.family != "any" else None,
                  args.kind if args.kind != "any" else None, args.budget)
+    elif args.cmd == "card":
+        write_card(args.card, args.train, args.evals)
+    elif args.cmd == "release":
+        release(args.dir, args.dest, args.seeds, [int(x) for x in args.lengths.split(",")], args.budget)
     else:
         smoke(args.dir)
     return 0
