@@ -798,6 +798,20 @@ def smoke(outdir):
     print("smoke ok", flush=True)
 
 
+def tokenizer_fixture(tokdir, out, count):
+    """Prompts from every family and kind with the ids HF tokenizers gives them: the engine's C
+    tokenizer must give the same (tests/test_needle_tokenizer.sh)."""
+    tok, _ = load_tokenizer(tokdir)
+    with open(out, "w", encoding="utf-8") as f:
+        for i in range(count):
+            s = nd.make_sample(f"tokfix:{i}", chars=600 + 400 * (i % 7), train=False, thinking=bool(i % 3 == 0),
+                               followups=i % 3)
+            text = s.prompt + s.answer + "".join(t + a for t, a in s.followups)
+            f.write(json.dumps({"text": text, "ids": tok.encode(text, add_special_tokens=False).ids},
+                               ensure_ascii=False) + "\n")
+    print(f"tokenizer fixture: {count} texts -> {out}", flush=True)
+
+
 # ---------------------------------------------------------------- the model card's tables
 
 CARD_BEGIN, CARD_END = "<!-- tables: tools/train_needle.py card -->", "<!-- end of tables -->"
@@ -868,6 +882,8 @@ def main(argv):
     d.add_argument("dir")
     f = sub.add_parser("card", help="rewrite the model card's tables from a training log and evaluations")
     f.add_argument("card"), f.add_argument("--train", required=True), f.add_argument("--evals", required=True)
+    g = sub.add_parser("tokenizer-fixture", help="texts and their HF ids, for the C tokenizer's test")
+    g.add_argument("dir"), g.add_argument("out"), g.add_argument("--count", type=int, default=60)
     e = sub.add_parser("release")
     e.add_argument("dir"), e.add_argument("dest"), e.add_argument("--seeds", type=int, default=8)
     e.add_argument("--budget", type=float, default=300), e.add_argument("--lengths", default="1024,2048,4096,8192")
@@ -883,6 +899,9 @@ def main(argv):
         run_eval(args.weights, args.tokenizer, args.out, args.seeds, [int(x) for x in args.lengths.split(",")],
                  args.modes.split(","), args.family if args.family != "any" else None,
                  args.kind if args.kind != "any" else None, args.budget)
+    elif args.cmd == "tokenizer-fixture":
+        seed_dir(args.dir, None)
+        tokenizer_fixture(args.dir, args.out, args.count)
     elif args.cmd == "card":
         write_card(args.card, args.train, args.evals)
     elif args.cmd == "release":
