@@ -23,7 +23,9 @@ wrong rows):
   1  copy:    window 512, prompts of 512-1024 tokens, dense compressed attention (top-k = all);
               the indexer is distilled towards the attention mass the main attention gives each
               compressed row (KL), on detached inputs, as DeepSeek's sparse-attention training does
-  2  narrow:  window 128, prompts of 512-1536 tokens
+  2  narrow:  a window of 64, 128 or 256 tokens, drawn for each step (the copy learned in the
+              window stays in use while the compressed rows must start to carry it), prompts of
+              512-1536 tokens
   3  reach:   window 64 (the release's), prompts of 512-2048 tokens: most needles are reachable
               only through compressed rows; still dense, still distilling; from here the
               weights are trained quantisation-aware (QAT): FP8 e4m3 128x128-block linears and
@@ -81,7 +83,7 @@ SMOKE_MODEL = dict(MODEL, hidden_size=128, num_hidden_layers=3, compress_ratios=
 
 STAGES = {
     1: dict(name="copy", window=512, lengths=(512, 1024), sparse=False, qat=False, lr=2e-3, warmup=30),
-    2: dict(name="narrow", window=128, lengths=(512, 1536), sparse=False, qat=False, lr=1.5e-3, warmup=30),
+    2: dict(name="narrow", window=(64, 128, 256), lengths=(512, 1536), sparse=False, qat=False, lr=1.5e-3, warmup=30),
     3: dict(name="reach", window=64, lengths=(512, 2048), sparse=False, qat=True, lr=1.5e-3, warmup=30),
     4: dict(name="sparse", window=64, lengths=(512, 2048), sparse=True, qat=True, lr=6e-4, warmup=20),
 }
@@ -558,7 +560,9 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True, init=N
     for g in opt.param_groups:
         g["lr"] = st["lr"]
     n_params = sum(p.numel() for p in model.parameters())
-    set_mode(model, window=st["window"], topk=(model.config.index_topk if st["sparse"] else 1 << 30))
+    windows = st["window"] if isinstance(st["window"], tuple) else (st["window"],)
+    pick = random.Random(f"window:{stage_no}:{step}")
+    set_mode(model, window=windows[-1], topk=(model.config.index_topk if st["sparse"] else 1 << 30))
     if st["qat"]:
         qat(model, True)
     taps = Taps(model)
@@ -570,6 +574,8 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True, init=N
     try:
         while time.time() < stop_at:
             ids, valid, answer, needle, dist = (x.to(dev, non_blocking=True) for x in loader.next())
+            window = pick.choice(windows)
+            set_mode(model, window=window)
             warm = min(1.0, (step - step0 + 1) / st["warmup"])
             for g in opt.param_groups:
                 g["lr"] = st["lr"] * warm
@@ -582,7 +588,7 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True, init=N
             taps.balance(model)
             step += 1
             tokens += ids.numel()
-            m = answer_metrics(logits.detach(), ids, needle, dist, st["window"])
+            m = answer_metrics(logits.detach(), ids, needle, dist, window)
             for k, v in dict(m, lm=lm.item(), ans=ans.item(), kl=float(kl), gnorm=gn.item()).items():
                 agg.setdefault(k, []).append(v)
             if step % 50 == 0 or step - step0 == 5:
@@ -593,6 +599,7 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True, init=N
                 agg, last = {}, now
     finally:
         loader.close()
+    set_mode(model, window=min(windows))  # saved and evaluated with the narrowest window
     log({"event": "stage done", "stage": stage_no, "steps": step - step0, "tokens": tokens,
          "seconds": round(time.time() - t0, 1)})
     save(model, opt, step, stage_no, outdir, log, qat_on=st["qat"])
