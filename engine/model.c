@@ -271,13 +271,16 @@ static st_status rope_table_build(rope_table *t, const st_config *cfg, const st_
   t->cos = malloc(sizeof(float) * (size_t)max_position * half);
   t->sin = malloc(sizeof(float) * (size_t)max_position * half);
   if (!t->cos || !t->sin) return st_fail(ST_ENOMEM, "RoPE tables for %lld positions", (long long)max_position);
-  for (int64_t p = 0; p < max_position; p++)
-    for (int i = 0; i < half; i++) {
-      float angle = (float)inv[i] * (float)p; /* fp32 product, as the oracle computes it */
-      t->cos[p * half + i] = (float)cos((double)angle);
-      t->sin[p * half + i] = (float)sin((double)angle);
-    }
+  for (int64_t p = 0; p < max_position; p++) st_rope_cos_sin(inv, half, p, t->cos + p * half, t->sin + p * half);
   return ST_OK;
+}
+
+void st_rope_cos_sin(const double *inv_freq, int half, int64_t position, float *cos_out, float *sin_out) {
+  for (int i = 0; i < half; i++) {
+    float angle = (float)inv_freq[i] * (float)position; /* fp32 product, as the oracle computes it */
+    cos_out[i] = (float)cos((double)angle);
+    sin_out[i] = (float)sin((double)angle);
+  }
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -110,5 +110,9 @@ st_status st_generate_greedy(st_session *s, const int32_t *prompt, int n_prompt,
 
 /* RoPE inverse frequencies of one layer kind under the settings: [rope_dim / 2]. */
 void st_rope_inv_freq(const st_config *cfg, const st_settings *set, int compressed, double *out);
+/* cos and sin of one position for every rope pair (r/2 values each): the angle is the fp32
+** product of the inverse frequency and the position, as the oracle computes it; cos and sin are
+** taken in double and rounded to float. The engine's tables and the replayer use this one. */
+void st_rope_cos_sin(const double *inv_freq, int half, int64_t position, float *cos_out, float *sin_out);
 
 #endif

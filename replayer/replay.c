@@ -180,8 +180,8 @@ static int same_rope(const st_settings *a, const st_settings *b) {
          a->yarn == b->yarn;
 }
 
-/* RoPE on the last rope dims of count vectors (heads per row) at given positions, computed as
-** the engine's tables are (float angle, double cos/sin rounded to float). */
+/* RoPE on the last rope dims of count vectors (heads per row) at given positions, with the
+** engine's own cos/sin (st_rope_cos_sin). */
 static st_status rope_vectors(const st_config *cfg, const st_settings *set, float *x, int64_t rows,
                               int heads, int dim, const int64_t *positions, int inverse) {
   int half = cfg->rope_head_dim / 2;
@@ -195,11 +195,7 @@ static st_status rope_vectors(const st_config *cfg, const st_settings *set, floa
   }
   for (int64_t r = 0; r < rows; r++) {
     index[r] = r;
-    for (int i = 0; i < half; i++) {
-      float angle = (float)inv[i] * (float)positions[r];
-      cs[r * half + i] = (float)cos((double)angle);
-      sn[r * half + i] = (float)sin((double)angle);
-    }
+    st_rope_cos_sin(inv, half, positions[r], cs + r * half, sn + r * half);
   }
   st_backend_cpu_ref.rope(x, (int)rows, heads, dim, cfg->rope_head_dim, index, cs, sn,
                           set->index_rope_neox, inverse);
