@@ -594,7 +594,7 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True, init=N
             if step % 50 == 0 or step - step0 == 5:
                 now = time.time()
                 log({"step": step, **{k: round(sum(v) / len(v), 4) for k, v in agg.items()},
-                     "len": ids.shape[1], "s_per_step": round((now - last) / 50, 3),
+                     "len": ids.shape[1], "window": window, "s_per_step": round((now - last) / len(agg["lm"]), 3),
                      "mem_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1)})
                 agg, last = {}, now
     finally:
