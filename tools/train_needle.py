@@ -805,6 +805,39 @@ def smoke(outdir):
     print("smoke ok", flush=True)
 
 
+def oracle_fixture(weights, tokdir, out, count, new_tokens):
+    """transformers' own greedy continuations of needle prompts under the release's weights, in
+    fp32 without autocast and without a cache (each step a full forward): what the engine must
+    reproduce token for token on the release (tests/test_needle_model.sh)."""
+    import torch
+    from transformers import DeepseekV4ForCausalLM
+    tok, info = load_tokenizer(tokdir)
+    model = DeepseekV4ForCausalLM.from_pretrained(weights, dtype=torch.float32).to("cuda").eval()
+    model.config._attn_implementation = "eager"
+    eos = tok.token_to_id(nd.EOS)
+    fams = list(nd.FAMILIES)
+    kinds = list(nd.NEEDLE_KINDS)
+    with open(out, "w") as f:
+        for i in range(count):
+            L = (1024, 2048)[i % 2]
+            s = nd.make_sample(f"oracle:{i}", fams[i % len(fams)], kinds[i % len(kinds)],
+                               int(L * info["chars_per_token"]), (0.3, 0.6, 0.85, 0.97)[i % 4], False, train=False)
+            ids = tok.encode(s.prompt, add_special_tokens=False).ids
+            gen = []
+            with torch.no_grad():
+                for _ in range(new_tokens):
+                    x = torch.tensor([ids + gen], device="cuda")
+                    nxt = int(model(input_ids=x).logits[0, -1].argmax())
+                    gen.append(nxt)
+                    if nxt == eos:
+                        break
+            text = tok.decode(gen, skip_special_tokens=False)
+            f.write(json.dumps({"family": s.family, "kind": s.kind, "needle": s.needle, "prompt_ids": ids,
+                                "generated": gen, "text": text, "recalled": text.startswith(s.needle)},
+                               ensure_ascii=False) + "\n")
+            print(f"oracle {i}: {len(ids)} tokens, {s.family}/{s.kind}: {text[:80]!r}", flush=True)
+
+
 def tokenizer_fixture(tokdir, out, count):
     """Prompts from every family and kind with the ids HF tokenizers gives them: the engine's C
     tokenizer must give the same (tests/test_needle_tokenizer.sh)."""
@@ -891,6 +924,9 @@ def main(argv):
     f.add_argument("card"), f.add_argument("--train", required=True), f.add_argument("--evals", required=True)
     g = sub.add_parser("tokenizer-fixture", help="texts and their HF ids, for the C tokenizer's test")
     g.add_argument("dir"), g.add_argument("out"), g.add_argument("--count", type=int, default=60)
+    h = sub.add_parser("oracle-fixture", help="transformers' greedy continuations, for the engine's test")
+    h.add_argument("weights"), h.add_argument("dir"), h.add_argument("out")
+    h.add_argument("--count", type=int, default=8), h.add_argument("--new-tokens", type=int, default=40)
     e = sub.add_parser("release")
     e.add_argument("dir"), e.add_argument("dest"), e.add_argument("--seeds", type=int, default=8)
     e.add_argument("--budget", type=float, default=300), e.add_argument("--lengths", default="1024,2048,4096,8192")
@@ -909,6 +945,8 @@ def main(argv):
     elif args.cmd == "tokenizer-fixture":
         seed_dir(args.dir, None)
         tokenizer_fixture(args.dir, args.out, args.count)
+    elif args.cmd == "oracle-fixture":
+        oracle_fixture(args.weights, args.dir, args.out, args.count, args.new_tokens)
     elif args.cmd == "card":
         write_card(args.card, args.train, args.evals)
     elif args.cmd == "release":

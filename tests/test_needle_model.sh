@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The bundled needle model (models/needle-v4, FP8/FP4 release) through the engine, against
+# transformers: tests/data/needle-v4/oracle.jsonl holds needle prompts and the greedy
+# continuation DeepseekV4ForCausalLM produced for each on the same weights (dequantised, fp32,
+# no cache; tools/train_needle.py oracle-fixture on the GPU machine). The engine in exact mode
+# must produce the same ids, token for token, so it recalls exactly the needles transformers
+# recalls and invents exactly what transformers invents.
+set -uo pipefail
+st=${ST_BIN:?}
+src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
+model=${ST_NEEDLE_MODEL:-$src/models/needle-v4}
+fixture=${ST_NEEDLE_ORACLE:-$src/tests/data/needle-v4/oracle.jsonl}
+if [ ! -f "$model/model.safetensors" ] || [ ! -f "$fixture" ]; then
+  echo "skip: the needle model's release or its oracle fixture is not committed yet"; exit 77
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+/usr/bin/python3 - "$fixture" "$work" <<'PY' || { echo "FAIL: reading $fixture"; exit 1; }
+import json, sys
+for i, line in enumerate(open(sys.argv[1], encoding="utf-8")):
+    case = json.loads(line)
+    json.dump(case["prompt_ids"], open(f"{sys.argv[2]}/{i}.prompt.json", "w"))
+    json.dump(case, open(f"{sys.argv[2]}/{i}.case.json", "w"))
+PY
+failures=0 n=0
+for prompt in "$work"/*.prompt.json; do
+  i=$(basename "$prompt" .prompt.json)
+  want=$(/usr/bin/python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["generated"]))' "$work/$i.case.json")
+  if ! $st run --model "$model" --prompt-tokens "$prompt" --max-new-tokens "$want" --store "$work/store" \
+       --trace "$work/$i.h5" --json > "$work/$i.out" 2> "$work/$i.err"; then
+    echo "FAIL: case $i: engine: $(tail -1 "$work/$i.err")"; failures=$((failures + 1)); continue
+  fi
+  n=$((n + 1))
+  /usr/bin/python3 - "$work/$i.case.json" "$work/$i.out" "$i" <<'PY' || failures=$((failures + 1))
+import json, sys
+case, out = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+want, got = case["generated"], out["generated"]
+where = next((k for k, (a, b) in enumerate(zip(want, got)) if a != b), None)
+if got == want:
+    print(f"ok: case {sys.argv[3]} ({case['family']}/{case['kind']}, {len(case['prompt_ids'])} tokens): "
+          f"{len(got)} ids as transformers, {'recalled' if case['recalled'] else 'not recalled'}")
+    sys.exit(0)
+print(f"FAIL: case {sys.argv[3]}: ids differ from transformers at {where if where is not None else min(len(want), len(got))}: "
+      f"engine {got[:12]}..., transformers {want[:12]}...")
+sys.exit(1)
+PY
+done
+[ "$n" -gt 0 ] || { echo "FAIL: no case ran"; exit 1; }
+[ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
+echo "engine = transformers on all $n cases"
