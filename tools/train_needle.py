@@ -94,6 +94,9 @@ LM_WEIGHT = 0.3      # ordinary language-model loss on the prompt, next to the a
 DISTILL_WEIGHT = 1.0  # KL(attention mass over compressed rows || indexer softmax)
 BALANCE_RATE = 1e-3   # aux-loss-free balancing: router bias step per update
 VOCAB = 4096
+# transformers' routed-expert kernels: "eager" loops over experts (a host sync per expert and
+# layer); "grouped_mm" is one grouped GEMM. The smoke test compares the two.
+EXPERTS = os.environ.get("NEEDLE_EXPERTS", "eager")
 FOLLOWUPS = 3         # up to this many further questions per training prompt (more answer signal)
 
 # ---------------------------------------------------------------- tokenizer (ENCODING §2)
@@ -253,6 +256,7 @@ def build_model(cfg_dict, vocab, ids, device):
     cfg = DeepseekV4Config(vocab_size=vocab, bos_token_id=ids[nd.BOS], eos_token_id=ids[nd.EOS],
                            pad_token_id=ids[nd.PAD], **cfg_dict)
     cfg._attn_implementation = "eager"
+    cfg._experts_implementation = EXPERTS
     torch.manual_seed(1234)
     model = DeepseekV4ForCausalLM(cfg)
     gen = torch.Generator().manual_seed(4321)
@@ -775,6 +779,24 @@ def smoke(outdir):
                   f"scores={[tuple(taps.scores[i].shape) for i in taps.csa]} attn={[tuple(taps.attn[i].shape) for i in taps.csa]}",
                   flush=True)
             assert math.isfinite(float(kl)) and float(kl) >= 0
+    # The grouped-GEMM experts against the eager loop: same losses, and which is faster.
+    ids, valid, answer, needle, dist = (x.cuda() for x in next(gen))
+    got = {}
+    for impl in ("eager", "grouped_mm"):
+        try:
+            model.config._experts_implementation = impl
+            for _ in range(2):
+                torch.cuda.synchronize()
+                t1 = time.time()
+                logits, lm, ans, kl = forward_losses(model, taps, ids, valid, answer, False)
+                (ans + lm + kl).backward()
+                opt.zero_grad()
+                torch.cuda.synchronize()
+            got[impl] = (lm.item(), time.time() - t1)
+        except Exception as e:  # noqa: BLE001 - report and go on with eager
+            got[impl] = repr(e)[:200]
+    model.config._experts_implementation = EXPERTS
+    print(f"smoke experts: {got}", flush=True)
     # QAT's fake quantisation equals the release converter's, code for code.
     import numpy as np
     import convert_release as cr
