@@ -21,11 +21,12 @@ for i, line in enumerate(open(sys.argv[1], encoding="utf-8")):
     case = json.loads(line)
     json.dump(case["prompt_ids"], open(f"{sys.argv[2]}/{i}.prompt.json", "w"))
     json.dump(case, open(f"{sys.argv[2]}/{i}.case.json", "w"))
+    open(f"{sys.argv[2]}/{i}.length", "w").write(str(len(case["generated"])))
 PY
 failures=0 n=0
 for prompt in "$work"/*.prompt.json; do
   i=$(basename "$prompt" .prompt.json)
-  want=$(/usr/bin/python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["generated"]))' "$work/$i.case.json")
+  want=$(cat "$work/$i.length")
   if ! $st run --model "$model" --prompt-tokens "$prompt" --max-new-tokens "$want" --store "$work/store" \
        --trace "$work/$i.h5" --json > "$work/$i.out" 2> "$work/$i.err"; then
     echo "FAIL: case $i: engine: $(tail -1 "$work/$i.err")"; failures=$((failures + 1)); continue

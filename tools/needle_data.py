@@ -503,10 +503,6 @@ class Sample:
                  "thinking", "followups")
 
 
-def _fill(r, text, **kw):
-    return text.format(**kw)
-
-
 FOLLOWUPS = ["And the \"{label}\" line? Quote it exactly.",
              "One more: copy the line that starts with \"{label}:\", verbatim.",
              "Also give me the {lower} line from above, unchanged.",
@@ -550,9 +546,9 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
         tools.append(d)
         tools_chars += size
     kw = dict(verb=r.choice(VERBS), thing=r.choice(THINGS), module=r.choice(MODULES), hex=rstr(r, HEX, 8))
-    system_lines = [_fill(r, r.choice(fam.intro), agent=agent), "", fam.env_title] + env + \
+    system_lines = [r.choice(fam.intro).format(agent=agent), "", fam.env_title] + env + \
                    ["", fam.rules_title] + [f"- {x}" for x in rules]
-    task_lines = [_fill(r, r.choice(fam.tasks), **kw)]
+    task_lines = [r.choice(fam.tasks).format(**kw)]
 
     # Rounds until the size is reached: (assistant thought + call, tool output lines).
     tool_names = [t["function"]["name"] for t in tools]
@@ -586,7 +582,7 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
                   f"{r.choice(THINGS)}."
         rounds.append({"thought": thought, "call": {"name": name, "args": args}, "out": out})
         used += sum(len(x) + 1 for x in out) + len(thought) + len(to_json(args)) + 120
-    question = _fill(r, r.choice(fam.questions), label=label, lower=label.lower())
+    question = r.choice(fam.questions).format(label=label, lower=label.lower())
 
     # The needle's slot: a line boundary in system text, task or tool outputs, chosen by the
     # character offset nearest to `position` of the whole prompt.

@@ -397,6 +397,19 @@ def answer_metrics(logits, ids, answer, dist, window):
     return out
 
 
+def train_step(model, taps, opt, ids, valid, answer, sparse):
+    """One optimiser step on one batch: the losses, clipped gradients, the balancing update."""
+    import torch
+    logits, lm, ans, kl = forward_losses(model, taps, ids, valid, answer, sparse)
+    loss = ans + LM_WEIGHT * lm + DISTILL_WEIGHT * kl
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    taps.balance(model)
+    return logits, lm, ans, kl, gn
+
+
 def forward_losses(model, taps, ids, valid, answer, sparse):
     import torch
     import torch.nn.functional as F
@@ -495,17 +508,12 @@ def save(model, opt, step, stage_no, outdir, log, qat_on=False):
     log({"event": "saved", "step": step, "stage": stage_no})
 
 
-def _last_step(d):
-    """The step of the last save recorded in d/log.jsonl (0 if none)."""
-    step = 0
-    try:
-        for line in open(os.path.join(d, "log.jsonl")):
-            rec = json.loads(line)
-            if rec.get("event") == "saved":
-                step = rec["step"]
-    except OSError:
-        pass
-    return step
+def _saved_steps(d):
+    """The steps of the saves recorded in d/log.jsonl, in order (none if there is no log)."""
+    path = os.path.join(d, "log.jsonl")
+    if not os.path.exists(path):
+        return []
+    return [rec["step"] for rec in map(json.loads, open(path)) if rec.get("event") == "saved"]
 
 
 def seed_dir(outdir, init):
@@ -536,8 +544,7 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True, init=N
         print(json.dumps(rec), flush=True)
 
     # Workers fork before CUDA starts in this process.
-    saves = sum(1 for line in open(os.path.join(outdir, "log.jsonl")) if '"saved"' in line) \
-        if os.path.exists(os.path.join(outdir, "log.jsonl")) else 0
+    saves = len(_saved_steps(outdir))
     loader = Loader(Batches(outdir, st, seed=1000 * stage_no + saves, ratio=info["chars_per_token"]))
     model = build_model(model_cfg, tok.get_vocab_size(), info["ids"], dev)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "hc" not in n]
@@ -559,7 +566,7 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True, init=N
         missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
         if missing or unexpected:
             raise SystemExit(f"{init}: state does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        step = _last_step(init)
+        step = (_saved_steps(init) or [0])[-1]
         log({"event": "resumed from weights", "init": init, "from_step": step})
     for g in opt.param_groups:
         g["lr"] = st["lr"]
@@ -583,13 +590,7 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True, init=N
             warm = min(1.0, (step - step0 + 1) / st["warmup"])
             for g in opt.param_groups:
                 g["lr"] = st["lr"] * warm
-            logits, lm, ans, kl = forward_losses(model, taps, ids, valid, answer, st["sparse"])
-            loss = ans + LM_WEIGHT * lm + DISTILL_WEIGHT * kl
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            taps.balance(model)
+            logits, lm, ans, kl, gn = train_step(model, taps, opt, ids, valid, answer, st["sparse"])
             step += 1
             tokens += ids.numel()
             m = answer_metrics(logits.detach(), ids, needle, dist, window)
@@ -652,33 +653,34 @@ def evaluate(model, taps, tok, info, lengths, positions, seeds, modes, family=nd
     dev = next(model.parameters()).device
     cases = eval_cases(tok, info, lengths, positions, seeds, family, kind)
     own_topk = model.config.index_topk
-    results = {}
+    # Batches of cases of one length, right-padded (causal: padding after a prompt changes
+    # nothing before it); the same batches serve every mode.
+    batches = []
+    for L in lengths:
+        group = [c for c in cases if c["L"] == L]
+        bs = max(1, 16384 // (L + 64))
+        for j in range(0, len(group), bs):
+            part = group[j:j + bs]
+            width = max(len(c["seq"]) for c in part)
+            ids = torch.full((len(part), width), tok.token_to_id(nd.PAD), dtype=torch.long)
+            for i, c in enumerate(part):
+                ids[i, :len(c["seq"])] = torch.tensor(c["seq"])
+            batches.append((part, ids.to(dev)))
     for mode in modes:
         spec = MODES[mode]
         set_mode(model, topk=own_topk if spec["topk"] is None else spec["topk"])
         taps.rotate = spec["rotate"]
-        by_len = {}
-        for c in cases:
-            by_len.setdefault(c["L"], []).append(c)
-        for L, group in by_len.items():
-            bs = max(1, 16384 // (L + 64))
-            for j in range(0, len(group), bs):
-                if deadline and time.time() > deadline:
-                    break
-                part = group[j:j + bs]
-                width = max(len(c["seq"]) for c in part)
-                ids = torch.full((len(part), width), tok.token_to_id(nd.PAD), dtype=torch.long)
-                for i, c in enumerate(part):
-                    ids[i, :len(c["seq"])] = torch.tensor(c["seq"])
-                ids = ids.to(dev)
-                taps.clear()
-                with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-                    pred = model(input_ids=ids).logits.argmax(-1)
-                for i, c in enumerate(part):
-                    a0, n = c["a0"], len(c["seq"])
-                    ok = (pred[i, a0 - 1:n - 1] == ids[i, a0:n]).float()
-                    c.setdefault("exact", {})[mode] = bool(ok.all())
-                    c.setdefault("token_acc", {})[mode] = ok.mean().item()
+        for part, ids in batches:
+            if deadline and time.time() > deadline:
+                break
+            taps.clear()
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                pred = model(input_ids=ids).logits.argmax(-1)
+            for i, c in enumerate(part):
+                a0, n = c["a0"], len(c["seq"])
+                ok = (pred[i, a0 - 1:n - 1] == ids[i, a0:n]).float()
+                c.setdefault("exact", {})[mode] = bool(ok.all())
+                c.setdefault("token_acc", {})[mode] = ok.mean().item()
         taps.rotate = None
     set_mode(model, topk=own_topk)
     summary = {}
@@ -703,13 +705,20 @@ def evaluate(model, taps, tok, info, lengths, positions, seeds, modes, family=nd
                        if k in c} for c in cases]}
 
 
-def run_eval(weights, tokdir, out, seeds, lengths, modes, family, kind, budget):
+def load_trained(weights):
+    """A save_pretrained directory on the GPU, fp32, eager attention, in evaluation mode."""
     import torch
     from transformers import DeepseekV4ForCausalLM
-    t0 = time.time()
-    tok, info = load_tokenizer(tokdir)
     model = DeepseekV4ForCausalLM.from_pretrained(weights, dtype=torch.float32).to("cuda").eval()
     model.config._attn_implementation = "eager"
+    return model
+
+
+def run_eval(weights, tokdir, out, seeds, lengths, modes, family, kind, budget):
+    import torch
+    t0 = time.time()
+    tok, info = load_tokenizer(tokdir)
+    model = load_trained(weights)
     taps = Taps(model)
     res = evaluate(model, taps, tok, info, lengths, [0.25, 0.55, 0.8, 0.97], seeds, modes, family, kind,
                    deadline=t0 + budget)
@@ -770,11 +779,7 @@ def smoke(outdir):
         set_mode(model, window=64, topk=8 if sparse else 1 << 30)
         for _ in range(2):
             ids, valid, answer, needle, dist = (x.cuda() for x in next(gen))
-            logits, lm, ans, kl = forward_losses(model, taps, ids, valid, answer, sparse)
-            (ans + lm + kl).backward()
-            opt.step(), opt.zero_grad()
-            taps.balance(model)
-            grads = [p.grad for n, p in model.named_parameters() if "indexer" in n]
+            logits, lm, ans, kl, gn = train_step(model, taps, opt, ids, valid, answer, sparse)
             print(f"smoke sparse={sparse} len={ids.shape[1]} lm={lm.item():.3f} ans={ans.item():.3f} kl={float(kl):.4f} "
                   f"scores={[tuple(taps.scores[i].shape) for i in taps.csa]} attn={[tuple(taps.attn[i].shape) for i in taps.csa]}",
                   flush=True)
@@ -812,18 +817,15 @@ def smoke(outdir):
     assert np.mean(q8 == d8) > 0.999 and np.mean(q4 == d4) > 0.999
     qat(model, True)
     ids, valid, answer, needle, dist = (x.cuda() for x in next(gen))
-    logits, lm, ans, kl = forward_losses(model, taps, ids, valid, answer, True)
-    (ans + lm + kl).backward()
-    opt.step(), opt.zero_grad()
+    logits, lm, ans, kl, gn = train_step(model, taps, opt, ids, valid, answer, True)
     print(f"smoke qat step: lm={lm.item():.3f} ans={ans.item():.3f}", flush=True)
     model.eval()
     res = evaluate(model, taps, tok, info, [512], [0.5], 2, list(MODES))
     print("smoke eval", res["summary"], flush=True)
     qat(model, False)
     model.save_pretrained(os.path.join(outdir, "smoke-weights"))
-    names = json.load(open(os.path.join(outdir, "smoke-weights", "model.safetensors.index.json")))["weight_map"] \
-        if os.path.exists(os.path.join(outdir, "smoke-weights", "model.safetensors.index.json")) else {}
-    assert not any("parametrizations" in n for n in names), "QAT names leaked into the save"
+    names = cr.open_checkpoint(os.path.join(outdir, "smoke-weights"))  # one file or shards
+    assert names and not any("parametrizations" in n for n in names), "QAT names leaked into the save"
     print("smoke ok", flush=True)
 
 
@@ -832,10 +834,8 @@ def oracle_fixture(weights, tokdir, out, count, new_tokens):
     fp32 without autocast and without a cache (each step a full forward): what the engine must
     reproduce token for token on the release (tests/test_needle_model.sh)."""
     import torch
-    from transformers import DeepseekV4ForCausalLM
     tok, info = load_tokenizer(tokdir)
-    model = DeepseekV4ForCausalLM.from_pretrained(weights, dtype=torch.float32).to("cuda").eval()
-    model.config._attn_implementation = "eager"
+    model = load_trained(weights)
     eos = tok.token_to_id(nd.EOS)
     fams = list(nd.FAMILIES)
     kinds = list(nd.NEEDLE_KINDS)
