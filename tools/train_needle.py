@@ -530,7 +530,7 @@ def seed_dir(outdir, init):
         shutil.copy(os.path.join(init, "log.jsonl"), os.path.join(outdir, "log.jsonl"))
 
 
-def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True, init=None):
+def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=None):
     import torch
     t0 = time.time()
     st = STAGES[stage_no]
@@ -579,7 +579,7 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True, init=N
     taps = Taps(model)
     model.train()
     log({"event": "stage", "stage": stage_no, **st, "params": n_params, "tokens_per_step": TOKENS_PER_STEP})
-    stop_at = t0 + budget - (75 if quick_eval else 30)
+    stop_at = t0 + budget - max(eval_seconds, 30)
     step0, tokens, agg = step, 0, {}
     last = time.time()
     try:
@@ -608,7 +608,7 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, quick_eval=True, init=N
     log({"event": "stage done", "stage": stage_no, "steps": step - step0, "tokens": tokens,
          "seconds": round(time.time() - t0, 1)})
     save(model, opt, step, stage_no, outdir, log, qat_on=st["qat"])
-    if quick_eval:
+    if eval_seconds > 0:
         model.eval()
         res = evaluate(model, taps, tok, info, lengths=[1024, 2048], positions=[0.25, 0.55, 0.8, 0.97],
                        seeds=4, modes=["all", "sparse", "q-rot"], deadline=t0 + budget - 5)
@@ -935,6 +935,8 @@ def main(argv):
     b.add_argument("n", type=int, choices=sorted(STAGES)), b.add_argument("dir")
     b.add_argument("--budget", type=float, default=540, help="seconds for the whole stage, evaluation included")
     b.add_argument("--init", help="start from these weights (a save_pretrained directory) when DIR has no state.pt")
+    b.add_argument("--eval-seconds", type=float, default=75,
+                   help="seconds kept for the quick held-out evaluation at the stage's end (0: none)")
     c = sub.add_parser("eval")
     c.add_argument("weights"), c.add_argument("--tokenizer", required=True), c.add_argument("--out", required=True)
     c.add_argument("--seeds", type=int, default=8), c.add_argument("--budget", type=float, default=300)
@@ -959,7 +961,7 @@ def main(argv):
         seed_dir(args.dir, args.init)
         if not os.path.exists(os.path.join(args.dir, "tokenizer.json")):
             train_tokenizer(args.dir)
-        run_stage(args.n, args.dir, args.budget, init=args.init)
+        run_stage(args.n, args.dir, args.budget, eval_seconds=args.eval_seconds, init=args.init)
     elif args.cmd == "eval":
         run_eval(args.weights, args.tokenizer, args.out, args.seeds, [int(x) for x in args.lengths.split(",")],
                  args.modes.split(","), args.family if args.family != "any" else None,
