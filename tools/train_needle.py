@@ -33,17 +33,20 @@ wrong rows):
   4  sparse:  top-k = index_topk: the main attention sees only the indexer's choice; the
               indexer keeps distilling over the rows it selected
 
-Usage (DIR holds tokenizer.json, state.pt, weights/, log.jsonl; the committed tokenizer
-(models/needle-v4/) and training checkpoint (models/needle-v4-train/) seed a fresh DIR):
+Usage (DIR holds tokenizer.json, state.pt, weights/, log.jsonl; the committed tokenizer and the
+release (models/needle-v4/, its training log in training/) seed a fresh DIR):
   python3 tools/train_needle.py tokenizer DIR
-  python3 tools/train_needle.py stage 1 DIR --budget 520 [--init models/needle-v4-train]
+  python3 tools/train_needle.py stage 4 DIR --budget 520 [--init models/needle-v4] [--eval-seconds 75]
   python3 tools/train_needle.py eval DIR/weights --tokenizer DIR --out FILE.json [--seeds 8]
-  python3 tools/train_needle.py release DIR models/needle-v4 --budget 240
+  python3 tools/train_needle.py release DIR models/needle-v4 --budget 420
+  python3 tools/train_needle.py card models/needle-v4/README.md --train models/needle-v4/training \
+      --evals models/needle-v4/evals
   python3 tools/train_needle.py smoke DIR
 
 On the device machine DIR must not be named in `carry`: a carried path replaces the folder
-there, and with it the optimiser state of the warm machine. The checkpoint travels as a tracked
-file (models/needle-v4-train/, bf16); state.pt stays on the machine between calls.
+there, and with it the optimiser state of the warm machine. Between sessions the lineage
+travels as the committed release (FP8/FP4, trained quantisation-aware, so its dequantised
+weights are what the model computes with); state.pt stays on the machine between calls.
 """
 import argparse
 import json
@@ -517,17 +520,32 @@ def _saved_steps(d):
 
 
 def seed_dir(outdir, init):
-    """A fresh DIR gets the committed tokenizer and its measured ratio, and the log so far."""
+    """A fresh DIR gets the committed tokenizer and its measured ratio, and the log so far.
+    Returns the save_pretrained directory to start from: `init` itself, or, when `init` is a
+    release (models/needle-v4: hf_config.json beside FP8/FP4 weights), its weights dequantised
+    to float32 in DIR/init-weights, with the release's training log (training/log.jsonl)."""
     import shutil
+    import subprocess
     os.makedirs(outdir, exist_ok=True)
     here = os.path.dirname(os.path.abspath(__file__))
     for name, src in (("tokenizer.json", "models/needle-v4"), ("tokenizer_config.json", "models/needle-v4"),
-                      ("tokenizer_info.json", "models/needle-v4-train")):
+                      ("tokenizer_info.json", "models/needle-v4/training")):
         src = os.path.join(here, "..", src, name)
         if not os.path.exists(os.path.join(outdir, name)) and os.path.exists(src):
             shutil.copy(src, os.path.join(outdir, name))
-    if init and not os.path.exists(os.path.join(outdir, "log.jsonl")) and os.path.exists(os.path.join(init, "log.jsonl")):
-        shutil.copy(os.path.join(init, "log.jsonl"), os.path.join(outdir, "log.jsonl"))
+    if not init:
+        return None
+    log = os.path.join(init, "log.jsonl")
+    if os.path.exists(os.path.join(init, "hf_config.json")):
+        log = os.path.join(init, "training", "log.jsonl")
+        weights = os.path.join(outdir, "init-weights")
+        if not os.path.exists(os.path.join(weights, "config.json")):
+            subprocess.run([sys.executable, os.path.join(here, "convert_release.py"), "to-hf", init, weights,
+                            "--dtype", "float32"], check=True)
+        init = weights
+    if not os.path.exists(os.path.join(outdir, "log.jsonl")) and os.path.exists(log):
+        shutil.copy(log, os.path.join(outdir, "log.jsonl"))
+    return init
 
 
 def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=None):
@@ -566,7 +584,7 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
         missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
         if missing or unexpected:
             raise SystemExit(f"{init}: state does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        step = (_saved_steps(init) or [0])[-1]
+        step = (_saved_steps(outdir) or [0])[-1]  # seed_dir copied the lineage's log
         log({"event": "resumed from weights", "init": init, "from_step": step})
     for g in opt.param_groups:
         g["lr"] = st["lr"]
@@ -714,15 +732,17 @@ def load_trained(weights):
     return model
 
 
-def run_eval(weights, tokdir, out, seeds, lengths, modes, family, kind, budget):
+def run_eval(weights, tokdir, out, seeds, lengths, modes, family, kind, budget, qat_on=False):
     import torch
     t0 = time.time()
     tok, info = load_tokenizer(tokdir)
     model = load_trained(weights)
+    if qat_on:
+        qat(model, True)
     taps = Taps(model)
     res = evaluate(model, taps, tok, info, lengths, [0.25, 0.55, 0.8, 0.97], seeds, modes, family, kind,
                    deadline=t0 + budget)
-    res["weights"], res["seconds"] = weights, round(time.time() - t0, 1)
+    res["weights"], res["qat"], res["seconds"] = weights, qat_on, round(time.time() - t0, 1)
     with open(out, "w") as f:
         json.dump(res, f, indent=1)
     print(json.dumps({k: res[k] for k in ("family", "kind", "summary", "mean_prompt_tokens", "seconds")}), flush=True)
@@ -733,10 +753,26 @@ def run_eval(weights, tokdir, out, seeds, lengths, modes, family, kind, budget):
     return res
 
 
+# The model card's evaluations, all of the release reloaded in transformers except the last:
+# (file in DIR/evals, title, weights, family, kind, modes). "release" is the release's weights
+# dequantised; "trained" is the trained weights with QAT's fake quantisation on, which is the
+# function training optimised and, code for code, the release's arithmetic: the two must agree.
+ALL_MODES = list(MODES)
+CARD_EVALS = [
+    ("heldout_family.json", "Held-out template family, every needle kind", "release",
+     nd.HELDOUT_FAMILY, None, ALL_MODES),
+    ("any.json", "Every template family and needle kind", "release", None, None, ALL_MODES),
+    ("heldout_family_and_kind.json", "Held-out template family and held-out needle kind", "release",
+     nd.HELDOUT_FAMILY, nd.HELDOUT_KIND, ALL_MODES),
+    ("trained_heldout_family.json", "The trained weights under QAT (before release), held-out family", "trained",
+     nd.HELDOUT_FAMILY, None, ["all", "sparse", "q-rot"]),
+]
+
+
 def release(outdir, dest, seeds, lengths, budget):
     """Write the release (FP8 / FP4, reference names) from DIR/weights, reload its dequantised
-    weights in transformers, and measure both on the same held-out cases: the model card's table
-    comes from the release, and the two must agree."""
+    weights in transformers and measure the model card's evaluations (CARD_EVALS) into
+    DEST/evals; the training log and tokenizer figures go to DEST/training."""
     import shutil
     import subprocess
     t0 = time.time()
@@ -748,17 +784,21 @@ def release(outdir, dest, seeds, lengths, budget):
     subprocess.run(conv + ["to-release", weights, dest], check=True)
     deq = os.path.join(outdir, "release-dequantised")
     subprocess.run(conv + ["to-hf", dest, deq, "--dtype", "float32"], check=True)
-    modes = list(MODES)
-    left = budget - (time.time() - t0)
-    rel = run_eval(deq, outdir, os.path.join(outdir, "eval_release.json"), seeds, lengths, modes,
-                   nd.HELDOUT_FAMILY, nd.HELDOUT_KIND, left * 0.45)
-    full = run_eval(weights, outdir, os.path.join(outdir, "eval_trained.json"), seeds, lengths,
-                    ["all", "sparse", "q-rot"], nd.HELDOUT_FAMILY, nd.HELDOUT_KIND, left * 0.25)
-    seen = run_eval(deq, outdir, os.path.join(outdir, "eval_release_train_families.json"), max(2, seeds // 2),
-                    lengths, ["all", "sparse", "q-rot"], None, None, left * 0.2)
-    print("release vs trained (held-out):", json.dumps({m: (rel["summary"].get(m), full["summary"].get(m))
-                                                         for m in full["summary"]}), flush=True)
-    print("release, any family and kind:", json.dumps(seen["summary"]), flush=True)
+    for sub, names in (("training", ("log.jsonl", "tokenizer_info.json")), ("evals", ())):
+        os.makedirs(os.path.join(dest, sub), exist_ok=True)
+        for name in names:
+            shutil.copy(os.path.join(outdir, name), os.path.join(dest, sub, name))
+    results = {}
+    for n, (name, _, which, family, kind, modes) in enumerate(CARD_EVALS):
+        left = budget - (time.time() - t0)
+        results[name] = run_eval(deq if which == "release" else weights, outdir, os.path.join(dest, "evals", name),
+                                 seeds, lengths, modes, family, kind, left / (len(CARD_EVALS) - n),
+                                 qat_on=which == "trained")
+    rel, tr = results["heldout_family.json"], results["trained_heldout_family.json"]
+    same = [a["exact"][m] == b["exact"][m] for a, b in zip(rel["cases"], tr["cases"])
+            for m in tr["summary"] if m in a.get("exact", {}) and m in b.get("exact", {})]
+    print(f"release vs trained under QAT: {sum(same)} of {len(same)} case verdicts agree; "
+          + json.dumps({m: (rel["summary"].get(m), tr["summary"][m]) for m in tr["summary"]}), flush=True)
 
 
 def smoke(outdir):
@@ -879,27 +919,34 @@ def tokenizer_fixture(tokdir, out, count):
 CARD_BEGIN, CARD_END = "<!-- tables: tools/train_needle.py card -->", "<!-- end of tables -->"
 
 
-def card_tables(train_dir, evals):
-    """Markdown: training time per stage (from log.jsonl) and the recall tables (eval JSON)."""
+def card_tables(train_dir, eval_dir):
+    """Markdown: training time per stage (from log.jsonl) and the recall tables (CARD_EVALS)."""
     out = ["### Training, as logged", "",
-           "| stage | window | prompt tokens | sparse | QAT | steps | tokens | GPU seconds |",
-           "|---|---:|---|---|---|---:|---:|---:|"]
-    cur, total = None, 0.0
+           "| stage | window | prompt tokens | sparse | QAT | steps | tokens | GPU seconds | needle recall, last 50 steps |",
+           "|---|---:|---|---|---|---:|---:|---:|---:|"]
+    cur, last, total = None, None, 0.0
     for line in open(os.path.join(train_dir, "log.jsonl")):
         rec = json.loads(line)
         if rec.get("event") == "stage":
             cur = rec
+        elif "step" in rec and "exact" in rec:
+            last = rec
         elif rec.get("event") == "stage done" and cur:
             total += rec["seconds"]
-            out.append(f"| {cur['stage']} {cur['name']} | {cur['window']} | {cur['lengths'][0]}-{cur['lengths'][1]} | "
+            window = "/".join(map(str, cur["window"])) if isinstance(cur["window"], list) else cur["window"]
+            out.append(f"| {cur['stage']} {cur['name']} | {window} | {cur['lengths'][0]}-{cur['lengths'][1]} | "
                        f"{'yes' if cur['sparse'] else 'no'} | {'yes' if cur.get('qat') else 'no'} | {rec['steps']} | "
-                       f"{rec['tokens'] / 1e6:.1f}M | {rec['seconds']:.0f} |")
-    out += ["", f"Total: {total / 60:.1f} GPU minutes of training (H200) in this lineage.", ""]
-    for title, path in evals:
+                       f"{rec['tokens'] / 1e6:.1f}M | {rec['seconds']:.0f} | "
+                       f"{100 * last['exact']:.0f}% ({100 * last.get('exact_far', 0):.0f}% beyond the window) |")
+    out += ["", f"Total: {total / 60:.1f} GPU minutes of training (H200) in this lineage. Recall here is "
+            "teacher-forced exact recall on the training batches, with the step's window.", ""]
+    label_kind = {label: k for k, (labels, _) in nd.NEEDLE_KINDS.items() for label in labels}
+    for name, title, _, _, _, _ in CARD_EVALS:
+        path = os.path.join(eval_dir, name)
         if not os.path.exists(path):
             continue
         res = json.load(open(path))
-        out += [f"### {title}", "",
+        out += [f"### {title} (`evals/{name}`)", "",
                 f"Family `{res['family'] or 'any'}`, needle kind `{res['kind'] or 'any'}`, {res['seeds']} seeds per cell, "
                 f"window {res['window']}, index_topk {res['index_topk']}; mean prompt tokens "
                 + ", ".join(f"{k}: {v}" for k, v in res["mean_prompt_tokens"].items())
@@ -912,17 +959,28 @@ def card_tables(train_dir, evals):
             cells = [t.get(L, {}).get(p) for L in lengths for p in positions]
             out.append(f"| {mode} | " + " | ".join("" if c is None else f"{c:.0f}" for c in cells)
                        + f" | {res['summary'][mode]:.1f} |")
+        by_kind = {}
+        for c in res["cases"]:
+            for mode, ok in c.get("exact", {}).items():
+                by_kind.setdefault(label_kind[c["needle"].split(": ")[0]], {}).setdefault(mode, []).append(ok)
+        if len(by_kind) > 1:
+            modes = list(res["table"])
+            out += ["", "By needle kind (cases in brackets):", "",
+                    "| kind | " + " | ".join(modes) + " |", "|---|" + "---:|" * len(modes)]
+            for kind in sorted(by_kind):
+                v = by_kind[kind]
+                n = len(next(iter(v.values())))
+                held = " (held out)" if kind == nd.HELDOUT_KIND else ""
+                out.append(f"| {kind}{held} ({n}) | " + " | ".join(
+                    f"{100 * sum(v[m]) / len(v[m]):.0f}" if v.get(m) else "" for m in modes) + " |")
         out.append("")
     return "\n".join(out)
 
 
 def write_card(card, train_dir, eval_dir):
-    evals = [("Held-out family and kind, the release reloaded in transformers", os.path.join(eval_dir, "eval_release.json")),
-             ("Held-out family and kind, the trained full-precision weights", os.path.join(eval_dir, "eval_trained.json")),
-             ("Any family and kind, the release", os.path.join(eval_dir, "eval_release_train_families.json"))]
     text = open(card, encoding="utf-8").read()
     a, b = text.index(CARD_BEGIN) + len(CARD_BEGIN), text.index(CARD_END)
-    text = text[:a] + "\n" + card_tables(train_dir, evals) + "\n" + text[b:]
+    text = text[:a] + "\n" + card_tables(train_dir, eval_dir) + "\n" + text[b:]
     open(card, "w", encoding="utf-8").write(text)
 
 
@@ -934,7 +992,8 @@ def main(argv):
     b = sub.add_parser("stage")
     b.add_argument("n", type=int, choices=sorted(STAGES)), b.add_argument("dir")
     b.add_argument("--budget", type=float, default=540, help="seconds for the whole stage, evaluation included")
-    b.add_argument("--init", help="start from these weights (a save_pretrained directory) when DIR has no state.pt")
+    b.add_argument("--init", help="start from these weights when DIR has no state.pt: a save_pretrained directory, "
+                                  "or the release (models/needle-v4), dequantised")
     b.add_argument("--eval-seconds", type=float, default=75,
                    help="seconds kept for the quick held-out evaluation at the stage's end (0: none)")
     c = sub.add_parser("eval")
@@ -942,6 +1001,7 @@ def main(argv):
     c.add_argument("--seeds", type=int, default=8), c.add_argument("--budget", type=float, default=300)
     c.add_argument("--lengths", default="1024,2048,4096,8192"), c.add_argument("--modes", default=",".join(MODES))
     c.add_argument("--family", default=nd.HELDOUT_FAMILY), c.add_argument("--kind", default=nd.HELDOUT_KIND)
+    c.add_argument("--qat", action="store_true", help="with QAT's fake quantisation on (trained weights as released)")
     d = sub.add_parser("smoke")
     d.add_argument("dir")
     f = sub.add_parser("card", help="rewrite the model card's tables from a training log and evaluations")
@@ -953,19 +1013,19 @@ def main(argv):
     h.add_argument("--count", type=int, default=8), h.add_argument("--new-tokens", type=int, default=40)
     e = sub.add_parser("release")
     e.add_argument("dir"), e.add_argument("dest"), e.add_argument("--seeds", type=int, default=8)
-    e.add_argument("--budget", type=float, default=300), e.add_argument("--lengths", default="1024,2048,4096,8192")
+    e.add_argument("--budget", type=float, default=420), e.add_argument("--lengths", default="1024,2048,4096,8192")
     args = ap.parse_args(argv)
     if args.cmd == "tokenizer":
         train_tokenizer(args.dir)
     elif args.cmd == "stage":
-        seed_dir(args.dir, args.init)
+        init = seed_dir(args.dir, args.init)
         if not os.path.exists(os.path.join(args.dir, "tokenizer.json")):
             train_tokenizer(args.dir)
-        run_stage(args.n, args.dir, args.budget, eval_seconds=args.eval_seconds, init=args.init)
+        run_stage(args.n, args.dir, args.budget, eval_seconds=args.eval_seconds, init=init)
     elif args.cmd == "eval":
         run_eval(args.weights, args.tokenizer, args.out, args.seeds, [int(x) for x in args.lengths.split(",")],
                  args.modes.split(","), args.family if args.family != "any" else None,
-                 args.kind if args.kind != "any" else None, args.budget)
+                 args.kind if args.kind != "any" else None, args.budget, qat_on=args.qat)
     elif args.cmd == "tokenizer-fixture":
         seed_dir(args.dir, None)
         tokenizer_fixture(args.dir, args.out, args.count)
