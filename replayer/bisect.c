@@ -2,7 +2,12 @@
 ** bisect.c — explain a lost needle by the smallest change of settings.
 **
 ** Given a good and a bad set of settings and the needle's span: replay every CSA layer's indexer
-** under both (from the recorded q, k and weights), find the first layer whose verdict differs,
+** under both (from the recorded q, k and weights) and judge each layer at the query position
+** that emits the answer's first token (the last prompt position; the last recorded one when the
+** trace lacks it). The first flip is the first layer where good keeps the needle and bad loses
+** it; only when no layer does is it the first layer whose verdict differs either way (a setting
+** that merely moves the needle into some early layer's top-k explains no loss). Then it tries
+** each differing setting alone on top of the good ones (which change loses the needle,
 ** then try each differing setting alone on top of the good ones (which change loses the needle,
 ** first at which layer), each setting set back on top of the bad ones (which change restores
 ** it), and the smallest subset of changes that reproduces the bad verdicts. The differing
@@ -17,6 +22,7 @@
 
 #include "engine/config.h"
 #include "engine/settings.h"
+#include "recorder/trace_reader.h"
 #include "replay.h"
 #include "schemas/catalogue.h"
 
@@ -54,7 +60,8 @@ typedef struct bisector {
   const int *layers;
   int n_layers;
   int replays;
-  int64_t position;
+  int64_t judge_at;  /* the last prompt position: its query emits the answer's first token */
+  int64_t position;  /* the position judged (judge_at, or the last recorded one without it) */
 } bisector;
 
 /* Verdicts of every examined layer under the settings sets[0..n). */
@@ -75,6 +82,8 @@ static st_status verdicts(bisector *b, const char *const *sets, int n, st_bisect
                      (long long)b->needle_end);
     }
     const st_needle_verdict *v = &c->verdicts[c->n_verdicts - 1];
+    for (int k = 0; k < c->n_verdicts; k++)
+      if (c->verdicts[k].position == b->judge_at) v = &c->verdicts[k];
     out[i] = (st_bisect_verdict){.in_topk = v->in_topk, .rank = v->best_rank, .topk = v->topk};
     b->position = v->position;
     st_replay_report_free(r);
@@ -86,6 +95,13 @@ static int first_difference(const bisector *b, const st_bisect_verdict *x, const
   for (int i = 0; i < b->n_layers; i++)
     if (x[i].in_topk != y[i].in_topk) return b->layers[i];
   return -1;
+}
+
+/* The first layer where x keeps the needle and y loses it, else the first that differs. */
+static int first_flip(const bisector *b, const st_bisect_verdict *x, const st_bisect_verdict *y) {
+  for (int i = 0; i < b->n_layers; i++)
+    if (x[i].in_topk && !y[i].in_topk) return b->layers[i];
+  return first_difference(b, x, y);
 }
 
 /* "rotate=q alone" phrasing: for rotate, name the side added or removed. */
@@ -124,8 +140,13 @@ st_status st_bisect_run(const char *trace_path, const char *model_dir, const cha
   for (int l = 0; l < cfg.num_hidden_layers && out->n_layers < ST_BISECT_MAX_LAYERS; l++)
     if (cfg.layer_kind[l] == ST_LAYER_CSA) out->layers[out->n_layers++] = l;
   if (!out->n_layers) return st_fail(ST_EINVAL, "%s has no CSA layer: no indexer to bisect", config_path);
+  st_trace *t = NULL;
+  if ((rc = st_trace_open(trace_path, 0, &t))) return rc;
+  int64_t judge_at = st_trace_n_prompt(t) - 1;
+  st_trace_close(t);
   bisector b = {.trace = trace_path, .model = model_dir, .needle_start = needle_start,
-                .needle_end = needle_end, .layers = out->layers, .n_layers = out->n_layers};
+                .needle_end = needle_end, .layers = out->layers, .n_layers = out->n_layers,
+                .judge_at = judge_at};
 
   /* the differing settings: a key set on one side only keeps the recorded value on the other */
   for (int side = 0; side < 2; side++) {
@@ -155,7 +176,7 @@ st_status st_bisect_run(const char *trace_path, const char *model_dir, const cha
   n = 0;
   for (int i = 0; i < nb; i++) PUSH(bd[i].key, bd[i].value);
   if ((rc = verdicts(&b, sets, n, out->bad))) return rc;
-  out->first_flip_layer = first_difference(&b, out->good, out->bad);
+  out->first_flip_layer = first_flip(&b, out->good, out->bad);
 
   st_bisect_verdict v[ST_BISECT_MAX_LAYERS];
   for (int c = 0; c < out->n_changes; c++) {
@@ -166,7 +187,7 @@ st_status st_bisect_run(const char *trace_path, const char *model_dir, const cha
     if (strcmp(ch->bad, "recorded")) PUSH(ch->key, ch->bad);
     else return st_fail(ST_EINVAL, "--bad must give a value for %s (set on --good)", ch->key);
     if ((rc = verdicts(&b, sets, n, v))) return rc;
-    ch->alone_flips_at = first_difference(&b, out->good, v);
+    ch->alone_flips_at = first_flip(&b, out->good, v);
     /* bad with this key set back */
     n = 0;
     for (int i = 0; i < nb; i++) PUSH(bd[i].key, bd[i].value);

@@ -2,7 +2,8 @@
 ** bisect.h — which single setting change flips the needle verdict, and at which layer.
 **
 ** The verdict of a layer is whether the needle (its best compressed row) is in the indexer's
-** top-k at the last recorded query position. Each candidate is an indexer-stage replay of every
+** top-k at the last prompt position, whose query emits the answer's first token (the last
+** recorded position when the trace did not record that one). Each candidate is an indexer-stage replay of every
 ** CSA layer from the recorded inputs (replay.h), never a re-run of the model.
 */
 #ifndef ST_BISECT_H
@@ -16,14 +17,14 @@
 #define ST_BISECT_MAX_CHANGES 8
 
 typedef struct st_bisect_verdict {
-  int in_topk;       /* at the last query position */
+  int in_topk;       /* at the judged position (st_bisect_report.position) */
   int64_t rank;      /* best needle rank there (-1: not visible) */
   int topk;
 } st_bisect_verdict;
 
 typedef struct st_bisect_change {
   char key[64], good[64], bad[64];
-  int alone_flips_at;   /* good + this change alone: first layer whose verdict differs, -1 none */
+  int alone_flips_at;   /* good + this change alone: its first flip (as first_flip_layer), -1 none */
   int restores;         /* bad with this key set back to good gives good's verdict at every layer */
 } st_bisect_change;
 
@@ -31,7 +32,8 @@ typedef struct st_bisect_report {
   int n_layers;                         /* CSA layers examined */
   int layers[ST_BISECT_MAX_LAYERS];
   st_bisect_verdict good[ST_BISECT_MAX_LAYERS], bad[ST_BISECT_MAX_LAYERS];
-  int first_flip_layer;                 /* -1: good and bad agree everywhere */
+  int first_flip_layer;                 /* the first layer where good keeps the needle and bad
+                                           loses it, else the first that differs; -1: none */
   int n_changes;
   st_bisect_change changes[ST_BISECT_MAX_CHANGES];
   int minimal[ST_BISECT_MAX_CHANGES];   /* indices into changes: the smallest set that flips */

@@ -165,9 +165,11 @@ for L in out["layers"]:
     r = ref[str(L["layer"])]
     assert L["bad"]["in_topk"] == r["in_topk"], (L, r)
     assert abs(L["bad"]["rank"] - r["rank"]) <= 1, (L, r)
-    assert L["good"]["in_topk"] is True or L["layer"] != out["layers"][0]["layer"] or True
-    if first is None and L["good"]["in_topk"] != L["bad"]["in_topk"]:
-        first = L["layer"]
+# the first flip: the first layer where good keeps the needle and bad loses it, else the first
+# layer whose verdicts differ
+lost = [L["layer"] for L in out["layers"] if L["good"]["in_topk"] and not L["bad"]["in_topk"]]
+differ = [L["layer"] for L in out["layers"] if L["good"]["in_topk"] != L["bad"]["in_topk"]]
+first = (lost or differ or [None])[0]
 assert out["first_flip_layer"] == first, (out["first_flip_layer"], first)
 print("   ", out["explanation"])
 PY
