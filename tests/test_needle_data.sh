@@ -29,15 +29,23 @@ python3 - "$src/tools" <<'PY' || failures=$((failures + 1))
 import sys
 sys.path.insert(0, sys.argv[1])
 import needle_data as nd
-seen = {(s.family, s.kind) for s in (nd.make_sample(i, chars=1500 + 700 * (i % 5), train=False,
-                                                    thinking=bool(i % 2)) for i in range(24))}
+kinds = list(nd.NEEDLE_KINDS)
+seen = {(s.family, s.kind) for s in (nd.make_sample(i, kind=kinds[i % len(kinds)], chars=1500 + 700 * (i % 5),
+                                                    train=False, thinking=bool(i % 2)) for i in range(24))}
 fams, kinds = {f for f, _ in seen}, {k for _, k in seen}
 missing = (set(nd.FAMILIES) - fams) | (set(nd.NEEDLE_KINDS) - kinds)
 print("FAIL: not covered: %s" % sorted(missing) if missing else "ok: every family and kind covered")
-train = {(s.family, s.kind) for s in (nd.make_sample(i) for i in range(300))}
-leak = [p for p in train if nd.HELDOUT_FAMILY in p or nd.HELDOUT_KIND in p]
+train = [nd.make_sample(i) for i in range(300)]
+leak = [(s.family, s.kind) for s in train if nd.HELDOUT_FAMILY == s.family or nd.HELDOUT_KIND == s.kind
+        or "branch" in s.label.lower()]
 print("FAIL: held-out data in training samples: %s" % leak if leak else "ok: 300 training samples hold no held-out family or kind")
-sys.exit(1 if missing or leak else 0)
+# evaluation draws only named kinds; training draws the training-only kind too
+ev = {nd.make_sample(i, train=False).kind for i in range(200)}
+bad_eval = ev & set(nd.TRAIN_ONLY_KINDS)
+print("FAIL: evaluation samples of a training-only kind: %s" % bad_eval if bad_eval else "ok: evaluation draws no training-only kind")
+no_labelled = not any(s.kind == "labelled" for s in train)
+print("FAIL: no training sample of the labelled kind" if no_labelled else "ok: training draws the labelled kind")
+sys.exit(1 if missing or leak or bad_eval or no_labelled else 0)
 PY
 [ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
 echo "all renderings identical"

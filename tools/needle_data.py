@@ -203,6 +203,42 @@ def _branch(r):
             f"{r.randrange(1, 40)}.{r.randrange(0, 20)}-{r.choice(WORDS)}")
 
 
+# "labelled" is for training only: a label and a value format drawn afresh for every sample, so
+# that the model learns to find a line by whatever label the question names, not only the few
+# labels of the named kinds (the held-out kind measures whether it did). None of its forms looks
+# like a branch.
+LABEL_HEADS = ["Staging", "Canary", "Primary", "Backup", "Nightly", "Shared", "Legacy", "Regional",
+               "Internal", "Upstream", "Fallback", "Audit", "Replica", "Preview", "Archive", "Edge"]
+LABEL_NOUNS = ["bucket", "queue", "namespace", "image tag", "run id", "dataset", "checksum", "cluster",
+               "profile", "channel", "mirror", "owner", "version", "mailbox", "certificate", "schedule",
+               "topic", "zone", "snapshot", "fingerprint"]
+
+
+def _labels(r):
+    out = set()
+    while len(out) < 4:
+        out.add(f"{r.choice(LABEL_HEADS + [w.capitalize() for w in WORDS])} {r.choice(LABEL_NOUNS)}")
+    return sorted(out)
+
+
+def _labelled(r):
+    a, b, m = r.choice(WORDS), r.choice(WORDS), r.choice(MODULES)
+    form = r.randrange(7)
+    if form == 0:
+        return f"{a}-{b}-{rstr(r, HEX, 4)}"
+    if form == 1:
+        return f"v{r.randrange(0, 12)}.{r.randrange(0, 40)}.{r.randrange(0, 200)}"
+    if form == 2:
+        return f"registry.example.com/{a}/{m}:{r.randrange(1, 9)}.{r.randrange(0, 30)}"
+    if form == 3:
+        return f"s3://{a}-{b}/{m}/{rstr(r, HEX, 8)}"
+    if form == 4:
+        return f"{a}.{b}@{r.choice(WORDS)}.example.org"
+    if form == 5:
+        return f"{rstr(r, HEX, 8)}-{rstr(r, HEX, 4)}-{rstr(r, HEX, 4)}"
+    return f"{r.randrange(60)} {r.randrange(24)} * * {r.randrange(7)}"
+
+
 NEEDLE_KINDS = {
     "path": (["Working directory", "Project root", "Config file", "Build output directory",
               "Cache directory", "Log directory"], _path),
@@ -213,9 +249,12 @@ NEEDLE_KINDS = {
                 "Invoice number"], _number),
     "ticket": (["Tracking issue", "Change request", "Parent epic"], _ticket),
     "branch": (["Release branch", "Hotfix branch", "Integration branch"], _branch),
+    "labelled": (_labels, _labelled),  # labels drawn per sample
 }
 HELDOUT_KIND = "branch"
+TRAIN_ONLY_KINDS = ["labelled"]
 TRAIN_KINDS = [k for k in NEEDLE_KINDS if k != HELDOUT_KIND]
+EVAL_KINDS = [k for k in NEEDLE_KINDS if k not in TRAIN_ONLY_KINDS]
 
 # ---------------------------------------------------------------- tools
 
@@ -519,8 +558,10 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
     runs from the user marker to the generation prompt."""
     r = random.Random(f"{seed}:{family}:{kind}:{chars}:{position}:{thinking}")
     fam = FAMILIES[family or r.choice(TRAIN_FAMILIES if train else list(FAMILIES))]
-    kind = kind or r.choice(TRAIN_KINDS if train else list(NEEDLE_KINDS))
+    kind = kind or r.choice(TRAIN_KINDS if train else EVAL_KINDS)
     labels, maker = NEEDLE_KINDS[kind]
+    if callable(labels):
+        labels = labels(r)
     label = r.choice(labels)
     value = maker(r)
     needle = f"{label}: {value}"
@@ -651,8 +692,10 @@ def main(argv):
               file=sys.stderr)
         return 0
     os.makedirs(args.dir, exist_ok=True)
-    for i in range(args.count):
-        s = make_sample(i, chars=1500 + 700 * (i % 5), train=False, thinking=bool(i % 2))
+    kinds = list(NEEDLE_KINDS)
+    for i in range(args.count):  # every kind in turn, the training-only one included
+        s = make_sample(i, kind=kinds[i % len(kinds)], chars=1500 + 700 * (i % 5), train=False,
+                        thinking=bool(i % 2))
         base = os.path.join(args.dir, f"{i:03d}")
         with open(base + ".request.json", "w", encoding="utf-8") as f:
             json.dump(s.request, f, ensure_ascii=False, indent=1)

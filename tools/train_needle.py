@@ -661,7 +661,7 @@ def eval_cases(tok, info, lengths, positions, seeds, family, kind):
                         break
                     chars = int(chars * L / a0)
                 cases.append(dict(L=L, position=p, seed=sd, seq=seq, a0=a0, needle_tok=nt,
-                                  needle=s.needle))
+                                  needle=s.needle, kind=s.kind, family=s.family))
     return cases
 
 
@@ -719,7 +719,8 @@ def evaluate(model, taps, tok, info, lengths, positions, seeds, modes, family=nd
     return {"family": family, "kind": kind, "seeds": seeds, "index_topk": own_topk,
             "window": model.config.sliding_window, "mean_prompt_tokens": actual,
             "summary": summary, "table": table,
-            "cases": [{k: c[k] for k in ("L", "position", "seed", "a0", "needle_tok", "needle", "exact", "token_acc")
+            "cases": [{k: c[k] for k in ("L", "position", "seed", "a0", "needle_tok", "needle", "kind", "family",
+                                         "exact", "token_acc")
                        if k in c} for c in cases]}
 
 
@@ -878,7 +879,7 @@ def oracle_fixture(weights, tokdir, out, count, new_tokens):
     model = load_trained(weights)
     eos = tok.token_to_id(nd.EOS)
     fams = list(nd.FAMILIES)
-    kinds = list(nd.NEEDLE_KINDS)
+    kinds = nd.EVAL_KINDS
     with open(out, "w") as f:
         for i in range(count):
             L = (1024, 2048)[i % 2]
@@ -940,7 +941,8 @@ def card_tables(train_dir, eval_dir):
                        f"{100 * last['exact']:.0f}% ({100 * last.get('exact_far', 0):.0f}% beyond the window) |")
     out += ["", f"Total: {total / 60:.1f} GPU minutes of training (H200) in this lineage. Recall here is "
             "teacher-forced exact recall on the training batches, with the step's window.", ""]
-    label_kind = {label: k for k, (labels, _) in nd.NEEDLE_KINDS.items() for label in labels}
+    # evaluations from before cases carried their kind: the named kinds' labels tell
+    label_kind = {label: k for k in nd.EVAL_KINDS for label in nd.NEEDLE_KINDS[k][0]}
     for name, title, _, _, _, _ in CARD_EVALS:
         path = os.path.join(eval_dir, name)
         if not os.path.exists(path):
@@ -962,7 +964,8 @@ def card_tables(train_dir, eval_dir):
         by_kind = {}
         for c in res["cases"]:
             for mode, ok in c.get("exact", {}).items():
-                by_kind.setdefault(label_kind[c["needle"].split(": ")[0]], {}).setdefault(mode, []).append(ok)
+                kind = c.get("kind") or label_kind[c["needle"].split(": ")[0]]
+                by_kind.setdefault(kind, {}).setdefault(mode, []).append(ok)
         if len(by_kind) > 1:
             modes = list(res["table"])
             out += ["", "By needle kind (cases in brackets):", "",
