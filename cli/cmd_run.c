@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "engine/model.h"
 #include "engine/chat.h"
+#include "engine/pyjson.h"
 #include "engine/tokenizer.h"
 #include "recorder/capture.h"
 #include "recorder/recorder.h"
@@ -127,6 +128,29 @@ static void describe_token(const st_tokenizer *tok, const int32_t *ids, size_t n
   snprintf(out, out_len, "%d \"%s\"", ids[i], text ? text : "?");
   for (char *c = out; *c; c++)
     if ((unsigned char)*c < 0x20) *c = '?';
+}
+
+/* The generated ids as text, a JSON string (specials such as EOS spelled out), or NULL when the
+** model directory has no tokenizer.json or the ids do not decode. Caller frees. */
+static char *generated_text_json(const char *model_dir, const int32_t *ids, int n) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fclose(f);
+  st_tokenizer *tok = NULL;
+  char *text = NULL, *out = NULL;
+  size_t len = 0;
+  if (!st_tokenizer_open(model_dir, &tok) && !st_tokenizer_decode(tok, ids, (size_t)n, 0, &text, &len)) {
+    st_text t = {0};
+    st_pyjson_string(&t, text, len, 0);
+    if (!st_text_status(&t, "text")) out = st_text_take(&t, NULL);
+    st_text_free(&t);
+  }
+  st_clear_error();
+  free(text);
+  st_tokenizer_close(tok);
+  return out;
 }
 
 /* The prompt of a captured request (the record: a file, or an id in the store). When the record
@@ -482,11 +506,14 @@ int st_cmd_run(int argc, char **argv) {
       goto out;
   }
   double seconds = seconds_since(&t0);
+  char *text = n_generated ? generated_text_json(a.model, tokens + n_prompt, n_generated) : NULL;
   if (a.json) {
     printf("{\"run_id\":\"%s\",\"trace\":\"%s\",\"store\":\"%s\",\"n_prompt\":%d,\"n_generated\":%d,"
            "\"generated\":[", meta.run_id, trace_path, a.store, n_prompt, n_generated);
     for (int i = 0; i < n_generated; i++) printf("%s%d", i ? "," : "", tokens[n_prompt + i]);
-    printf("],\"settings\":%s,\"threads\":%d,\"seconds\":%.3f", settings_json, threads, seconds);
+    printf("],");
+    if (text) printf("\"text\":%s,", text);
+    printf("\"settings\":%s,\"threads\":%d,\"seconds\":%.3f", settings_json, threads, seconds);
     if (request_id[0]) {
       printf(",\"request_id\":\"%s\",\"server_prompt_tokens\":", request_id);
       if (server_count >= 0) printf("%lld,\"token_count_agrees\":%s", (long long)server_count, server_count == n_prompt ? "true" : "false");
@@ -508,9 +535,11 @@ int st_cmd_run(int argc, char **argv) {
       for (int i = 0; i < n_generated; i++) printf("%s%d", i ? " " : "", tokens[n_prompt + i]);
       printf("]");
     }
-    printf(" in %.2f s (%d threads)\nsettings %s\ntrace: %s\nindex: %s/index.sqlite\n", seconds,
-           threads, settings_json, trace_path, a.store);
+    printf(" in %.2f s (%d threads)\n", seconds, threads);
+    if (text) printf("text %s\n", text);
+    printf("settings %s\ntrace: %s\nindex: %s/index.sqlite\n", settings_json, trace_path, a.store);
   }
+  free(text);
   exit_code = 0;
 out:
   if (exit_code) st_cli_report_error("run");

@@ -4,7 +4,8 @@
 # continuation DeepseekV4ForCausalLM produced for each on the same weights (dequantised, fp32,
 # no cache; tools/train_needle.py oracle-fixture on the GPU machine). The engine in exact mode
 # must produce the same ids, token for token, so it recalls exactly the needles transformers
-# recalls and invents exactly what transformers invents.
+# recalls and invents exactly what transformers invents; the text run prints for them must be
+# what HF tokenizers decodes.
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
@@ -37,6 +38,9 @@ import json, sys
 case, out = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 want, got = case["generated"], out["generated"]
 where = next((k for k, (a, b) in enumerate(zip(want, got)) if a != b), None)
+if got == want and out.get("text") != case["text"]:
+    print(f"FAIL: case {sys.argv[3]}: same ids, but run's text {out.get('text')!r} is not HF tokenizers' {case['text']!r}")
+    sys.exit(1)
 if got == want:
     print(f"ok: case {sys.argv[3]} ({case['family']}/{case['kind']}, {len(case['prompt_ids'])} tokens): "
           f"{len(got)} ids as transformers, {'recalled' if case['recalled'] else 'not recalled'}")
