@@ -16,13 +16,14 @@ static const char bisect_help[] =
   "                         (--needle TEXT | --needle-tokens A:B) [--json]\n"
   "\n"
   "Explains a lost needle by settings. The verdict of a CSA layer is whether the needle's best\n"
-  "compressed row is in the indexer's top-k at the last prompt position (whose query emits the\n"
-  "answer's first token; the last recorded position if the trace lacks it). bisect replays every\n"
+  "compressed row is in the indexer's top-k at every recorded answer position: the last prompt\n"
+  "position (its query emits the answer's first token) and every generated one (the last recorded\n"
+  "position if the trace holds none of them; record with --positions last). bisect replays every\n"
   "CSA layer's indexer from the trace under --good and --bad (each a comma-separated list over\n"
   "the recorded settings), finds the first layer where good keeps the needle and bad loses it\n"
   "(else the first whose verdict differs), tries every differing setting alone, and prints the\n"
   "minimal explanation, e.g.\n"
-  "  rotate=q alone loses the needle at layer 7 (...); adding k (rotate=both) restores it\n"
+  "  rotate=q alone loses the needle at layer 5 (...); removing q (rotate=none) restores it\n"
   "The trace must hold layers.N.indexer.{q,k,weights} of every CSA layer (run --tap 'layers.*.indexer.*').\n"
   "\n"
   "Exit status: 0 when a flip was explained, 1 on error or when good and bad agree, 2 usage.\n";
@@ -69,13 +70,16 @@ int st_cmd_bisect(int argc, char **argv) {
     return st_cli_report_error("bisect");
   }
   if (json) {
-    printf("{\"position\":%lld,\"first_flip_layer\":", (long long)r->position);
+    printf("{\"first_position\":%lld,\"last_position\":%lld,\"first_flip_layer\":",
+           (long long)r->first_position, (long long)r->last_position);
     if (r->first_flip_layer >= 0) printf("%d", r->first_flip_layer); else printf("null");
     printf(",\"explanation\":\"%s\",\"replays\":%d,\"seconds\":%.3f,\"layers\":[", r->explanation, r->replays, r->seconds);
     for (int i = 0; i < r->n_layers; i++)
-      printf("%s{\"layer\":%d,\"good\":{\"in_topk\":%s,\"rank\":%lld},\"bad\":{\"in_topk\":%s,\"rank\":%lld},\"topk\":%d}",
-             i ? "," : "", r->layers[i], r->good[i].in_topk ? "true" : "false", (long long)r->good[i].rank,
-             r->bad[i].in_topk ? "true" : "false", (long long)r->bad[i].rank, r->bad[i].topk);
+      printf("%s{\"layer\":%d,\"good\":{\"in_topk\":%s,\"kept\":%d,\"positions\":%d,\"rank\":%lld},"
+             "\"bad\":{\"in_topk\":%s,\"kept\":%d,\"positions\":%d,\"rank\":%lld},\"topk\":%d}",
+             i ? "," : "", r->layers[i], r->good[i].in_topk ? "true" : "false", r->good[i].kept,
+             r->good[i].positions, (long long)r->good[i].rank, r->bad[i].in_topk ? "true" : "false",
+             r->bad[i].kept, r->bad[i].positions, (long long)r->bad[i].rank, r->bad[i].topk);
     printf("],\"changes\":[");
     for (int i = 0; i < r->n_changes; i++) {
       const st_bisect_change *x = &r->changes[i];
@@ -87,13 +91,16 @@ int st_cmd_bisect(int argc, char **argv) {
     for (int i = 0; i < r->n_minimal; i++) printf("%s\"%s\"", i ? "," : "", r->changes[r->minimal[i]].key);
     printf("]}\n");
   } else {
-    printf("needle verdicts at position %lld (in top-k?  rank):\n", (long long)r->position);
-    printf("  %-6s  %-18s %-18s\n", "layer", "good", "bad");
+    printf("needle verdicts over positions %lld-%lld (kept?  positions in the top-k  worst rank):\n",
+           (long long)r->first_position, (long long)r->last_position);
+    printf("  %-6s  %-24s %-24s\n", "layer", "good", "bad");
     for (int i = 0; i < r->n_layers; i++) {
-      char gs[32], bs[32];
-      snprintf(gs, sizeof gs, "%-5s %lld", r->good[i].in_topk ? "yes" : "LOST", (long long)r->good[i].rank);
-      snprintf(bs, sizeof bs, "%-5s %lld", r->bad[i].in_topk ? "yes" : "LOST", (long long)r->bad[i].rank);
-      printf("  %-6d  %-18s %-18s%s\n", r->layers[i], gs, bs,
+      char gs[48], bs[48];
+      snprintf(gs, sizeof gs, "%-5s %3d/%-3d %6lld", r->good[i].in_topk ? "yes" : "LOST", r->good[i].kept,
+               r->good[i].positions, (long long)r->good[i].rank);
+      snprintf(bs, sizeof bs, "%-5s %3d/%-3d %6lld", r->bad[i].in_topk ? "yes" : "LOST", r->bad[i].kept,
+               r->bad[i].positions, (long long)r->bad[i].rank);
+      printf("  %-6d  %-24s %-24s%s\n", r->layers[i], gs, bs,
              r->layers[i] == r->first_flip_layer ? "  <- first flip" : "");
     }
     printf("changes:\n");

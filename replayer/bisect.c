@@ -2,11 +2,13 @@
 ** bisect.c — explain a lost needle by the smallest change of settings.
 **
 ** Given a good and a bad set of settings and the needle's span: replay every CSA layer's indexer
-** under both (from the recorded q, k and weights) and judge each layer at the query position
-** that emits the answer's first token (the last prompt position; the last recorded one when the
-** trace lacks it). The first flip is the first layer where good keeps the needle and bad loses
-** it; only when no layer does is it the first layer whose verdict differs either way (a setting
-** that merely moves the needle into some early layer's top-k explains no loss). Then it tries
+** under both (from the recorded q, k and weights) and judge each layer over the answer: the
+** needle is kept when it is in the top-k at every recorded position from the last prompt one on
+** (whose query emits the answer's first token; each later one emits the next), as the index's
+** needle_rank_by_layer counts it; a trace that recorded none of those is judged at its last
+** recorded position. The first flip is the first layer where good keeps the needle and bad
+** loses it; only when no layer does is it the first layer whose verdict differs either way (a
+** setting that merely moves the needle into some early layer's top-k explains no loss). Then it tries
 ** each differing setting alone on top of the good ones (which change loses the needle,
 ** then try each differing setting alone on top of the good ones (which change loses the needle,
 ** first at which layer), each setting set back on top of the bad ones (which change restores
@@ -60,8 +62,8 @@ typedef struct bisector {
   const int *layers;
   int n_layers;
   int replays;
-  int64_t judge_at;  /* the last prompt position: its query emits the answer's first token */
-  int64_t position;  /* the position judged (judge_at, or the last recorded one without it) */
+  int64_t judge_from;        /* the last prompt position: its query emits the answer's first token */
+  int64_t first, last;       /* the positions judged */
 } bisector;
 
 /* Verdicts of every examined layer under the settings sets[0..n). */
@@ -81,11 +83,19 @@ static st_status verdicts(bisector *b, const char *const *sets, int n, st_bisect
                      "(tokens %lld:%lld)", b->trace, b->layers[i], (long long)b->needle_start,
                      (long long)b->needle_end);
     }
-    const st_needle_verdict *v = &c->verdicts[c->n_verdicts - 1];
-    for (int k = 0; k < c->n_verdicts; k++)
-      if (c->verdicts[k].position == b->judge_at) v = &c->verdicts[k];
-    out[i] = (st_bisect_verdict){.in_topk = v->in_topk, .rank = v->best_rank, .topk = v->topk};
-    b->position = v->position;
+    int from = c->n_verdicts - 1;  /* the answer's positions, else the last recorded one */
+    while (from > 0 && c->verdicts[from - 1].position >= b->judge_from) from--;
+    st_bisect_verdict *o = &out[i];
+    *o = (st_bisect_verdict){.rank = -1, .topk = c->verdicts[from].topk};
+    for (int k = from; k < c->n_verdicts; k++) {
+      const st_needle_verdict *v = &c->verdicts[k];
+      o->positions++;
+      o->kept += v->in_topk;
+      if (v->best_rank > o->rank) o->rank = v->best_rank;
+    }
+    o->in_topk = o->kept == o->positions;
+    b->first = c->verdicts[from].position;
+    b->last = c->verdicts[c->n_verdicts - 1].position;
     st_replay_report_free(r);
   }
   return ST_OK;
@@ -142,11 +152,11 @@ st_status st_bisect_run(const char *trace_path, const char *model_dir, const cha
   if (!out->n_layers) return st_fail(ST_EINVAL, "%s has no CSA layer: no indexer to bisect", config_path);
   st_trace *t = NULL;
   if ((rc = st_trace_open(trace_path, 0, &t))) return rc;
-  int64_t judge_at = st_trace_n_prompt(t) - 1;
+  int64_t judge_from = st_trace_n_prompt(t) - 1;
   st_trace_close(t);
   bisector b = {.trace = trace_path, .model = model_dir, .needle_start = needle_start,
                 .needle_end = needle_end, .layers = out->layers, .n_layers = out->n_layers,
-                .judge_at = judge_at};
+                .judge_from = judge_from};
 
   /* the differing settings: a key set on one side only keeps the recorded value on the other */
   for (int side = 0; side < 2; side++) {
@@ -222,8 +232,8 @@ st_status st_bisect_run(const char *trace_path, const char *model_dir, const cha
   size_t size = sizeof out->explanation;
   int len = 0;
   if (out->first_flip_layer < 0) {
-    snprintf(e, size, "good and bad agree at every CSA layer: the needle is %s at position %lld",
-             out->good[0].in_topk ? "kept" : "lost", (long long)b.position);
+    snprintf(e, size, "good and bad agree at every CSA layer (positions %lld-%lld)",
+             (long long)b.first, (long long)b.last);
   } else {
     int i = 0;
     while (out->layers[i] != out->first_flip_layer) i++;
@@ -233,13 +243,15 @@ st_status st_bisect_run(const char *trace_path, const char *model_dir, const cha
       const st_bisect_change *c = &out->changes[out->minimal[0]];
       char restore[160];
       describe_restore(c, restore, sizeof restore);
-      len = snprintf(e, size, "%s=%s alone %s the needle at layer %d (rank %lld vs %lld with %s=%s; top-%d)",
-                     c->key, c->bad, what, out->first_flip_layer, (long long)bv->rank,
-                     (long long)gv->rank, c->key, c->good, bv->topk);
+      len = snprintf(e, size, "%s=%s alone %s the needle at layer %d (in the top-%d at %d of %d answer "
+                     "positions vs %d with %s=%s; worst rank %lld vs %lld)", c->key, c->bad, what,
+                     out->first_flip_layer, bv->topk, bv->kept, bv->positions, gv->kept, c->key, c->good,
+                     (long long)bv->rank, (long long)gv->rank);
       if (c->restores) snprintf(e + len, size - (size_t)len, "; %s", restore);
     } else {
-      len = snprintf(e, size, "the needle is %s at layer %d (rank %lld vs %lld) only when ",
-                     bv->in_topk ? "kept" : "lost", out->first_flip_layer, (long long)bv->rank, (long long)gv->rank);
+      len = snprintf(e, size, "the needle is %s at layer %d (in the top-%d at %d of %d answer positions vs %d) "
+                     "only when ", bv->in_topk ? "kept" : "lost", out->first_flip_layer, bv->topk, bv->kept,
+                     bv->positions, gv->kept);
       for (int k = 0; k < out->n_minimal && len < (int)size; k++)
         len += snprintf(e + len, size - (size_t)len, "%s%s=%s", k ? " and " : "",
                         out->changes[out->minimal[k]].key, out->changes[out->minimal[k]].bad);
@@ -247,7 +259,8 @@ st_status st_bisect_run(const char *trace_path, const char *model_dir, const cha
         snprintf(e + len, size - (size_t)len, "all the changes are made together");
     }
   }
-  out->position = b.position;
+  out->first_position = b.first;
+  out->last_position = b.last;
   out->replays = b.replays;
   struct timespec t1;
   clock_gettime(CLOCK_MONOTONIC, &t1);

@@ -2,8 +2,8 @@
 ** bisect.h — which single setting change flips the needle verdict, and at which layer.
 **
 ** The verdict of a layer is whether the needle (its best compressed row) is in the indexer's
-** top-k at the last prompt position, whose query emits the answer's first token (the last
-** recorded position when the trace did not record that one). Each candidate is an indexer-stage replay of every
+** top-k at every recorded position of the answer: from the last prompt position, whose query
+** emits the answer's first token, on (the last recorded position when the trace holds none). Each candidate is an indexer-stage replay of every
 ** CSA layer from the recorded inputs (replay.h), never a re-run of the model.
 */
 #ifndef ST_BISECT_H
@@ -17,8 +17,10 @@
 #define ST_BISECT_MAX_CHANGES 8
 
 typedef struct st_bisect_verdict {
-  int in_topk;       /* at the judged position (st_bisect_report.position) */
-  int64_t rank;      /* best needle rank there (-1: not visible) */
+  int in_topk;       /* at every judged position (first_position .. last_position) */
+  int kept;          /* positions where it is in the top-k, of */
+  int positions;     /* the positions judged */
+  int64_t rank;      /* the needle's worst best-rank over them (-1: never visible) */
   int topk;
 } st_bisect_verdict;
 
@@ -38,7 +40,7 @@ typedef struct st_bisect_report {
   st_bisect_change changes[ST_BISECT_MAX_CHANGES];
   int minimal[ST_BISECT_MAX_CHANGES];   /* indices into changes: the smallest set that flips */
   int n_minimal;
-  int64_t position;                     /* the query position judged */
+  int64_t first_position, last_position; /* the query positions judged */
   char explanation[1024];
   double seconds;
   int replays;

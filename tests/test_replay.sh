@@ -46,7 +46,8 @@ PY
 )
 echo "needle tokens $needle_a:$needle_b"
 
-# 3. brute force reference for a settings list, per CSA layer at the last position
+# 3. brute force reference for a settings list, per CSA layer, over the answer's positions (the
+#    last prompt position and every generated one that the trace recorded; else the last row)
 cat >"$work/brute.py" <<'PY'
 import sys, json, math, h5py, numpy as np
 trace, a, b, settings = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
@@ -118,14 +119,12 @@ def quantize(x, fmt):
 rec = {"rotate": "none", "index_rope": "interleaved", "compress_rope_theta": 160000.0, "yarn": "on",
        "index_k": "fp32", "index_q": "fp32", "topk": cfg["index_topk"]}
 cur = dict(rec, **settings)
-result = {}
-for layer, kind in enumerate(cfg["layer_types"]):
-    if kind != "compressed_sparse_attention": continue
+n_prompt = int(f["tokens"].attrs["n_prompt"])
+def verdict(layer, row, t):
     g = f["taps"]
-    q = g[f"layers.{layer}.indexer.q"][-1][None].astype(np.float64)  # [1, hI, dI]
+    q = g[f"layers.{layer}.indexer.q"][row][None].astype(np.float64)  # [1, hI, dI]
     k = g[f"layers.{layer}.indexer.k"][:].astype(np.float64)
-    w = g[f"layers.{layer}.indexer.weights"][-1].astype(np.float64)
-    t = g[f"layers.{layer}.indexer.q"].shape[0] - 1
+    w = g[f"layers.{layer}.indexer.weights"][row].astype(np.float64)
     R = k.shape[0]
     kpos = np.arange(R) * m
     if (cur["index_rope"], float(cur["compress_rope_theta"]), cur["yarn"]) != (rec["index_rope"], rec["compress_rope_theta"], rec["yarn"]):
@@ -148,15 +147,24 @@ for layer, kind in enumerate(cfg["layer_types"]):
     rows = [j for j in range(R) if 4 * (j - 1) < b and 4 * j + 3 >= a]
     best = max((sc[j] for j in rows if j < vis), default=-np.inf)
     rank = int((sc > best).sum())
-    result[layer] = {"in_topk": any(j in order for j in rows), "rank": rank}
+    return any(j in order for j in rows), rank
+result = {}
+for layer, kind in enumerate(cfg["layer_types"]):
+    if kind != "compressed_sparse_attention": continue
+    name = f"layers.{layer}.indexer.q"
+    pos = f[f"positions/{name}"][()] if f"positions/{name}" in f else np.arange(f["taps"][name].shape[0])
+    judged = [i for i, p in enumerate(pos) if p >= n_prompt - 1] or [len(pos) - 1]
+    v = [verdict(layer, i, int(pos[i])) for i in judged]
+    kept = sum(ok for ok, _ in v)
+    result[layer] = {"in_topk": kept == len(v), "kept": kept, "positions": len(v), "rank": max(r for _, r in v)}
 print(json.dumps(result))
 PY
 
-check_bisect() { # NAME GOOD BAD SETTINGS_JSON_OF_BAD
-  local name=$1 good=$2 badset=$3 js=$4
+check_bisect() { # NAME GOOD BAD SETTINGS_JSON_OF_BAD [TRACE]
+  local name=$1 good=$2 badset=$3 js=$4 trace=${5:-$work/clean.h5}
   local ref out
-  ref=$($py "$work/brute.py" "$work/clean.h5" "$needle_a" "$needle_b" "$js") || { bad "$name: brute force failed"; return; }
-  out=$($st bisect --trace "$work/clean.h5" --model "$model" --good "$good" --bad "$badset" --needle-tokens "$needle_a:$needle_b" --json)
+  ref=$($py "$work/brute.py" "$trace" "$needle_a" "$needle_b" "$js") || { bad "$name: brute force failed"; return; }
+  out=$($st bisect --trace "$trace" --model "$model" --good "$good" --bad "$badset" --needle-tokens "$needle_a:$needle_b" --json)
   if $py - "$ref" "$out" <<'PY'
 import sys, json
 ref, out = json.loads(sys.argv[1]), json.loads(sys.argv[2])
@@ -165,6 +173,7 @@ for L in out["layers"]:
     r = ref[str(L["layer"])]
     assert L["bad"]["in_topk"] == r["in_topk"], (L, r)
     assert abs(L["bad"]["rank"] - r["rank"]) <= 1, (L, r)
+    assert (L["bad"]["kept"], L["bad"]["positions"]) == (r["kept"], r["positions"]), (L, r)
 # the first flip: the first layer where good keeps the needle and bad loses it, else the first
 # layer whose verdicts differ
 lost = [L["layer"] for L in out["layers"] if L["good"]["in_topk"] and not L["bad"]["in_topk"]]
@@ -182,6 +191,23 @@ check_bisect "F2 OCP fp8 keys read as FNUZ" "index_k=fp32" "index_k=fp8_e4m3fn_a
 check_bisect "F3 neox RoPE in the indexer" "index_rope=interleaved" "index_rope=neox" '{"index_rope":"neox"}'
 check_bisect "F4 theta 40000" "compress_rope_theta=160000" "compress_rope_theta=40000" '{"compress_rope_theta":40000}'
 check_bisect "F5 top-k too small" "topk=32" "topk=2" '{"topk":2}'
+# the same over an answer: 8 generated tokens, recorded from the last prompt position on, so each
+# layer's verdict is "kept at every one of the answer's positions"
+$st run --model "$model" --prompt-tokens "$work/p.json" --max-new-tokens 8 --ignore-eos --tap 'layers.*.indexer.*' \
+  --positions last --store "$work/s" --trace "$work/answer.h5" >/dev/null || bad "run with an answer"
+# the needle here: the compressed row of layer 1 whose worst rank over the answer is best
+read -r needle_a needle_b < <($py - "$work/answer.h5" <<'PY'
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], "r")
+s = f["taps/layers.1.indexer.scores"][()]                      # [9, R], -inf = not visible
+ranks = np.argsort(np.argsort(-s, axis=1, kind="stable"), axis=1)
+j = int(np.argmin(np.where(np.isfinite(s).all(0), ranks.max(0), 1 << 30)))
+print(4 * j, 4 * j + 4)
+PY
+)
+# (random weights keep no row in the top-32 at all 8 positions: the good side keeps 128)
+check_bisect "F1 over an answer" "rotate=both,topk=128" "rotate=q,topk=128" '{"rotate":"q","topk":128}' "$work/answer.h5"
+check_bisect "F5 over an answer" "topk=128" "topk=32" '{"topk":32}' "$work/answer.h5"
 
 # 4. the brute force also checks the replay's own needle rank under a sweep
 out=$($st replay --trace "$work/clean.h5" --model "$model" --layer 3 --store "$work/s" --needle-tokens "$needle_a:$needle_b" --sweep rotate=none,q --json)
