@@ -929,7 +929,7 @@ def card_tables(train_dir, eval_dir):
     for line in open(os.path.join(train_dir, "log.jsonl")):
         rec = json.loads(line)
         if rec.get("event") == "stage":
-            cur = rec
+            cur, last = rec, None
         elif "step" in rec and "exact" in rec:
             last = rec
         elif rec.get("event") == "stage done" and cur:
@@ -938,7 +938,8 @@ def card_tables(train_dir, eval_dir):
             out.append(f"| {cur['stage']} {cur['name']} | {window} | {cur['lengths'][0]}-{cur['lengths'][1]} | "
                        f"{'yes' if cur['sparse'] else 'no'} | {'yes' if cur.get('qat') else 'no'} | {rec['steps']} | "
                        f"{rec['tokens'] / 1e6:.1f}M | {rec['seconds']:.0f} | "
-                       f"{100 * last['exact']:.0f}% ({100 * last.get('exact_far', 0):.0f}% beyond the window) |")
+                       + (f"{100 * last['exact']:.0f}% ({100 * last.get('exact_far', 0):.0f}% beyond the window) |"
+                          if last else "(none logged) |"))
     out += ["", f"Total: {total / 60:.1f} GPU minutes of training (H200) in this lineage. Recall here is "
             "teacher-forced exact recall on the training batches, with the step's window.", ""]
     # evaluations from before cases carried their kind: the named kinds' labels tell
