@@ -133,11 +133,6 @@ static void describe_token(const st_tokenizer *tok, const int32_t *ids, size_t n
 /* The generated ids as text, a JSON string (specials such as EOS spelled out), or NULL when the
 ** model directory has no tokenizer.json or the ids do not decode. Caller frees. */
 static char *generated_text_json(const char *model_dir, const int32_t *ids, int n) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fclose(f);
   st_tokenizer *tok = NULL;
   char *text = NULL, *out = NULL;
   size_t len = 0;

@@ -43,7 +43,7 @@ echo
 echo "== 5. inspect: what the first trace holds"
 $st inspect "$store/trained.h5" | head -24 || true
 echo
-read -r a b < <(/usr/bin/python3 -c 'import json, sys; m = json.load(open(sys.argv[1])); print(m["needle_token"], m["needle_token_end"])' "$store/needle.json")
+a=$(field "$store/needle.json" needle_token) b=$(field "$store/needle.json" needle_token_end)
 echo "== 6. replay layer 5's indexer from the first trace under 8 settings (needle tokens $a:$b)"
 $st replay --trace "$store/trained.h5" --model "$model" --layer 5 --store "$store" --needle-tokens "$a:$b" \
   --sweep rotate=none,q,k,both --sweep topk=32,4

@@ -212,12 +212,13 @@ LABEL_HEADS = ["Staging", "Canary", "Primary", "Backup", "Nightly", "Shared", "L
 LABEL_NOUNS = ["bucket", "queue", "namespace", "image tag", "run id", "dataset", "checksum", "cluster",
                "profile", "channel", "mirror", "owner", "version", "mailbox", "certificate", "schedule",
                "topic", "zone", "snapshot", "fingerprint"]
+LABEL_WORDS = LABEL_HEADS + [w.capitalize() for w in WORDS]
 
 
 def _labels(r):
     out = set()
     while len(out) < 4:
-        out.add(f"{r.choice(LABEL_HEADS + [w.capitalize() for w in WORDS])} {r.choice(LABEL_NOUNS)}")
+        out.add(f"{r.choice(LABEL_WORDS)} {r.choice(LABEL_NOUNS)}")
     return sorted(out)
 
 

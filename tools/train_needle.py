@@ -785,10 +785,10 @@ def release(outdir, dest, seeds, lengths, budget):
     subprocess.run(conv + ["to-release", weights, dest], check=True)
     deq = os.path.join(outdir, "release-dequantised")
     subprocess.run(conv + ["to-hf", dest, deq, "--dtype", "float32"], check=True)
-    for sub, names in (("training", ("log.jsonl", "tokenizer_info.json")), ("evals", ())):
-        os.makedirs(os.path.join(dest, sub), exist_ok=True)
-        for name in names:
-            shutil.copy(os.path.join(outdir, name), os.path.join(dest, sub, name))
+    os.makedirs(os.path.join(dest, "training"), exist_ok=True)
+    os.makedirs(os.path.join(dest, "evals"), exist_ok=True)
+    for name in ("log.jsonl", "tokenizer_info.json"):
+        shutil.copy(os.path.join(outdir, name), os.path.join(dest, "training", name))
     results = {}
     for n, (name, _, which, family, kind, modes) in enumerate(CARD_EVALS):
         left = budget - (time.time() - t0)
