@@ -15,18 +15,19 @@ static const char bisect_help[] =
   "usage: sparsetrace bisect --trace T.h5 --model DIR --good K=V,... --bad K=V,...\n"
   "                         (--needle TEXT | --needle-tokens A:B) [--json]\n"
   "\n"
-  "Explains a lost needle by settings. The verdict of a CSA layer is whether the needle's best\n"
-  "compressed row is in the indexer's top-k at every recorded answer position: the last prompt\n"
-  "position (its query emits the answer's first token) and every generated one (the last recorded\n"
-  "position if the trace holds none of them; record with --positions last). bisect replays every\n"
-  "CSA layer's indexer from the trace under --good and --bad (each a comma-separated list over\n"
-  "the recorded settings), finds the first layer where good keeps the needle and bad loses it\n"
-  "(else the first whose verdict differs), tries every differing setting alone, and prints the\n"
-  "minimal explanation, e.g.\n"
+  "Explains a lost needle by settings. For every CSA layer it counts the answer positions at which\n"
+  "the needle's best compressed row is in the indexer's top-k: the last prompt position (its query\n"
+  "emits the answer's first token) and the generated ones after it, as many positions in all as\n"
+  "the needle has tokens (the last recorded position if the trace holds none of them; record with\n"
+  "--positions last). A layer retrieves the needle when that is most of them. bisect replays\n"
+  "every CSA layer's indexer from the trace under --good and --bad (each a comma-separated list\n"
+  "over the recorded settings), finds the first layer that retrieves the needle under good and\n"
+  "keeps it at fewer positions under bad (else the reverse: bad brings it back), tries every\n"
+  "differing setting alone, and prints the minimal explanation, e.g.\n"
   "  rotate=q alone loses the needle at layer 5 (...); removing q (rotate=none) restores it\n"
   "The trace must hold layers.N.indexer.{q,k,weights} of every CSA layer (run --tap 'layers.*.indexer.*').\n"
   "\n"
-  "Exit status: 0 when a flip was explained, 1 on error or when good and bad agree, 2 usage.\n";
+  "Exit status: 0 when a flip was explained, 1 on error or when no layer flips, 2 usage.\n";
 
 int st_cmd_bisect(int argc, char **argv) {
   enum { O_TRACE = 256, O_MODEL, O_GOOD, O_BAD, O_NEEDLE, O_JSON, O_HELP, O_NEEDLE_TEXT };
@@ -75,10 +76,10 @@ int st_cmd_bisect(int argc, char **argv) {
     if (r->first_flip_layer >= 0) printf("%d", r->first_flip_layer); else printf("null");
     printf(",\"explanation\":\"%s\",\"replays\":%d,\"seconds\":%.3f,\"layers\":[", r->explanation, r->replays, r->seconds);
     for (int i = 0; i < r->n_layers; i++)
-      printf("%s{\"layer\":%d,\"good\":{\"in_topk\":%s,\"kept\":%d,\"positions\":%d,\"rank\":%lld},"
-             "\"bad\":{\"in_topk\":%s,\"kept\":%d,\"positions\":%d,\"rank\":%lld},\"topk\":%d}",
-             i ? "," : "", r->layers[i], r->good[i].in_topk ? "true" : "false", r->good[i].kept,
-             r->good[i].positions, (long long)r->good[i].rank, r->bad[i].in_topk ? "true" : "false",
+      printf("%s{\"layer\":%d,\"good\":{\"retrieves\":%s,\"kept\":%d,\"positions\":%d,\"rank\":%lld},"
+             "\"bad\":{\"retrieves\":%s,\"kept\":%d,\"positions\":%d,\"rank\":%lld},\"topk\":%d}",
+             i ? "," : "", r->layers[i], r->good[i].retrieves ? "true" : "false", r->good[i].kept,
+             r->good[i].positions, (long long)r->good[i].rank, r->bad[i].retrieves ? "true" : "false",
              r->bad[i].kept, r->bad[i].positions, (long long)r->bad[i].rank, r->bad[i].topk);
     printf("],\"changes\":[");
     for (int i = 0; i < r->n_changes; i++) {
@@ -91,14 +92,14 @@ int st_cmd_bisect(int argc, char **argv) {
     for (int i = 0; i < r->n_minimal; i++) printf("%s\"%s\"", i ? "," : "", r->changes[r->minimal[i]].key);
     printf("]}\n");
   } else {
-    printf("needle verdicts over positions %lld-%lld (kept?  positions in the top-k  worst rank):\n",
+    printf("needle over answer positions %lld-%lld (retrieves?  positions in the top-k  worst rank):\n",
            (long long)r->first_position, (long long)r->last_position);
     printf("  %-6s  %-24s %-24s\n", "layer", "good", "bad");
     for (int i = 0; i < r->n_layers; i++) {
       char gs[48], bs[48];
-      snprintf(gs, sizeof gs, "%-5s %3d/%-3d %6lld", r->good[i].in_topk ? "yes" : "LOST", r->good[i].kept,
+      snprintf(gs, sizeof gs, "%-5s %3d/%-3d %6lld", r->good[i].retrieves ? "yes" : "no", r->good[i].kept,
                r->good[i].positions, (long long)r->good[i].rank);
-      snprintf(bs, sizeof bs, "%-5s %3d/%-3d %6lld", r->bad[i].in_topk ? "yes" : "LOST", r->bad[i].kept,
+      snprintf(bs, sizeof bs, "%-5s %3d/%-3d %6lld", r->bad[i].retrieves ? "yes" : "no", r->bad[i].kept,
                r->bad[i].positions, (long long)r->bad[i].rank);
       printf("  %-6d  %-24s %-24s%s\n", r->layers[i], gs, bs,
              r->layers[i] == r->first_flip_layer ? "  <- first flip" : "");
@@ -107,8 +108,8 @@ int st_cmd_bisect(int argc, char **argv) {
     for (int i = 0; i < r->n_changes; i++) {
       const st_bisect_change *x = &r->changes[i];
       printf("  %s: %s -> %s", x->key, x->good, x->bad);
-      if (x->alone_flips_at >= 0) printf("; alone flips the verdict at layer %d", x->alone_flips_at);
-      else printf("; alone changes no verdict");
+      if (x->alone_flips_at >= 0) printf("; alone flips layer %d", x->alone_flips_at);
+      else printf("; alone flips no layer");
       printf("%s\n", x->restores ? "; setting it back restores every layer" : "");
     }
     printf("\n%s\n(%d indexer replays in %.2f s)\n", r->explanation, r->replays, r->seconds);

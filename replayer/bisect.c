@@ -2,18 +2,24 @@
 ** bisect.c — explain a lost needle by the smallest change of settings.
 **
 ** Given a good and a bad set of settings and the needle's span: replay every CSA layer's indexer
-** under both (from the recorded q, k and weights) and judge each layer over the answer: the
-** needle is kept when it is in the top-k at every recorded position from the last prompt one on
-** (whose query emits the answer's first token; each later one emits the next), as the index's
-** needle_rank_by_layer counts it; a trace that recorded none of those is judged at its last
-** recorded position. The first flip is the first layer where good keeps the needle and bad
-** loses it; only when no layer does is it the first layer whose verdict differs either way (a
-** setting that merely moves the needle into some early layer's top-k explains no loss). Then it tries
-** each differing setting alone on top of the good ones (which change loses the needle,
-** then try each differing setting alone on top of the good ones (which change loses the needle,
-** first at which layer), each setting set back on top of the bad ones (which change restores
-** it), and the smallest subset of changes that reproduces the bad verdicts. The differing
-** settings are few (at most 8), so the subsets are enumerated outright.
+** under both (from the recorded q, k and weights) and count, per layer, the answer positions
+** at which the needle is in the top-k. The answer positions that can copy the needle are the
+** recorded ones from the last prompt position (whose query emits the answer's first token; each
+** later one emits the next) on, as many as the needle has tokens: an answer that quotes the line
+** is done by then, and the end of sentence after it needs no needle. A trace that recorded none
+** of those is judged at its last recorded position.
+**
+** A layer retrieves the needle when it keeps it at most of those positions; a layer that keeps
+** it at one or two is not where the answer comes from, and a layer that retrieves it may still
+** miss it where the next token needs no needle (the label the question already names). So the
+** first flip is the first layer that retrieves the needle under good and keeps it at fewer
+** positions under bad: bad loses it where good had it. Only when no layer does is it the first
+** layer that retrieves it under bad and keeps it at fewer under good (bad brings it back). Then
+** bisect tries each differing setting alone on top of the good ones (which change loses the
+** needle, first at which layer), each setting set back on top of the bad ones (which change
+** restores good's counts at every layer), and the smallest subset of changes that reproduces
+** bad's counts at every layer. The differing settings are few (at most 8), so the subsets are
+** enumerated outright.
 */
 #include "bisect.h"
 
@@ -63,6 +69,7 @@ typedef struct bisector {
   int n_layers;
   int replays;
   int64_t judge_from;        /* the last prompt position: its query emits the answer's first token */
+  int64_t judge_to;          /* judge_from + the needle's token count: the positions judged end here */
   int64_t first, last;       /* the positions judged */
 } bisector;
 
@@ -83,35 +90,42 @@ static st_status verdicts(bisector *b, const char *const *sets, int n, st_bisect
                      "(tokens %lld:%lld)", b->trace, b->layers[i], (long long)b->needle_start,
                      (long long)b->needle_end);
     }
-    int from = c->n_verdicts - 1;  /* the answer's positions, else the last recorded one */
-    while (from > 0 && c->verdicts[from - 1].position >= b->judge_from) from--;
+    /* the answer's positions [judge_from, judge_to), else the last recorded one */
+    int from = 0, to = c->n_verdicts;
+    while (from < to && c->verdicts[from].position < b->judge_from) from++;
+    while (to > from && c->verdicts[to - 1].position >= b->judge_to) to--;
+    if (from == to) from = c->n_verdicts - 1, to = c->n_verdicts;
     st_bisect_verdict *o = &out[i];
     *o = (st_bisect_verdict){.rank = -1, .topk = c->verdicts[from].topk};
-    for (int k = from; k < c->n_verdicts; k++) {
+    for (int k = from; k < to; k++) {
       const st_needle_verdict *v = &c->verdicts[k];
       o->positions++;
       o->kept += v->in_topk;
       if (v->best_rank > o->rank) o->rank = v->best_rank;
     }
-    o->in_topk = o->kept == o->positions;
+    o->retrieves = 2 * o->kept > o->positions;
     b->first = c->verdicts[from].position;
-    b->last = c->verdicts[c->n_verdicts - 1].position;
+    b->last = c->verdicts[to - 1].position;
     st_replay_report_free(r);
   }
   return ST_OK;
 }
 
+/* The first layer whose counts differ, -1 when every layer keeps the needle at as many positions. */
 static int first_difference(const bisector *b, const st_bisect_verdict *x, const st_bisect_verdict *y) {
   for (int i = 0; i < b->n_layers; i++)
-    if (x[i].in_topk != y[i].in_topk) return b->layers[i];
+    if (x[i].kept != y[i].kept) return b->layers[i];
   return -1;
 }
 
-/* The first layer where x keeps the needle and y loses it, else the first that differs. */
+/* The first layer that retrieves the needle under x and keeps it at fewer positions under y;
+** else the first that retrieves it under y and keeps it at fewer under x; else -1. */
 static int first_flip(const bisector *b, const st_bisect_verdict *x, const st_bisect_verdict *y) {
   for (int i = 0; i < b->n_layers; i++)
-    if (x[i].in_topk && !y[i].in_topk) return b->layers[i];
-  return first_difference(b, x, y);
+    if (x[i].retrieves && y[i].kept < x[i].kept) return b->layers[i];
+  for (int i = 0; i < b->n_layers; i++)
+    if (y[i].retrieves && x[i].kept < y[i].kept) return b->layers[i];
+  return -1;
 }
 
 /* "rotate=q alone" phrasing: for rotate, name the side added or removed. */
@@ -156,7 +170,7 @@ st_status st_bisect_run(const char *trace_path, const char *model_dir, const cha
   st_trace_close(t);
   bisector b = {.trace = trace_path, .model = model_dir, .needle_start = needle_start,
                 .needle_end = needle_end, .layers = out->layers, .n_layers = out->n_layers,
-                .judge_from = judge_from};
+                .judge_from = judge_from, .judge_to = judge_from + (needle_end - needle_start)};
 
   /* the differing settings: a key set on one side only keeps the recorded value on the other */
   for (int side = 0; side < 2; side++) {
@@ -232,25 +246,24 @@ st_status st_bisect_run(const char *trace_path, const char *model_dir, const cha
   size_t size = sizeof out->explanation;
   int len = 0;
   if (out->first_flip_layer < 0) {
-    snprintf(e, size, "good and bad agree at every CSA layer (positions %lld-%lld)",
-             (long long)b.first, (long long)b.last);
+    snprintf(e, size, "no CSA layer that retrieves the needle under one side keeps it at fewer answer positions "
+             "under the other (positions %lld-%lld)", (long long)b.first, (long long)b.last);
   } else {
     int i = 0;
     while (out->layers[i] != out->first_flip_layer) i++;
     const st_bisect_verdict *gv = &out->good[i], *bv = &out->bad[i];
-    const char *what = bv->in_topk ? "brings back" : "loses";
+    const char *what = bv->kept > gv->kept ? "brings back" : "loses";
     if (out->n_minimal == 1) {
       const st_bisect_change *c = &out->changes[out->minimal[0]];
       char restore[160];
       describe_restore(c, restore, sizeof restore);
       len = snprintf(e, size, "%s=%s alone %s the needle at layer %d (in the top-%d at %d of %d answer "
-                     "positions vs %d with %s=%s; worst rank %lld vs %lld)", c->key, c->bad, what,
-                     out->first_flip_layer, bv->topk, bv->kept, bv->positions, gv->kept, c->key, c->good,
-                     (long long)bv->rank, (long long)gv->rank);
+                     "positions vs %d with %s=%s)", c->key, c->bad, what, out->first_flip_layer, bv->topk,
+                     bv->kept, bv->positions, gv->kept, c->key, c->good);
       if (c->restores) snprintf(e + len, size - (size_t)len, "; %s", restore);
     } else {
       len = snprintf(e, size, "the needle is %s at layer %d (in the top-%d at %d of %d answer positions vs %d) "
-                     "only when ", bv->in_topk ? "kept" : "lost", out->first_flip_layer, bv->topk, bv->kept,
+                     "only when ", bv->kept > gv->kept ? "brought back" : "lost", out->first_flip_layer, bv->topk, bv->kept,
                      bv->positions, gv->kept);
       for (int k = 0; k < out->n_minimal && len < (int)size; k++)
         len += snprintf(e + len, size - (size_t)len, "%s%s=%s", k ? " and " : "",

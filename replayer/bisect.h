@@ -1,10 +1,13 @@
 /*
 ** bisect.h — which single setting change flips the needle verdict, and at which layer.
 **
-** The verdict of a layer is whether the needle (its best compressed row) is in the indexer's
-** top-k at every recorded position of the answer: from the last prompt position, whose query
-** emits the answer's first token, on (the last recorded position when the trace holds none). Each candidate is an indexer-stage replay of every
-** CSA layer from the recorded inputs (replay.h), never a re-run of the model.
+** The verdict of a layer counts the answer positions that can copy the needle (from the last
+** prompt position, whose query emits the answer's first token, as many as the needle has
+** tokens; the last recorded position when the trace holds none) at which the needle (its best
+** compressed row) is in the indexer's top-k. The layer retrieves the needle when that is most
+** of them; it flips when it retrieves the needle under good and keeps it at fewer positions
+** under bad. Each candidate is an indexer-stage replay of every CSA layer from the recorded
+** inputs (replay.h), never a re-run of the model.
 */
 #ifndef ST_BISECT_H
 #define ST_BISECT_H
@@ -17,7 +20,7 @@
 #define ST_BISECT_MAX_CHANGES 8
 
 typedef struct st_bisect_verdict {
-  int in_topk;       /* at every judged position (first_position .. last_position) */
+  int retrieves;     /* in the top-k at most of the judged positions */
   int kept;          /* positions where it is in the top-k, of */
   int positions;     /* the positions judged */
   int64_t rank;      /* the needle's worst best-rank over them (-1: never visible) */
@@ -27,15 +30,16 @@ typedef struct st_bisect_verdict {
 typedef struct st_bisect_change {
   char key[64], good[64], bad[64];
   int alone_flips_at;   /* good + this change alone: its first flip (as first_flip_layer), -1 none */
-  int restores;         /* bad with this key set back to good gives good's verdict at every layer */
+  int restores;         /* bad with this key set back to good gives good's counts at every layer */
 } st_bisect_change;
 
 typedef struct st_bisect_report {
   int n_layers;                         /* CSA layers examined */
   int layers[ST_BISECT_MAX_LAYERS];
   st_bisect_verdict good[ST_BISECT_MAX_LAYERS], bad[ST_BISECT_MAX_LAYERS];
-  int first_flip_layer;                 /* the first layer where good keeps the needle and bad
-                                           loses it, else the first that differs; -1: none */
+  int first_flip_layer;                 /* the first layer that retrieves the needle under good
+                                           and keeps it at fewer positions under bad, else the
+                                           reverse (bad brings it back); -1: none */
   int n_changes;
   st_bisect_change changes[ST_BISECT_MAX_CHANGES];
   int minimal[ST_BISECT_MAX_CHANGES];   /* indices into changes: the smallest set that flips */

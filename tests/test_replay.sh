@@ -46,8 +46,9 @@ PY
 )
 echo "needle tokens $needle_a:$needle_b"
 
-# 3. brute force reference for a settings list, per CSA layer, over the answer's positions (the
-#    last prompt position and every generated one that the trace recorded; else the last row)
+# 3. brute force reference for a settings list, per CSA layer, over the answer's positions that
+#    can copy the needle (from the last prompt position on, as many as the needle has tokens,
+#    among those the trace recorded; else the last row)
 cat >"$work/brute.py" <<'PY'
 import sys, json, math, h5py, numpy as np
 trace, a, b, settings = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
@@ -153,10 +154,10 @@ for layer, kind in enumerate(cfg["layer_types"]):
     if kind != "compressed_sparse_attention": continue
     name = f"layers.{layer}.indexer.q"
     pos = f[f"positions/{name}"][()] if f"positions/{name}" in f else np.arange(f["taps"][name].shape[0])
-    judged = [i for i, p in enumerate(pos) if p >= n_prompt - 1] or [len(pos) - 1]
+    judged = [i for i, p in enumerate(pos) if n_prompt - 1 <= p < n_prompt - 1 + (b - a)] or [len(pos) - 1]
     v = [verdict(layer, i, int(pos[i])) for i in judged]
     kept = sum(ok for ok, _ in v)
-    result[layer] = {"in_topk": kept == len(v), "kept": kept, "positions": len(v), "rank": max(r for _, r in v)}
+    result[layer] = {"retrieves": 2 * kept > len(v), "kept": kept, "positions": len(v), "rank": max(r for _, r in v)}
 print(json.dumps(result))
 PY
 
@@ -171,14 +172,15 @@ ref, out = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 first = None
 for L in out["layers"]:
     r = ref[str(L["layer"])]
-    assert L["bad"]["in_topk"] == r["in_topk"], (L, r)
+    assert L["bad"]["retrieves"] == r["retrieves"], (L, r)
     assert abs(L["bad"]["rank"] - r["rank"]) <= 1, (L, r)
     assert (L["bad"]["kept"], L["bad"]["positions"]) == (r["kept"], r["positions"]), (L, r)
-# the first flip: the first layer where good keeps the needle and bad loses it, else the first
-# layer whose verdicts differ
-lost = [L["layer"] for L in out["layers"] if L["good"]["in_topk"] and not L["bad"]["in_topk"]]
-differ = [L["layer"] for L in out["layers"] if L["good"]["in_topk"] != L["bad"]["in_topk"]]
-first = (lost or differ or [None])[0]
+# the first flip: the first layer that retrieves the needle (top-k at most answer positions) under
+# good and keeps it at fewer positions under bad, else the reverse
+g, b = {L["layer"]: L["good"] for L in out["layers"]}, {L["layer"]: ref[str(L["layer"])] for L in out["layers"]}
+lost = [L for L in g if g[L]["retrieves"] and b[L]["kept"] < g[L]["kept"]]
+back = [L for L in g if b[L]["retrieves"] and g[L]["kept"] < b[L]["kept"]]
+first = (lost or back or [None])[0]
 assert out["first_flip_layer"] == first, (out["first_flip_layer"], first)
 print("   ", out["explanation"])
 PY
@@ -191,8 +193,9 @@ check_bisect "F2 OCP fp8 keys read as FNUZ" "index_k=fp32" "index_k=fp8_e4m3fn_a
 check_bisect "F3 neox RoPE in the indexer" "index_rope=interleaved" "index_rope=neox" '{"index_rope":"neox"}'
 check_bisect "F4 theta 40000" "compress_rope_theta=160000" "compress_rope_theta=40000" '{"compress_rope_theta":40000}'
 check_bisect "F5 top-k too small" "topk=32" "topk=2" '{"topk":2}'
-# the same over an answer: 8 generated tokens, recorded from the last prompt position on, so each
-# layer's verdict is "kept at every one of the answer's positions"
+# the same over an answer: 8 generated tokens, recorded from the last prompt position on; the
+# needle is one 4-token row, so each layer's verdict is "kept at the answer's first 4 positions"
+# and the 5 after them must not count
 $st run --model "$model" --prompt-tokens "$work/p.json" --max-new-tokens 8 --ignore-eos --tap 'layers.*.indexer.*' \
   --positions last --store "$work/s" --trace "$work/answer.h5" >/dev/null || bad "run with an answer"
 # the needle here: the compressed row of layer 1 whose worst rank over the answer is best
@@ -216,7 +219,9 @@ if $py - "$ref" "$out" <<'PY'
 import sys, json
 ref, out = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 cell = [c for c in out["cells"] if c["settings"]["rotate"] == "q"][0]["metrics"]
-assert cell["needle_in_topk"] == ref["3"]["in_topk"] and abs(cell["needle_rank"] - ref["3"]["rank"]) <= 1, (cell, ref)
+# clean.h5 holds the last prompt position alone: one judged position
+assert ref["3"]["positions"] == 1, ref
+assert cell["needle_in_topk"] == (ref["3"]["kept"] == 1) and abs(cell["needle_rank"] - ref["3"]["rank"]) <= 1, (cell, ref)
 PY
 then ok "replay's needle rank under rotate=q matches the brute force"; else bad "replay needle rank: $out / $ref"; fi
 
