@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job on a fresh Debian 12 machine: install the dependencies, build, and run the bundled
-# needle model (models/needle-v4) end to end. A 4k-token coding-agent request with one
+# needle model (models/needle-v4) end to end. A 2k-token coding-agent request with one
 # "Working directory: ..." line goes through the reference engine with every indexer tap armed,
 # once as the model was trained and once with the Hadamard rotation on the indexer query only
 # (SPEC-dsv4 §6 F1, the bug behind the lost-needle reports). The first copies the line back; the
@@ -23,8 +23,8 @@ rm -rf "$store"
 mkdir -p "$store"
 field() { /usr/bin/python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }
 
-echo "== 1. needle make: a 4k-token agentic request, the needle line at 55% of the prompt"
-$st needle make --model "$model" --tokens 4k --position 0.55 --seed 2 --kind path --format openai-chat \
+echo "== 1. needle make: a 2k-token agentic request, the needle line at 55% of the prompt"
+$st needle make --model "$model" --tokens 2k --position 0.55 --seed 3 --kind path --format openai-chat \
   --thinking off --out "$store/request.json" --meta "$store/needle.json"
 needle=$(field "$store/needle.json" needle)
 $st render --request "$store/request.json" --model "$model" --thinking off --ids > "$store/prompt.json"
@@ -59,10 +59,11 @@ $st needle sweep --model "$model" --tokens 1k,2k --seeds 2 --first-seed 2 --kind
 $st needle sweep --model "$model" --tokens 1k,2k --seeds 2 --first-seed 2 --kind path --set rotate=q \
   --store "$store" --quiet
 echo
-echo "What it shows: as trained, the model copies the line back from 1.8k tokens earlier, far beyond"
+echo "What it shows: as trained, the model copies the line back from 900 tokens earlier, far beyond"
 echo "its 64-token window: the indexer of layer 5, its last CSA layer, keeps the needle's compressed"
-echo "rows among its 32 at every position of the answer. Rotating only the indexer query scrambles"
-echo "q.k: the rows kept change although every other tensor is identical, the needle drops out of"
-echo "the top-k in the middle of the answer, and the model finishes the line with invented"
-echo "characters. Rotating both sides keeps it: the Hadamard is orthogonal. bisect names the setting"
-echo "and the layer that loses the needle; the sweep shows the recall it costs."
+echo "rows among its 32 at 14 of the answer's 15 positions (the one it misses emits \" directory\","
+echo "which the question names). Rotating only the indexer query scrambles q.k: the rows kept change"
+echo "although every other tensor is identical, the needle drops out of the top-k in the middle of"
+echo "the line, and the model answers with another project's path. Rotating both sides keeps it:"
+echo "the Hadamard is orthogonal. bisect names the setting and the layer that loses the needle; the"
+echo "sweep shows the recall it costs."
