@@ -13,8 +13,10 @@
 ** it at one or two is not where the answer comes from, and a layer that retrieves it may still
 ** miss it where the next token needs no needle (the label the question already names). So the
 ** first flip is the first layer that retrieves the needle under good and keeps it at fewer
-** positions under bad: bad loses it where good had it. Only when no layer does is it the first
-** layer that retrieves it under bad and keeps it at fewer under good (bad brings it back). Then
+** positions under bad: bad loses it where good had it. Only when no layer retrieves it under
+** good at all is it the first layer that retrieves it under bad and keeps it at fewer under good
+** (bad brings it back; a layer that merely adds the needle beside one that already retrieves it
+** explains nothing). Then
 ** bisect tries each differing setting alone on top of the good ones (which change loses the
 ** needle, first at which layer), each setting set back on top of the bad ones (which change
 ** restores good's counts at every layer), and the smallest subset of changes that reproduces
@@ -119,17 +121,20 @@ static int first_difference(const bisector *b, const st_bisect_verdict *x, const
 }
 
 /* The first layer that retrieves the needle under x and keeps it at fewer positions under y;
-** else the first that retrieves it under y and keeps it at fewer under x; else -1. */
+** when no layer retrieves it under x, the first that retrieves it under y; else -1. */
 static int first_flip(const bisector *b, const st_bisect_verdict *x, const st_bisect_verdict *y) {
-  for (int i = 0; i < b->n_layers; i++)
+  int x_retrieves = 0;
+  for (int i = 0; i < b->n_layers; i++) {
     if (x[i].retrieves && y[i].kept < x[i].kept) return b->layers[i];
-  for (int i = 0; i < b->n_layers; i++)
-    if (y[i].retrieves && x[i].kept < y[i].kept) return b->layers[i];
+    x_retrieves |= x[i].retrieves;
+  }
+  for (int i = 0; i < b->n_layers && !x_retrieves; i++)
+    if (y[i].retrieves) return b->layers[i];
   return -1;
 }
 
 /* "rotate=q alone" phrasing: for rotate, name the side added or removed. */
-static void describe_restore(const st_bisect_change *c, char *buf, size_t size) {
+static void describe_restore(const st_bisect_change *c, const char *verb, char *buf, size_t size) {
   if (!strcmp(c->key, "rotate")) {
     static const char *names[] = {"none", "q", "k", "both"};
     int g = 0, b = 0;
@@ -138,10 +143,10 @@ static void describe_restore(const st_bisect_change *c, char *buf, size_t size) 
       if (!strcmp(c->bad, names[i])) b = i;
     }
     int add = g & ~b, remove = b & ~g;
-    if (add && !remove) { snprintf(buf, size, "adding %s (rotate=%s) restores it", add == 1 ? "q" : add == 2 ? "k" : "q and k", c->good); return; }
-    if (remove && !add) { snprintf(buf, size, "removing %s (rotate=%s) restores it", remove == 1 ? "q" : remove == 2 ? "k" : "q and k", c->good); return; }
+    if (add && !remove) { snprintf(buf, size, "adding %s (rotate=%s) %s", add == 1 ? "q" : add == 2 ? "k" : "q and k", c->good, verb); return; }
+    if (remove && !add) { snprintf(buf, size, "removing %s (rotate=%s) %s", remove == 1 ? "q" : remove == 2 ? "k" : "q and k", c->good, verb); return; }
   }
-  snprintf(buf, size, "setting %s=%s again restores it", c->key, c->good);
+  snprintf(buf, size, "setting %s=%s again %s", c->key, c->good, verb);
 }
 
 st_status st_bisect_run(const char *trace_path, const char *model_dir, const char *good,
@@ -246,8 +251,12 @@ st_status st_bisect_run(const char *trace_path, const char *model_dir, const cha
   size_t size = sizeof out->explanation;
   int len = 0;
   if (out->first_flip_layer < 0) {
-    snprintf(e, size, "no CSA layer that retrieves the needle under one side keeps it at fewer answer positions "
-             "under the other (positions %lld-%lld)", (long long)b.first, (long long)b.last);
+    int any = 0;
+    for (int i = 0; i < out->n_layers; i++) any |= out->good[i].retrieves | out->bad[i].retrieves;
+    snprintf(e, size, "%s (answer positions %lld-%lld)",
+             any ? "no CSA layer that retrieves the needle under good keeps it at fewer positions under bad"
+                 : "no CSA layer retrieves the needle under good or bad",
+             (long long)b.first, (long long)b.last);
   } else {
     int i = 0;
     while (out->layers[i] != out->first_flip_layer) i++;
@@ -256,7 +265,7 @@ st_status st_bisect_run(const char *trace_path, const char *model_dir, const cha
     if (out->n_minimal == 1) {
       const st_bisect_change *c = &out->changes[out->minimal[0]];
       char restore[160];
-      describe_restore(c, restore, sizeof restore);
+      describe_restore(c, bv->kept > gv->kept ? "loses it" : "restores it", restore, sizeof restore);
       len = snprintf(e, size, "%s=%s alone %s the needle at layer %d (in the top-%d at %d of %d answer "
                      "positions vs %d with %s=%s)", c->key, c->bad, what, out->first_flip_layer, bv->topk,
                      bv->kept, bv->positions, gv->kept, c->key, c->good);

@@ -38,8 +38,9 @@ typedef struct st_bisect_report {
   int layers[ST_BISECT_MAX_LAYERS];
   st_bisect_verdict good[ST_BISECT_MAX_LAYERS], bad[ST_BISECT_MAX_LAYERS];
   int first_flip_layer;                 /* the first layer that retrieves the needle under good
-                                           and keeps it at fewer positions under bad, else the
-                                           reverse (bad brings it back); -1: none */
+                                           and keeps it at fewer positions under bad; when none
+                                           retrieves it under good, the first that does under
+                                           bad (bad brings it back); -1: none */
   int n_changes;
   st_bisect_change changes[ST_BISECT_MAX_CHANGES];
   int minimal[ST_BISECT_MAX_CHANGES];   /* indices into changes: the smallest set that flips */
