@@ -14,14 +14,13 @@
 ** miss it where the next token needs no needle (the label the question already names). So the
 ** first flip is the first layer that retrieves the needle under good and keeps it at fewer
 ** positions under bad: bad loses it where good had it. Only when no layer retrieves it under
-** good at all is it the first layer that retrieves it under bad and keeps it at fewer under good
-** (bad brings it back; a layer that merely adds the needle beside one that already retrieves it
-** explains nothing). Then
-** bisect tries each differing setting alone on top of the good ones (which change loses the
-** needle, first at which layer), each setting set back on top of the bad ones (which change
-** restores good's counts at every layer), and the smallest subset of changes that reproduces
-** bad's counts at every layer. The differing settings are few (at most 8), so the subsets are
-** enumerated outright.
+** good at all is it the first layer that retrieves it under bad (bad brings it back; a layer that
+** merely adds the needle beside one that already retrieves it explains nothing). Then bisect
+** tries each differing setting alone on top of the good ones (which change loses the needle,
+** first at which layer), each setting set back on top of the bad ones (which change restores
+** good's counts at every layer), and the smallest subset of changes that reproduces bad's counts
+** at every layer. The differing settings are few (at most 8), so the subsets are enumerated
+** outright.
 */
 #include "bisect.h"
 
