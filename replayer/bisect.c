@@ -260,18 +260,18 @@ st_status st_bisect_run(const char *trace_path, const char *model_dir, const cha
     int i = 0;
     while (out->layers[i] != out->first_flip_layer) i++;
     const st_bisect_verdict *gv = &out->good[i], *bv = &out->bad[i];
-    const char *what = bv->kept > gv->kept ? "brings back" : "loses";
+    int back = bv->kept > gv->kept;  /* bad brings the needle back rather than losing it */
     if (out->n_minimal == 1) {
       const st_bisect_change *c = &out->changes[out->minimal[0]];
       char restore[160];
-      describe_restore(c, bv->kept > gv->kept ? "loses it" : "restores it", restore, sizeof restore);
+      describe_restore(c, back ? "loses it" : "restores it", restore, sizeof restore);
       len = snprintf(e, size, "%s=%s alone %s the needle at layer %d (in the top-%d at %d of %d answer "
-                     "positions vs %d with %s=%s)", c->key, c->bad, what, out->first_flip_layer, bv->topk,
-                     bv->kept, bv->positions, gv->kept, c->key, c->good);
+                     "positions vs %d with %s=%s)", c->key, c->bad, back ? "brings back" : "loses",
+                     out->first_flip_layer, bv->topk, bv->kept, bv->positions, gv->kept, c->key, c->good);
       if (c->restores) snprintf(e + len, size - (size_t)len, "; %s", restore);
     } else {
       len = snprintf(e, size, "the needle is %s at layer %d (in the top-%d at %d of %d answer positions vs %d) "
-                     "only when ", bv->kept > gv->kept ? "brought back" : "lost", out->first_flip_layer, bv->topk, bv->kept,
+                     "only when ", back ? "brought back" : "lost", out->first_flip_layer, bv->topk, bv->kept,
                      bv->positions, gv->kept);
       for (int k = 0; k < out->n_minimal && len < (int)size; k++)
         len += snprintf(e + len, size - (size_t)len, "%s%s=%s", k ? " and " : "",
