@@ -31,7 +31,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "lowp.h"
+#include "kernels/lowp.h"
 #include "safetensors.h"
 
 #define NAME_MAX_LEN 1024

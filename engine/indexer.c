@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "lowp.h"
+#include "kernels/lowp.h"
 
 void st_quantize_vectors(float *x, int count, int dim, st_number_format format) {
   for (int v = 0; v < count; v++) {

@@ -29,7 +29,7 @@
 #include <string.h>
 
 #include "indexer.h"
-#include "lowp.h"
+#include "kernels/lowp.h"
 
 #ifdef _OPENMP
 #include <omp.h>

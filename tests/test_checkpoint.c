@@ -25,7 +25,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/config.h"
-#include "engine/lowp.h"
+#include "kernels/lowp.h"
 #include "engine/safetensors.h"
 
 /* ------------------------------------------------------------------ scratch directories */

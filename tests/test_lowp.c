@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "engine/lowp.h"
+#include "kernels/lowp.h"
 
 /* ------------------------------------------------------------------ helpers */
 

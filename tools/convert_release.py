@@ -140,7 +140,7 @@ def encode_e4m3fn(y):
 
 def encode_e2m1(y):
     """float64 array -> e2m1 nibbles: round to nearest even, saturate at +-6; the format has no
-    NaN (NaN -> 0x7 with the sign, as the engine's lowp.h); -0.0 -> 0x8."""
+    NaN (NaN -> 0x7 with the sign, as kernels/lowp.h); -0.0 -> 0x8."""
     y = np.asarray(y, dtype=np.float64)
     nan = np.isnan(y)
     code, _ = _encode_small_float(np.where(nan, FP4_MAX, y), 1, 0, FP4_MAX)

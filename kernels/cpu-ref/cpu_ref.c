@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/lowp.h"
+#include "kernels/lowp.h"
 #include "kernels/backend.h"
 
 #ifdef _OPENMP
