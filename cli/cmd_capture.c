@@ -21,7 +21,7 @@
 #include <time.h>
 
 #include "commands.h"
-#include "engine/base.h"
+#include "common/base.h"
 #include "recorder/capture.h"
 #include "recorder/recorder.h"
 

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "commands.h"
-#include "engine/base.h"
+#include "common/base.h"
 #include "recorder/trace_reader.h"
 #include "replayer/diff.h"
 

@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 
 #include "commands.h"
-#include "engine/base.h"
+#include "common/base.h"
 #include "recorder/trace_reader.h"
 
 static const char *usage_text =

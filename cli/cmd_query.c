@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "commands.h"
-#include "engine/base.h"
+#include "common/base.h"
 #include "recorder/index.h"
 #include "recorder/recorder.h"
 

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "commands.h"
-#include "engine/base.h"
+#include "common/base.h"
 #include "engine/chat.h"
 #include "engine/pyjson.h"
 #include "engine/tokenizer.h"

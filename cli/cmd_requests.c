@@ -18,7 +18,7 @@
 #include <jansson.h>
 
 #include "commands.h"
-#include "engine/base.h"
+#include "common/base.h"
 #include "recorder/capture.h"
 #include "recorder/recorder.h"
 

@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 
 #include "commands.h"
-#include "engine/base.h"
+#include "common/base.h"
 #include "engine/pyjson.h"
 #include "engine/tokenizer.h"
 

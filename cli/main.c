@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "commands.h"
-#include "engine/base.h"
+#include "common/base.h"
 
 typedef struct command {
   const char *name;

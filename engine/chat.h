@@ -31,7 +31,7 @@
 #include <jansson.h>
 #include <stddef.h>
 
-#include "engine/base.h"
+#include "common/base.h"
 #include "engine/pyjson.h"
 #include "engine/tokenizer.h"
 

@@ -16,7 +16,7 @@
 
 #include <stdint.h>
 
-#include "base.h"
+#include "common/base.h"
 #include "config.h"
 
 typedef struct st_checkpoint st_checkpoint;

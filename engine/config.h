@@ -12,7 +12,7 @@
 
 #include <stdint.h>
 
-#include "base.h"
+#include "common/base.h"
 
 #define ST_MAX_LAYERS 256
 

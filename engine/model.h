@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "kernels/backend.h"
-#include "base.h"
+#include "common/base.h"
 #include "checkpoint.h"
 #include "config.h"
 #include "settings.h"

@@ -26,7 +26,7 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#include "engine/base.h"
+#include "common/base.h"
 #include "engine/chat.h"
 #include "engine/tokenizer.h"
 

@@ -16,7 +16,7 @@
 #include <jansson.h>
 #include <stddef.h>
 
-#include "engine/base.h"
+#include "common/base.h"
 
 /* Zero-initialise. Appends never fail loudly: the first allocation failure sets `failed` and
 ** later appends do nothing; check it (st_text_status) once at the end. data is NUL-terminated

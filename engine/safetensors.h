@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "base.h"
+#include "common/base.h"
 
 #define ST_SAFETENSORS_MAX_RANK 8
 #define ST_SAFETENSORS_MAX_HEADER (100u * 1024u * 1024u) /* the format's own limit */

@@ -11,7 +11,7 @@
 
 #include <stddef.h>
 
-#include "base.h"
+#include "common/base.h"
 #include "config.h"
 
 typedef enum st_precision { ST_PRECISION_EXACT = 0, ST_PRECISION_REFERENCE = 1 } st_precision;

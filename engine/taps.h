@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "../schemas/catalogue.h"
-#include "base.h"
+#include "common/base.h"
 
 typedef struct st_tap_sink {
   void *ctx;

@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/base.h"
+#include "common/base.h"
 
 typedef struct st_tokenizer st_tokenizer;
 

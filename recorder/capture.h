@@ -39,7 +39,7 @@
 
 #include <jansson.h>
 
-#include "engine/base.h"
+#include "common/base.h"
 
 /* Which serving engine to ask for the prompt token ids it ran (capture --ask-prompt-ids). The ask
 ** is a field added to the JSON body forwarded upstream, so it CHANGES the request the server sees;

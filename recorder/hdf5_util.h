@@ -13,7 +13,7 @@
 #include <hdf5.h>
 #include <stdint.h>
 
-#include "engine/base.h"
+#include "common/base.h"
 
 /* Turns off HDF5's printing of errors for the calling thread. Idempotent, cheap. */
 void st_h5_quiet(void);

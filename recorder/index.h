@@ -14,7 +14,7 @@
 #include <sqlite3.h>
 #include <stdint.h>
 
-#include "engine/base.h"
+#include "common/base.h"
 #include "trace_format.h"
 
 #define ST_INDEX_FILE "index.sqlite"

@@ -12,7 +12,7 @@
 
 #include <stdint.h>
 
-#include "engine/base.h"
+#include "common/base.h"
 #include "engine/taps.h"
 
 typedef struct st_run_meta {

@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "engine/base.h"
+#include "common/base.h"
 #include "schemas/catalogue.h"
 
 #define ST_TRACE_SCHEMA_VERSION 1

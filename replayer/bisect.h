@@ -14,7 +14,7 @@
 
 #include <stdint.h>
 
-#include "engine/base.h"
+#include "common/base.h"
 
 #define ST_BISECT_MAX_LAYERS 256
 #define ST_BISECT_MAX_CHANGES 8

@@ -45,7 +45,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/base.h"
+#include "common/base.h"
 #include "metrics.h"
 #include "recorder/trace_reader.h"
 

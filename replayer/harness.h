@@ -22,7 +22,7 @@
 
 #include <stdint.h>
 
-#include "engine/base.h"
+#include "common/base.h"
 #include "engine/chat.h"
 #include "engine/needle_prompt.h"
 #include "engine/settings.h"

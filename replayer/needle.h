@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 
-#include "engine/base.h"
+#include "common/base.h"
 #include "replay.h"
 
 /* Finds TEXT in tokens[0..n) using the model's tokenizer (model_dir/tokenizer.json): the last

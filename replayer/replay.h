@@ -19,7 +19,7 @@
 
 #include <stdint.h>
 
-#include "engine/base.h"
+#include "common/base.h"
 #include "engine/settings.h"
 
 typedef enum st_replay_stage {

@@ -1,5 +1,5 @@
 /* base.c — status names, the per-thread error buffer, dtype names. */
-#include "base.h"
+#include "common/base.h"
 
 #include <stdarg.h>
 #include <stdio.h>
