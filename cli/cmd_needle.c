@@ -16,8 +16,8 @@
 
 #include "commands.h"
 #include "engine/needle_prompt.h"
-#include "engine/pyjson.h"
-#include "engine/tokenizer.h"
+#include "engine/text/pyjson.h"
+#include "engine/text/tokenizer.h"
 #include "recorder/recorder.h"
 #include "replayer/harness.h"
 

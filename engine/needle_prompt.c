@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "engine/needle_corpus.h"
-#include "engine/pyjson.h"
+#include "engine/text/pyjson.h"
 
 /* ---------------------------------------------------------------- names */
 

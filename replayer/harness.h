@@ -23,7 +23,7 @@
 #include <stdint.h>
 
 #include "common/base.h"
-#include "engine/chat.h"
+#include "engine/text/chat.h"
 #include "engine/needle_prompt.h"
 #include "engine/settings.h"
 
