@@ -20,7 +20,7 @@
 #include "engine/text/chat.h"
 #include "engine/text/pyjson.h"
 #include "engine/text/tokenizer.h"
-#include "recorder/capture.h"
+#include "recorder/capture/capture.h"
 #include "recorder/recorder.h"
 #include "replayer/needle.h"
 
