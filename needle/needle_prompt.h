@@ -1,6 +1,6 @@
 /*
 ** needle_prompt.h — synthetic agentic requests with one line to recall (the needle harness's
-** generator; `sparsetrace needle make`, replayer/harness.c).
+** generator; `sparsetrace needle make`, needle/harness.c).
 **
 ** A request looks like what a coding agent sends: a system prompt (role, rules, an environment
 ** section), tool definitions with JSON schemas, a task from the user, rounds of tool calls and

@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/needle_corpus.h"
+#include "needle/needle_corpus.h"
 #include "engine/text/pyjson.h"
 
 /* ---------------------------------------------------------------- names */
