@@ -15,11 +15,11 @@
 #endif
 
 #include "commands.h"
-#include "engine/needle_prompt.h"
-#include "engine/pyjson.h"
-#include "engine/tokenizer.h"
+#include "needle/needle_prompt.h"
+#include "engine/text/pyjson.h"
+#include "engine/text/tokenizer.h"
 #include "recorder/recorder.h"
-#include "replayer/harness.h"
+#include "needle/harness.h"
 
 static const char needle_help[] =
   "usage: sparsetrace needle make  --tokens N --position P --seed S [options]\n"

@@ -11,9 +11,9 @@
 
 #include "commands.h"
 #include "common/base.h"
-#include "engine/chat.h"
-#include "engine/pyjson.h"
-#include "engine/tokenizer.h"
+#include "engine/text/chat.h"
+#include "engine/text/pyjson.h"
+#include "engine/text/tokenizer.h"
 
 static const char *usage_text =
   "usage: sparsetrace render --request FILE.json [--model DIR] [--render PROFILE] [--ids]\n"

@@ -19,7 +19,7 @@
 
 #include "commands.h"
 #include "common/base.h"
-#include "recorder/capture.h"
+#include "recorder/capture/capture.h"
 #include "recorder/recorder.h"
 
 static const char *usage_text =

@@ -17,10 +17,10 @@
 
 #include "commands.h"
 #include "engine/model.h"
-#include "engine/chat.h"
-#include "engine/pyjson.h"
-#include "engine/tokenizer.h"
-#include "recorder/capture.h"
+#include "engine/text/chat.h"
+#include "engine/text/pyjson.h"
+#include "engine/text/tokenizer.h"
+#include "recorder/capture/capture.h"
 #include "recorder/recorder.h"
 #include "replayer/needle.h"
 

@@ -14,8 +14,8 @@
 
 #include "commands.h"
 #include "common/base.h"
-#include "engine/pyjson.h"
-#include "engine/tokenizer.h"
+#include "engine/text/pyjson.h"
+#include "engine/text/tokenizer.h"
 
 static const char *usage_text =
   "usage: sparsetrace tokenize --model DIR [--json] [--no-special] [--split-special]\n"
