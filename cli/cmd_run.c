@@ -64,6 +64,7 @@ static const char run_help[] =
 typedef struct run_args {
   const char *model, *prompt_path, *trace, *store, *positions;
   int max_new, ignore_eos, threads, chunk, json;
+  const char *backend;
   const char **taps;
   int n_taps;
   st_settings settings;
@@ -360,6 +361,7 @@ int st_cmd_run(int argc, char **argv) {
   int32_t *tokens = NULL;
   int n_prompt = 0, n_generated = 0;
   st_model *model = NULL;
+  st_backend backend = {0};
   st_session *session = NULL;
   st_recorder *recorder = NULL;
   st_taps taps = {0};
@@ -404,6 +406,7 @@ int st_cmd_run(int argc, char **argv) {
     goto out;
   }
   if (st_model_open(a.model, &model) || st_model_load_all(model)) goto out;
+  if (st_backend_open(a.backend ? a.backend : ST_BACKEND_DEFAULT, &backend)) goto out;
   const st_config *cfg = model->cfg;
   int32_t *grown = realloc(tokens, sizeof(int32_t) * ((size_t)n_prompt + a.max_new));
   if (!grown) { st_fail(ST_ENOMEM, "token buffer"); goto out; }
@@ -472,8 +475,8 @@ int st_cmd_run(int argc, char **argv) {
   model_copy = strdup(a.model);
   st_run_meta meta = {
     .model_dir = a.model, .model_name = basename(model_copy), .settings_json = settings_json,
-    .config_json = config_text ? config_text : "{}", .backend = st_backend_cpu_ref.name,
-    .kernel_mode = st_backend_cpu_ref.kernel_mode, .threads = threads,
+    .config_json = config_text ? config_text : "{}", .backend = backend.ops->name,
+    .kernel_mode = backend.ops->kernel_mode, .threads = threads,
     .command_line = command_line, .positions = a.positions, .n_layers = cfg->num_hidden_layers,
     .request_id = request_id[0] ? request_id : NULL};
   st_run_id_new(&meta);
@@ -484,8 +487,10 @@ int st_cmd_run(int argc, char **argv) {
 
   st_session_options opt = {.max_tokens = (int64_t)n_prompt + a.max_new, .max_chunk = a.chunk,
                             .settings = a.settings, .taps = &taps,
-                            .alt_layers = a.n_layer_sets ? alt_layers : NULL, .alt_settings = alt};
+                            .alt_layers = a.n_layer_sets ? alt_layers : NULL, .alt_settings = alt,
+                            .backend = &backend};
   if (st_session_create(model, &opt, &session)) goto out;
+  size_t session_bytes = st_session_backend_bytes(session);
   if (st_generate_greedy(session, tokens, n_prompt, a.max_new, !a.ignore_eos, tokens + n_prompt,
                          &n_generated))
     goto out;
@@ -509,6 +514,15 @@ int st_cmd_run(int argc, char **argv) {
     printf("],");
     if (text) printf("\"text\":%s,", text);
     printf("\"settings\":%s,\"threads\":%d,\"seconds\":%.3f", settings_json, threads, seconds);
+    uint64_t checkpoint_bytes = 0; /* the checkpoint's own size: every tensor as stored */
+    for (size_t k = 0; k < st_checkpoint_count(model->checkpoint); k++) {
+      st_checkpoint_tensor_info info;
+      if (st_checkpoint_info(model->checkpoint, st_checkpoint_name_at(model->checkpoint, k), &info) == ST_OK)
+        checkpoint_bytes += info.n_bytes;
+    }
+    printf(",\"backend\":\"%s\",\"kernel_mode\":\"%s\",\"memory\":{\"weights\":%zu,\"checkpoint\":%llu,"
+           "\"session\":%zu}", backend.ops->name, backend.ops->kernel_mode, st_model_weight_bytes(model),
+           (unsigned long long)checkpoint_bytes, session_bytes);
     if (request_id[0]) {
       printf(",\"request_id\":\"%s\",\"server_prompt_tokens\":", request_id);
       if (server_count >= 0) printf("%lld,\"token_count_agrees\":%s", (long long)server_count, server_count == n_prompt ? "true" : "false");
@@ -530,7 +544,7 @@ int st_cmd_run(int argc, char **argv) {
       for (int i = 0; i < n_generated; i++) printf("%s%d", i ? " " : "", tokens[n_prompt + i]);
       printf("]");
     }
-    printf(" in %.2f s (%d threads)\n", seconds, threads);
+    printf(" in %.2f s (%s, %d threads)\n", seconds, backend.ops->name, threads);
     if (text) printf("text %s\n", text);
     printf("settings %s\ntrace: %s\nindex: %s/index.sqlite\n", settings_json, trace_path, a.store);
   }
@@ -541,6 +555,7 @@ out:
   st_recorder_abort(recorder);
   st_session_free(session);
   st_model_close(model);
+  st_backend_close(&backend);
   st_taps_free(&taps);
   free(tokens);
   free(config_text);

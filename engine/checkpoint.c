@@ -597,8 +597,10 @@ static st_status wrong_shape(const st_checkpoint *ck, const entry *e, int rank, 
                  shape_str(b, sizeof b, e->t->rank, e->t->shape), hint);
 }
 
-static st_status read_fp8(st_checkpoint *ck, const entry *e, int rank, const int64_t *shape,
-                          float *dst) {
+/* Checks an FP8 weight and its block scales against the requested shape; *scale_out is the
+** scale entry and bo x bi the block. */
+static st_status check_fp8(const st_checkpoint *ck, const entry *e, int rank, const int64_t *shape,
+                           const entry **scale_out, int *bo_out, int *bi_out) {
   char w[NAME_MAX_LEN + 64], a[256];
   const char *file = file_of(ck, e);
   if (rank != 2 || e->t->rank != 2)
@@ -625,15 +627,28 @@ static st_status read_fp8(st_checkpoint *ck, const entry *e, int rank, const int
              shape_str(a, sizeof a, 2, shape));
     return wrong_shape(ck, s, 2, want, hint);
   }
+  *scale_out = s;
+  *bo_out = bo;
+  *bi_out = bi;
+  return ST_OK;
+}
+
+static st_status read_fp8(st_checkpoint *ck, const entry *e, int rank, const int64_t *shape,
+                          float *dst) {
+  const entry *s;
+  int bo, bi;
+  st_status rc = check_fp8(ck, e, rank, shape, &s, &bo, &bi);
+  if (rc) return rc;
   dequant_fp8(e->t, s->t, bo, bi, dst);
   count_read(ck, e->t->n_bytes + s->t->n_bytes);
   return ST_OK;
 }
 
 /* I8 stored [out, in/2] for a requested [out, in] with an e8m0 scale: packed FP4. Returns 1 when
-** the tensor looks like that (then *rc is the outcome), 0 when it is plain I8. */
-static int try_fp4(st_checkpoint *ck, const entry *e, int rank, const int64_t *shape, float *dst,
-                   st_status *rc) {
+** the tensor looks like that (then *rc is the outcome of the checks and *scale_out the scale
+** entry), 0 when it is plain I8. */
+static int match_fp4(const st_checkpoint *ck, const entry *e, int rank, const int64_t *shape,
+                     const entry **scale_out, st_status *rc) {
   if (e->t->dtype != ST_SAFETENSORS_I8 || rank != 2 || e->t->rank != 2 ||
       e->t->shape[0] != shape[0] || e->t->shape[1] * 2 != shape[1])
     return 0;
@@ -654,10 +669,66 @@ static int try_fp4(st_checkpoint *ck, const entry *e, int rank, const int64_t *s
     *rc = wrong_shape(ck, s, 2, want, hint);
     return 1;
   }
-  dequant_fp4(e->t, s->t, shape[0], shape[1], dst);
-  count_read(ck, e->t->n_bytes + s->t->n_bytes);
+  *scale_out = s;
   *rc = ST_OK;
   return 1;
+}
+
+static int try_fp4(st_checkpoint *ck, const entry *e, int rank, const int64_t *shape, float *dst,
+                   st_status *rc) {
+  const entry *s = NULL;
+  if (!match_fp4(ck, e, rank, shape, &s, rc)) return 0;
+  if (*rc) return 1;
+  dequant_fp4(e->t, s->t, shape[0], shape[1], dst);
+  count_read(ck, e->t->n_bytes + s->t->n_bytes);
+  return 1;
+}
+
+st_status st_checkpoint_view(st_checkpoint *ck, const char *canonical, int64_t rows, int64_t cols,
+                             st_weight *out) {
+  memset(out, 0, sizeof *out);
+  int64_t shape[2] = {rows, cols};
+  uint64_t n;
+  st_status rc = requested_count(ck, canonical, 2, shape, &n);
+  if (rc != ST_OK) return rc;
+  const entry *e = find(ck, canonical);
+  if (!e) return not_found(ck, canonical);
+  out->rows = rows;
+  out->cols = cols;
+  out->data = e->t->data;
+  out->block[0] = out->block[1] = 1;
+  const entry *s = NULL;
+  if (e->t->dtype == ST_SAFETENSORS_F8_E4M3) {
+    if ((rc = check_fp8(ck, e, 2, shape, &s, &out->block[0], &out->block[1]))) return rc;
+    out->dtype = ST_W_FP8_E4M3;
+    out->scale_dtype = s->t->dtype == ST_SAFETENSORS_F8_E8M0 ? ST_WSCALE_UE8M0
+                       : s->t->dtype == ST_SAFETENSORS_F32  ? ST_WSCALE_F32
+                                                            : ST_WSCALE_BF16;
+  } else if (match_fp4(ck, e, 2, shape, &s, &rc)) {
+    if (rc) return rc;
+    out->dtype = ST_W_FP4_E2M1;
+    out->scale_dtype = ST_WSCALE_UE8M0;
+    out->block[1] = 32;
+  } else {
+    if (!same_shape(2, shape, e->t->rank, e->t->shape)) return wrong_shape(ck, e, 2, shape, "");
+    switch (e->t->dtype) {
+    case ST_SAFETENSORS_F32: out->dtype = ST_W_F32; break;
+    case ST_SAFETENSORS_BF16: out->dtype = ST_W_BF16; break;
+    case ST_SAFETENSORS_F16: out->dtype = ST_W_F16; break;
+    default: {
+      char w[NAME_MAX_LEN + 64];
+      return st_fail(ST_EUNSUPPORTED, "%s: tensor %s: dtype %s is not a weight format the backends "
+                     "read (F32, BF16, F16, F8_E4M3 + scales, packed FP4)", file_of(ck, e),
+                     who(w, sizeof w, e), st_safetensors_dtype_name(e->t->dtype));
+    }
+    }
+    if (out->dtype == ST_W_F32 && ((uintptr_t)e->t->data & 3u))
+      return st_fail(ST_EUNSUPPORTED, "%s: tensor %s: F32 data is not 4-byte aligned in the file",
+                     file_of(ck, e), canonical);
+  }
+  if (s) out->scales = s->t->data;
+  count_read(ck, e->t->n_bytes + (s ? s->t->n_bytes : 0));
+  return ST_OK;
 }
 
 st_status st_checkpoint_read_f32(st_checkpoint *ck, const char *canonical, int rank,

@@ -18,6 +18,7 @@
 
 #include "common/base.h"
 #include "config.h"
+#include "kernels/backend.h"
 
 typedef struct st_checkpoint st_checkpoint;
 
@@ -40,6 +41,14 @@ st_status st_checkpoint_load_f32(st_checkpoint *ck, const char *canonical, int r
 /* Same, into caller memory of shape-product floats. */
 st_status st_checkpoint_read_f32(st_checkpoint *ck, const char *canonical, int rank,
                                  const int64_t *shape, float *dst);
+
+/* A 2-D weight [rows, cols] in its stored format, mapped from the checkpoint (nothing is
+** converted or copied): F32, BF16, F16, FP8 e4m3 with its block scales, packed FP4 e2m1 with its
+** ue8m0 scales. data/scales point into the mapped shard and stay valid until
+** st_checkpoint_close. The same checks as st_checkpoint_load_f32; ST_EUNSUPPORTED for a dtype no
+** backend reads (the caller may load it as fp32 instead). */
+st_status st_checkpoint_view(st_checkpoint *ck, const char *canonical, int64_t rows, int64_t cols,
+                             st_weight *out);
 
 /* Loads an integer tensor (I64, I32, I16, I8, U8) as int32, range-checked. */
 st_status st_checkpoint_read_i32(st_checkpoint *ck, const char *canonical, int rank,

@@ -1,7 +1,7 @@
 /*
 ** indexer.h — the lightning indexer's scoring path (SPEC-dsv4 §3.3 steps 3-8), shared by the
 ** forward pass and by replay so that a replay under the recorded settings reproduces the recorded
-** scores and top-k bit for bit.
+** scores and top-k bit for bit. Every pointer is memory of the backend given.
 **
 ** Inputs are what the taps record: q [n, hI, dI] and k rows [rows, dI] after RoPE and before
 ** rotation/quantisation, weights [n, hI] with d_I^-1/2 h_I^-1/2 folded in.
@@ -15,21 +15,29 @@
 #include "settings.h"
 
 /* Rounds count vectors of dim through a storage format (SPEC §4): FP8 with one scale per vector,
-** FP4 with one ue8m0 scale per 32 values, bf16 per element. */
-void st_quantize_vectors(float *x, int count, int dim, st_number_format format);
+** FP4 with one ue8m0 scale per 32 values, bf16 per element; fp32 leaves them. */
+void st_quantize_vectors(const st_backend *be, float *x, int count, int dim, st_number_format format);
 
 /* What is scored: Hadamard-rotated if the settings rotate that side, then quantised.
 ** out may equal in. */
-void st_indexer_q_used(const st_backend_ops *ops, const st_settings *set, float *out,
-                       const float *q, int count, int dim);
-void st_indexer_k_used(const st_backend_ops *ops, const st_settings *set, float *out,
-                       const float *k, int rows, int dim);
+void st_indexer_q_used(const st_backend *be, const st_settings *set, float *out, const float *q,
+                       int count, int dim);
+void st_indexer_k_used(const st_backend *be, const st_settings *set, float *out, const float *k,
+                       int rows, int dim);
 
-/* Scores [n, max(rows, 1)] (-inf where j >= visible[i]) and each query's top-k rows, ascending,
-** -1 padded, into idx [n, width]; returns width = max(1, min(topk, rows)). scratch: see
-** st_topk_scratch_size(rows, threads). */
-int st_indexer_select(const st_backend_ops *ops, int topk, float *scores, int32_t *idx,
+/* The row j is visible to the query at position t iff j < (t + 1) / m, capped at rows: the one
+** causal rule of compressed rows (forward pass, replay, needle verdicts). */
+static inline int st_visible_rows(int64_t position, int ratio, int64_t rows) {
+  int64_t v = (position + 1) / ratio;
+  return (int)(v < rows ? v : rows);
+}
+
+/* Each query's top-k rows, ascending, -1 padded, into idx [n, width]; width = max(1, min(topk,
+** rows)) is returned. scores [n, max(rows, 1)] receives the scores (-inf where j >= visible[i])
+** when it is non-NULL; with scores NULL a backend's fused indexer_topk may skip the score matrix.
+** When rows == 0 scores are -inf (a row each) and idx is left to the caller (-1 a row). work: ops->workspace_size bytes. */
+int st_indexer_select(const st_backend *be, int topk, float *scores, int32_t *idx,
                       const float *q_used, const float *w, const float *k_used, int n, int rows,
-                      int heads, int dim, const int *visible, void *scratch);
+                      int heads, int dim, const int *visible, void *work);
 
 #endif

@@ -38,15 +38,50 @@
 /* ------------------------------------------------------------------------------------------ */
 /* Weights                                                                                      */
 
-static st_status load(st_model *m, const char *name, int rank, int64_t a, int64_t b, float **out) {
+static st_status keep(st_model *m, void *p) {
+  if (m->n_owned == m->cap_owned) {
+    int cap = m->cap_owned ? 2 * m->cap_owned : 256;
+    void **grown = realloc(m->owned, sizeof(void *) * (size_t)cap);
+    if (!grown) { free(p); return st_fail(ST_ENOMEM, "model allocation table"); }
+    m->owned = grown;
+    m->cap_owned = cap;
+  }
+  m->owned[m->n_owned++] = p;
+  return ST_OK;
+}
+
+/* A parameter vector (or small tensor) as fp32, owned by the model. */
+static st_status load_vector(st_model *m, const char *name, int rank, int64_t a, int64_t b,
+                             float **out) {
   int64_t shape[2] = {a, b};
-  return st_checkpoint_load_f32(m->checkpoint, name, rank, shape, out);
+  st_status rc = st_checkpoint_load_f32(m->checkpoint, name, rank, shape, out);
+  if (rc) return rc;
+  m->weight_bytes += sizeof(float) * (size_t)a * (size_t)(rank > 1 ? b : 1);
+  return keep(m, *out);
+}
+
+/* A matrix in its stored format, mapped; a dtype no backend reads (F64, integers) is converted
+** to an fp32 copy instead. */
+static st_status load_matrix(st_model *m, const char *name, int64_t rows, int64_t cols, st_weight *w) {
+  st_status rc = st_checkpoint_view(m->checkpoint, name, rows, cols, w);
+  if (rc == ST_EUNSUPPORTED) {
+    float *f = NULL;
+    int64_t shape[2] = {rows, cols};
+    if (st_checkpoint_load_f32(m->checkpoint, name, 2, shape, &f) != ST_OK) return rc;
+    st_clear_error();
+    *w = (st_weight){.dtype = ST_W_F32, .block = {1, 1}, .rows = rows, .cols = cols, .data = f};
+    rc = keep(m, f);
+  }
+  if (rc == ST_OK) m->weight_bytes += st_weight_data_bytes(w) + st_weight_scale_bytes(w);
+  return rc;
 }
 
 #define LOAD1(field, name, a) \
-  do { if ((rc = load(m, name, 1, a, 0, &(field))) != ST_OK) goto out; } while (0)
+  do { if ((rc = load_vector(m, name, 1, a, 0, &(field))) != ST_OK) goto out; } while (0)
 #define LOAD2(field, name, a, b) \
-  do { if ((rc = load(m, name, 2, a, b, &(field))) != ST_OK) goto out; } while (0)
+  do { if ((rc = load_vector(m, name, 2, a, b, &(field))) != ST_OK) goto out; } while (0)
+#define LOADW(field, name, rows, cols) \
+  do { if ((rc = load_matrix(m, name, rows, cols, &(field))) != ST_OK) goto out; } while (0)
 
 static st_status load_compressor(st_model *m, const char *prefix, int ratio, int dim, int overlap,
                                  st_compressor_weights *c) {
@@ -58,9 +93,9 @@ static st_status load_compressor(st_model *m, const char *prefix, int ratio, int
   c->dim = dim;
   c->overlap = overlap;
   snprintf(name, sizeof name, "%s.wkv.weight", prefix);
-  LOAD2(c->wkv, name, cd, cfg->hidden_size);
+  LOADW(c->wkv, name, cd, cfg->hidden_size);
   snprintf(name, sizeof name, "%s.wgate.weight", prefix);
-  LOAD2(c->wgate, name, cd, cfg->hidden_size);
+  LOADW(c->wgate, name, cd, cfg->hidden_size);
   snprintf(name, sizeof name, "%s.ape", prefix);
   LOAD2(c->ape, name, ratio, cd);
   snprintf(name, sizeof name, "%s.norm.weight", prefix);
@@ -87,13 +122,13 @@ st_status st_model_load_layer(st_model *m, int i) {
   LOAD2(L->hc_ffn_fn, NAME("hc_ffn_fn"), mixes, (int64_t)hc * D);
   LOAD1(L->hc_ffn_base, NAME("hc_ffn_base"), mixes);
   LOAD1(L->hc_ffn_scale, NAME("hc_ffn_scale"), 3);
-  LOAD2(L->wq_a, NAME("attn.wq_a.weight"), cfg->q_lora_rank, D);
+  LOADW(L->wq_a, NAME("attn.wq_a.weight"), cfg->q_lora_rank, D);
   LOAD1(L->q_norm, NAME("attn.q_norm.weight"), cfg->q_lora_rank);
-  LOAD2(L->wq_b, NAME("attn.wq_b.weight"), (int64_t)H * d, cfg->q_lora_rank);
-  LOAD2(L->wkv, NAME("attn.wkv.weight"), d, D);
+  LOADW(L->wq_b, NAME("attn.wq_b.weight"), (int64_t)H * d, cfg->q_lora_rank);
+  LOADW(L->wkv, NAME("attn.wkv.weight"), d, D);
   LOAD1(L->kv_norm, NAME("attn.kv_norm.weight"), d);
-  LOAD2(L->wo_a, NAME("attn.wo_a.weight"), (int64_t)G * cfg->o_lora_rank, (int64_t)H * d / G);
-  LOAD2(L->wo_b, NAME("attn.wo_b.weight"), D, (int64_t)G * cfg->o_lora_rank);
+  LOADW(L->wo_a, NAME("attn.wo_a.weight"), (int64_t)G * cfg->o_lora_rank, (int64_t)H * d / G);
+  LOADW(L->wo_b, NAME("attn.wo_b.weight"), D, (int64_t)G * cfg->o_lora_rank);
   LOAD1(L->attn_sink, NAME("attn.attn_sink"), H);
   if (cfg->layer_kind[i] != ST_LAYER_SLIDING) {
     int overlap = cfg->layer_kind[i] == ST_LAYER_CSA;
@@ -104,14 +139,16 @@ st_status st_model_load_layer(st_model *m, int i) {
     int hI = cfg->index_n_heads, dI = cfg->index_head_dim;
     snprintf(name, sizeof name, "layers.%d.attn.indexer.compressor", i);
     if ((rc = load_compressor(m, name, cfg->compress_ratio[i], dI, 1, &L->index_compressor))) goto out;
-    LOAD2(L->index_wq_b, NAME("attn.indexer.wq_b.weight"), (int64_t)hI * dI, cfg->q_lora_rank);
-    LOAD2(L->index_weights_proj, NAME("attn.indexer.weights_proj.weight"), hI, D);
+    LOADW(L->index_wq_b, NAME("attn.indexer.wq_b.weight"), (int64_t)hI * dI, cfg->q_lora_rank);
+    LOADW(L->index_weights_proj, NAME("attn.indexer.weights_proj.weight"), hI, D);
   }
-  LOAD2(L->gate, NAME("ffn.gate.weight"), E, D);
+  LOADW(L->gate, NAME("ffn.gate.weight"), E, D);
   if (cfg->hash_moe[i]) {
     int64_t shape[2] = {cfg->vocab_size, cfg->num_experts_per_tok};
     L->tid2eid = malloc(sizeof(int32_t) * (size_t)shape[0] * (size_t)shape[1]);
     if (!L->tid2eid) { rc = st_fail(ST_ENOMEM, "tid2eid of layer %d", i); goto out; }
+    if ((rc = keep(m, L->tid2eid))) goto out;
+    m->weight_bytes += sizeof(int32_t) * (size_t)shape[0] * (size_t)shape[1];
     if ((rc = st_checkpoint_read_i32(m->checkpoint, NAME("ffn.gate.tid2eid"), 2, shape, L->tid2eid)))
       goto out;
     for (int64_t k = 0; k < shape[0] * shape[1]; k++)
@@ -123,21 +160,21 @@ st_status st_model_load_layer(st_model *m, int i) {
   } else {
     LOAD1(L->gate_bias, NAME("ffn.gate.bias"), E);
   }
-  L->w1 = calloc((size_t)E, sizeof(float *));
-  L->w2 = calloc((size_t)E, sizeof(float *));
-  L->w3 = calloc((size_t)E, sizeof(float *));
-  if (!L->w1 || !L->w2 || !L->w3) { rc = st_fail(ST_ENOMEM, "expert table of layer %d", i); goto out; }
+  L->w1 = calloc((size_t)E * 3, sizeof(st_weight));
+  if (!L->w1 || (rc = keep(m, L->w1))) { rc = rc ? rc : st_fail(ST_ENOMEM, "expert table of layer %d", i); goto out; }
+  L->w2 = L->w1 + E;
+  L->w3 = L->w2 + E;
   for (int e = 0; e < E; e++) {
     snprintf(name, sizeof name, "layers.%d.ffn.experts.%d.w1.weight", i, e);
-    LOAD2(L->w1[e], name, F, D);
+    LOADW(L->w1[e], name, F, D);
     snprintf(name, sizeof name, "layers.%d.ffn.experts.%d.w2.weight", i, e);
-    LOAD2(L->w2[e], name, D, F);
+    LOADW(L->w2[e], name, D, F);
     snprintf(name, sizeof name, "layers.%d.ffn.experts.%d.w3.weight", i, e);
-    LOAD2(L->w3[e], name, F, D);
+    LOADW(L->w3[e], name, F, D);
   }
-  LOAD2(L->shared_w1, NAME("ffn.shared_experts.w1.weight"), F, D);
-  LOAD2(L->shared_w2, NAME("ffn.shared_experts.w2.weight"), D, F);
-  LOAD2(L->shared_w3, NAME("ffn.shared_experts.w3.weight"), F, D);
+  LOADW(L->shared_w1, NAME("ffn.shared_experts.w1.weight"), F, D);
+  LOADW(L->shared_w2, NAME("ffn.shared_experts.w2.weight"), D, F);
+  LOADW(L->shared_w3, NAME("ffn.shared_experts.w3.weight"), F, D);
 #undef NAME
   L->loaded = 1;
 out:
@@ -172,11 +209,11 @@ st_status st_model_open(const char *dir, st_model **out) {
   m->layers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->layers);
   if (!m->layers) { rc = st_fail(ST_ENOMEM, "layer table"); goto out; }
   int64_t V = cfg->vocab_size, D = cfg->hidden_size, hc = cfg->hc_mult;
-  LOAD2(m->embed, "embed.weight", V, D);
+  LOADW(m->embed, "embed.weight", V, D);
   if (st_checkpoint_has(m->checkpoint, "head.weight") || !cfg->tie_word_embeddings) {
-    LOAD2(m->head, "head.weight", V, D);
+    LOADW(m->head, "head.weight", V, D);
   } else {
-    LOAD2(m->head, "embed.weight", V, D);
+    m->head = m->embed; /* tied: one copy */
   }
   LOAD1(m->norm, "norm.weight", D);
   LOAD2(m->hc_head_fn, "hc_head_fn", hc, hc * D);
@@ -191,47 +228,16 @@ out:
   return ST_OK;
 }
 
-static void free_compressor(st_compressor_weights *c) {
-  free(c->wkv);
-  free(c->wgate);
-  free(c->ape);
-  free(c->norm);
-}
-
 void st_model_close(st_model *m) {
   if (!m) return;
-  if (m->layers) {
-    for (int i = 0; i < m->cfg->num_hidden_layers; i++) {
-      st_layer_weights *L = &m->layers[i];
-      float **all[] = {&L->attn_norm, &L->ffn_norm, &L->hc_attn_fn, &L->hc_attn_base,
-                       &L->hc_attn_scale, &L->hc_ffn_fn, &L->hc_ffn_base, &L->hc_ffn_scale,
-                       &L->wq_a, &L->q_norm, &L->wq_b, &L->wkv, &L->kv_norm, &L->wo_a, &L->wo_b,
-                       &L->attn_sink, &L->index_wq_b, &L->index_weights_proj, &L->gate,
-                       &L->gate_bias, &L->shared_w1, &L->shared_w2, &L->shared_w3};
-      for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) free(*all[k]);
-      free_compressor(&L->compressor);
-      free_compressor(&L->index_compressor);
-      free(L->tid2eid);
-      for (int e = 0; e < m->cfg->n_routed_experts; e++) {
-        if (L->w1) free(L->w1[e]);
-        if (L->w2) free(L->w2[e]);
-        if (L->w3) free(L->w3[e]);
-      }
-      free(L->w1);
-      free(L->w2);
-      free(L->w3);
-    }
-    free(m->layers);
-  }
-  free(m->embed);
-  free(m->head);
-  free(m->norm);
-  free(m->hc_head_fn);
-  free(m->hc_head_base);
-  free(m->hc_head_scale);
+  for (int k = 0; k < m->n_owned; k++) free(m->owned[k]);
+  free(m->owned);
+  free(m->layers);
   st_checkpoint_close(m->checkpoint);
   free(m);
 }
+
+size_t st_model_weight_bytes(const st_model *m) { return m->weight_bytes; }
 
 /* ------------------------------------------------------------------------------------------ */
 /* RoPE tables (SPEC §3.5)                                                                      */
@@ -258,23 +264,6 @@ void st_rope_inv_freq(const st_config *cfg, const st_settings *set, int compress
   }
 }
 
-typedef struct rope_table {
-  float *cos, *sin; /* [max_position, r/2] */
-} rope_table;
-
-static st_status rope_table_build(rope_table *t, const st_config *cfg, const st_settings *set,
-                                  int compressed, int64_t max_position) {
-  int half = cfg->rope_head_dim / 2;
-  double inv[512];
-  if (half > 512) return st_fail(ST_EUNSUPPORTED, "rope dims %d > 1024", cfg->rope_head_dim);
-  st_rope_inv_freq(cfg, set, compressed, inv);
-  t->cos = malloc(sizeof(float) * (size_t)max_position * half);
-  t->sin = malloc(sizeof(float) * (size_t)max_position * half);
-  if (!t->cos || !t->sin) return st_fail(ST_ENOMEM, "RoPE tables for %lld positions", (long long)max_position);
-  for (int64_t p = 0; p < max_position; p++) st_rope_cos_sin(inv, half, p, t->cos + p * half, t->sin + p * half);
-  return ST_OK;
-}
-
 void st_rope_cos_sin(const double *inv_freq, int half, int64_t position, float *cos_out, float *sin_out) {
   for (int i = 0; i < half; i++) {
     float angle = (float)inv_freq[i] * (float)position; /* fp32 product, as the oracle computes it */
@@ -284,10 +273,14 @@ void st_rope_cos_sin(const double *inv_freq, int half, int64_t position, float *
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Session: per-request state and scratch, all sized once                                      */
+/* Session: per-request state and scratch, all sized once, all in the backend's memory         */
+
+typedef struct rope_table {
+  float *cos, *sin; /* backend memory, [max_position, r/2] */
+} rope_table;
 
 typedef struct compressor_state {
-  float *kv, *score; /* [c m, c d]: slots of the current (and, overlapping, previous) block */
+  float *kv, *score; /* [2m, c d]: slots of the current (and, overlapping, previous) block */
   int n_rows;        /* rows emitted so far */
   float *rows;       /* main: points into kv_all; indexer: [rows_cap, dI] as computed */
   float *rows_used;  /* indexer only: [rows_cap, dI] rotated/quantised as scored */
@@ -301,26 +294,47 @@ typedef struct layer_state {
 struct st_session {
   st_model *model;
   const st_config *cfg;
+  st_backend be;        /* borrowed, or opened here (own_backend) */
+  int own_backend;
   const st_backend_ops *ops;
+  void *ctx;            /* be.ctx */
+  const st_layer_weights *w; /* [n_layers] weights in the backend's memory */
+  st_layer_weights *w_dev;   /* device backends: the uploaded copy (NULL on host backends) */
+  st_weight embed, head;
+  const float *norm, *hc_head_fn, *hc_head_base, *hc_head_scale;
+  st_status status;     /* first failure: a tap sink, an upload, the backend's latched error */
   st_settings set;      /* the run's settings */
   st_settings alt;      /* replay: settings of the layers in alt_layers */
   uint8_t *alt_layers;  /* [n_layers] 1 = layer runs under alt; NULL = none */
   st_taps *taps;
-  st_status tap_status; /* first error a tap sink returned */
   int64_t position, max_tokens;
-  int max_chunk, threads, topk;
+  int max_chunk, topk;
   int64_t rows_cap_csa, rows_cap_hca;
   rope_table rope_main, rope_compress, rope_compress_alt; /* alt: only if its RoPE differs */
   layer_state *layers;
-  /* scratch, [max_chunk, ...] unless noted */
-  int64_t *positions, *row_positions;  /* [max_chunk], [max_chunk] */
+  void **allocs;        /* every backend allocation, freed together */
+  int n_allocs, cap_allocs;
+  size_t backend_bytes;
+  st_weight *allocs_host_experts; /* device backends: the experts tables of w_dev */
+  /* host side: what the host computes per chunk and uploads (routing ids, positions, masks) */
+  int64_t *h_positions, *h_row_positions; /* [n], [n] */
+  int *h_visible;                         /* [n] */
+  int32_t *h_minus_one;                   /* [n] of -1 */
+  int32_t *h_experts, *h_group_rows;      /* [n kE], [n kE] */
+  float *h_expert_w, *h_group_weights;    /* [n kE], [n kE] */
+  int32_t *h_hash_experts;                /* [n kE] */
+  void *h_tap;                            /* device backends: a tap's download (h_tap_bytes) */
+  size_t h_tap_bytes;
+  /* backend scratch, [max_chunk, ...] unless noted */
+  int32_t *tokens;                     /* [n] */
+  int64_t *positions, *row_positions;  /* [n], [n] */
   float *X, *X_next;                   /* [n, hc, D] residual streams */
   float *pre, *post, *comb;            /* [n, hc], [n, hc], [n, hc, hc] */
   float *x, *xn;                       /* [n, D] */
   float *qr;                           /* [n, q_lo] */
   float *q;                            /* [n, H, d] */
   float *o;                            /* [n, H, d] attention output */
-  float *group_in, *group_out, *z;     /* [n, H d / G], [n, R_o], [n, G R_o] */
+  float *z;                            /* [n, G R_o] */
   float *a;                            /* [n, D] sublayer output */
   float *ckv, *cscore;                 /* [n, 2 max(d, dI)] compressor projections */
   float *iq, *iq_used, *iw;            /* [n, hI, dI], [n, hI, dI], [n, hI] */
@@ -328,12 +342,11 @@ struct st_session {
   int32_t *topk_idx;                   /* [n, topk_width_cap] */
   int *visible;                        /* [n] */
   int32_t *cand;                       /* [n, w + compressed_cap] attention candidates */
-  void *topk_scratch;
+  void *work;                          /* ops->workspace_size bytes */
   float *router_logits;                /* [n, E] */
   int32_t *experts;                    /* [n, kE] */
   float *expert_w;                     /* [n, kE] */
-  int32_t *group_tokens;               /* [n kE] (token, slot) pairs routed to one expert */
-  int32_t *group_rows;                 /* [n kE] their token rows */
+  int32_t *group_rows;                 /* [n kE] token rows, grouped by expert */
   float *group_weights;                /* [n kE] their routing weights */
   int32_t *hash_experts;               /* [n, kE] tid2eid rows of the chunk's tokens */
   float *xg, *g, *u, *h, *y;           /* [n kE, D], [n kE, F] x3, [n kE, D] */
@@ -344,52 +357,188 @@ struct st_session {
 
 int64_t st_session_position(const st_session *s) { return s->position; }
 const st_settings *st_session_settings(const st_session *s) { return &s->set; }
+size_t st_session_backend_bytes(const st_session *s) { return s->backend_bytes; }
+const st_backend *st_session_backend(const st_session *s) { return &s->be; }
 
-static void *alloc_floats(size_t n, int *failed) {
-  void *p = calloc(n ? n : 1, sizeof(float));
-  if (!p) *failed = 1;
+/* One zero-filled block of backend memory, remembered for st_session_free. */
+static void *balloc(st_session *s, size_t bytes, int *failed) {
+  void *p = NULL;
+  if (*failed) return NULL;
+  if (s->n_allocs == s->cap_allocs) {
+    int cap = s->cap_allocs ? 2 * s->cap_allocs : 128;
+    void **grown = realloc(s->allocs, sizeof(void *) * (size_t)cap);
+    if (!grown) { *failed = 1; return NULL; }
+    s->allocs = grown;
+    s->cap_allocs = cap;
+  }
+  if (s->ops->alloc(s->ctx, bytes ? bytes : 1, &p) != ST_OK) { *failed = 1; return NULL; }
+  s->allocs[s->n_allocs++] = p;
+  s->backend_bytes += bytes;
   return p;
+}
+
+static void *balloc_floats(st_session *s, size_t n, int *failed) { return balloc(s, n * sizeof(float), failed); }
+
+/* Host data into backend memory; a failure is kept for the end of the chunk. */
+static void upload(st_session *s, void *dst, const void *src, size_t bytes) {
+  st_status rc = s->ops->upload(s->ctx, dst, src, bytes);
+  if (rc && !s->status) s->status = rc;
+}
+
+static void download(st_session *s, void *dst, const void *src, size_t bytes) {
+  st_status rc = s->ops->download(s->ctx, dst, src, bytes);
+  if (rc && !s->status) s->status = rc;
+}
+
+static void copy(st_session *s, void *dst, const void *src, size_t bytes) {
+  st_status rc = s->ops->copy(s->ctx, dst, src, bytes);
+  if (rc && !s->status) s->status = rc;
+}
+
+static st_status rope_table_build(st_session *s, rope_table *t, const st_settings *set,
+                                  int compressed, int *failed) {
+  const st_config *cfg = s->cfg;
+  int half = cfg->rope_head_dim / 2;
+  double inv[512];
+  if (half > 512) return st_fail(ST_EUNSUPPORTED, "rope dims %d > 1024", cfg->rope_head_dim);
+  st_rope_inv_freq(cfg, set, compressed, inv);
+  size_t count = (size_t)s->max_tokens * half;
+  float *c = malloc(sizeof(float) * (count ? count : 1)), *sn = malloc(sizeof(float) * (count ? count : 1));
+  if (!c || !sn) {
+    free(c);
+    free(sn);
+    return st_fail(ST_ENOMEM, "RoPE tables for %lld positions", (long long)s->max_tokens);
+  }
+  for (int64_t p = 0; p < s->max_tokens; p++) st_rope_cos_sin(inv, half, p, c + p * half, sn + p * half);
+  t->cos = balloc_floats(s, count, failed);
+  t->sin = balloc_floats(s, count, failed);
+  if (!*failed) {
+    upload(s, t->cos, c, sizeof(float) * count);
+    upload(s, t->sin, sn, sizeof(float) * count);
+  }
+  free(c);
+  free(sn);
+  return *failed ? st_fail(ST_ENOMEM, "RoPE tables for %lld positions", (long long)s->max_tokens)
+                 : s->status;
+}
+
+/* ---- weights in the backend's memory -------------------------------------------------------- */
+
+static float *upload_vector(st_session *s, const float *v, size_t count, int *failed) {
+  if (!v) return NULL;
+  float *d = balloc_floats(s, count, failed);
+  if (d) upload(s, d, v, sizeof(float) * count);
+  return d;
+}
+
+static void upload_weight(st_session *s, st_weight *dst, const st_weight *src, int *failed) {
+  *dst = *src;
+  if (!src->data) return;
+  size_t data = st_weight_data_bytes(src), scales = st_weight_scale_bytes(src);
+  void *d = balloc(s, data, failed), *sc = scales ? balloc(s, scales, failed) : NULL;
+  if (*failed) return;
+  upload(s, d, src->data, data);
+  if (scales) upload(s, sc, src->scales, scales);
+  dst->data = d;
+  dst->scales = sc;
+}
+
+/* Host backends read the model's weights in place; a device backend gets one copy of every
+** loaded layer's weights (and the model-level ones) at session create. */
+static st_status bind_weights(st_session *s) {
+  st_model *m = s->model;
+  const st_config *cfg = s->cfg;
+  s->embed = m->embed;
+  s->head = m->head;
+  s->norm = m->norm;
+  s->hc_head_fn = m->hc_head_fn;
+  s->hc_head_base = m->hc_head_base;
+  s->hc_head_scale = m->hc_head_scale;
+  s->w = m->layers;
+  if (s->ops->host_memory) return ST_OK;
+  int failed = 0, D = cfg->hidden_size, hc = cfg->hc_mult, E = cfg->n_routed_experts;
+  size_t mixes = (size_t)(2 + hc) * hc;
+  s->w_dev = calloc((size_t)cfg->num_hidden_layers, sizeof *s->w_dev);
+  st_weight *experts = calloc((size_t)cfg->num_hidden_layers * E * 3, sizeof *experts);
+  if (!s->w_dev || !experts) { free(experts); return st_fail(ST_ENOMEM, "device weight tables"); }
+  s->allocs_host_experts = experts;
+  upload_weight(s, &s->embed, &m->embed, &failed);
+  if (m->head.data == m->embed.data) s->head = s->embed;
+  else upload_weight(s, &s->head, &m->head, &failed);
+  s->norm = upload_vector(s, m->norm, (size_t)D, &failed);
+  s->hc_head_fn = upload_vector(s, m->hc_head_fn, (size_t)hc * hc * D, &failed);
+  s->hc_head_base = upload_vector(s, m->hc_head_base, (size_t)hc, &failed);
+  s->hc_head_scale = upload_vector(s, m->hc_head_scale, 1, &failed);
+  for (int i = 0; i < cfg->num_hidden_layers && !failed; i++) {
+    const st_layer_weights *L = &m->layers[i];
+    st_layer_weights *W = &s->w_dev[i];
+    if (!L->loaded) continue;
+    *W = *L;
+    int H = cfg->num_attention_heads, q_lo = cfg->q_lora_rank, d = cfg->head_dim;
+    W->attn_norm = upload_vector(s, L->attn_norm, (size_t)D, &failed);
+    W->ffn_norm = upload_vector(s, L->ffn_norm, (size_t)D, &failed);
+    W->hc_attn_fn = upload_vector(s, L->hc_attn_fn, mixes * hc * D, &failed);
+    W->hc_attn_base = upload_vector(s, L->hc_attn_base, mixes, &failed);
+    W->hc_attn_scale = upload_vector(s, L->hc_attn_scale, 3, &failed);
+    W->hc_ffn_fn = upload_vector(s, L->hc_ffn_fn, mixes * hc * D, &failed);
+    W->hc_ffn_base = upload_vector(s, L->hc_ffn_base, mixes, &failed);
+    W->hc_ffn_scale = upload_vector(s, L->hc_ffn_scale, 3, &failed);
+    W->q_norm = upload_vector(s, L->q_norm, (size_t)q_lo, &failed);
+    W->kv_norm = upload_vector(s, L->kv_norm, (size_t)d, &failed);
+    W->attn_sink = upload_vector(s, L->attn_sink, (size_t)H, &failed);
+    W->gate_bias = upload_vector(s, L->gate_bias, (size_t)E, &failed);
+    st_weight *mats[][2] = {{&W->wq_a, NULL}, {&W->wq_b, NULL}, {&W->wkv, NULL}, {&W->wo_a, NULL},
+                            {&W->wo_b, NULL}, {&W->index_wq_b, NULL}, {&W->index_weights_proj, NULL},
+                            {&W->gate, NULL}, {&W->shared_w1, NULL}, {&W->shared_w2, NULL},
+                            {&W->shared_w3, NULL}, {&W->compressor.wkv, NULL},
+                            {&W->compressor.wgate, NULL}, {&W->index_compressor.wkv, NULL},
+                            {&W->index_compressor.wgate, NULL}};
+    for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) {
+      st_weight host = *mats[k][0];
+      upload_weight(s, mats[k][0], &host, &failed);
+    }
+    const st_compressor_weights *cs[2] = {&L->compressor, &L->index_compressor};
+    st_compressor_weights *cd[2] = {&W->compressor, &W->index_compressor};
+    for (int c = 0; c < 2; c++) {
+      if (!cs[c]->ape) continue;
+      size_t width = (size_t)(cs[c]->overlap ? 2 : 1) * cs[c]->dim;
+      cd[c]->ape = upload_vector(s, cs[c]->ape, (size_t)cs[c]->ratio * width, &failed);
+      cd[c]->norm = upload_vector(s, cs[c]->norm, (size_t)cs[c]->dim, &failed);
+    }
+    W->w1 = experts + (size_t)i * E * 3;
+    W->w2 = W->w1 + E;
+    W->w3 = W->w2 + E;
+    for (int e = 0; e < E; e++) {
+      upload_weight(s, &W->w1[e], &L->w1[e], &failed);
+      upload_weight(s, &W->w2[e], &L->w2[e], &failed);
+      upload_weight(s, &W->w3[e], &L->w3[e], &failed);
+    }
+  }
+  if (failed) return st_fail(ST_ENOMEM, "%s: uploading the weights", s->ops->name);
+  s->w = s->w_dev;
+  return s->status;
 }
 
 void st_session_free(st_session *s) {
   if (!s) return;
-  free(s->rope_main.cos);
-  free(s->rope_main.sin);
-  free(s->rope_compress.cos);
-  free(s->rope_compress.sin);
-  free(s->rope_compress_alt.cos);
-  free(s->rope_compress_alt.sin);
+  if (s->ops)
+    for (int k = 0; k < s->n_allocs; k++) s->ops->free(s->ctx, s->allocs[k]);
+  free(s->allocs);
+  free(s->w_dev);
+  free(s->allocs_host_experts);
   free(s->alt_layers);
-  if (s->layers) {
-    for (int i = 0; i < s->cfg->num_hidden_layers; i++) {
-      layer_state *ls = &s->layers[i];
-      free(ls->kv_all);
-      free(ls->compressor.kv);
-      free(ls->compressor.score);
-      free(ls->index_compressor.kv);
-      free(ls->index_compressor.score);
-      free(ls->index_compressor.rows);
-      free(ls->index_compressor.rows_used);
-    }
-    free(s->layers);
-  }
-  void *scratch[] = {s->positions, s->row_positions, s->X, s->X_next, s->pre, s->post, s->comb,
-                     s->x, s->xn, s->qr, s->q, s->o, s->group_in, s->group_out, s->z, s->a,
-                     s->ckv, s->cscore, s->iq, s->iq_used, s->iw, s->scores, s->topk_idx,
-                     s->visible, s->cand, s->topk_scratch, s->router_logits, s->experts,
-                     s->expert_w, s->group_tokens, s->group_rows, s->group_weights,
-                     s->hash_experts, s->xg, s->g, s->u, s->h, s->y, s->logits,
-                     s->tmp};
-  for (size_t k = 0; k < sizeof scratch / sizeof scratch[0]; k++) free(scratch[k]);
+  free(s->layers);
+  void *host[] = {s->h_positions, s->h_row_positions, s->h_visible, s->h_minus_one, s->h_experts,
+                  s->h_group_rows, s->h_expert_w, s->h_group_weights, s->h_hash_experts, s->h_tap};
+  for (size_t k = 0; k < sizeof host / sizeof host[0]; k++) free(host[k]);
+  if (s->own_backend) st_backend_close(&s->be);
   free(s);
 }
 
-static void compressor_state_reset(compressor_state *c, int ratio, int cd) {
+static void compressor_state_reset(st_session *s, compressor_state *c, int ratio, int cd) {
   size_t n = (size_t)2 * ratio * cd; /* allocated for 2m slots in both layouts */
-  for (size_t k = 0; k < n; k++) {
-    c->kv[k] = 0;
-    c->score[k] = -INFINITY; /* block 0 has no previous block (SPEC §3.2.3 quirk avoided) */
-  }
+  s->ops->fill(s->ctx, c->kv, 0.0f, n);
+  s->ops->fill(s->ctx, c->score, -INFINITY, n); /* block 0 has no previous block (SPEC §3.2.3) */
   c->n_rows = 0;
 }
 
@@ -402,29 +551,31 @@ st_status st_session_create(st_model *m, const st_session_options *opt, st_sessi
   int failed = 0;
   s->model = m;
   s->cfg = cfg;
-  s->ops = opt->backend ? opt->backend : &st_backend_cpu_ref;
+  if (opt->backend) {
+    s->be = *opt->backend;
+  } else {
+    if ((rc = st_backend_open("cpu-ref", &s->be))) { free(s); return rc; }
+    s->own_backend = 1;
+  }
+  s->ops = s->be.ops;
+  s->ctx = s->be.ctx;
   s->set = opt->settings;
   st_settings_resolve(&s->set, cfg);
   s->alt = opt->alt_layers ? opt->alt_settings : s->set;
   st_settings_resolve(&s->alt, cfg);
   if (opt->alt_layers) {
     if (s->alt.precision != s->set.precision) {
-      free(s);
-      return st_fail(ST_EINVAL, "precision is a setting of the whole run: it cannot differ per layer");
+      rc = st_fail(ST_EINVAL, "precision is a setting of the whole run: it cannot differ per layer");
+      goto out;
     }
     s->alt_layers = malloc((size_t)cfg->num_hidden_layers);
-    if (!s->alt_layers) { free(s); return st_fail(ST_ENOMEM, "layer settings"); }
+    if (!s->alt_layers) { rc = st_fail(ST_ENOMEM, "layer settings"); goto out; }
     memcpy(s->alt_layers, opt->alt_layers, (size_t)cfg->num_hidden_layers);
   }
   s->taps = opt->taps;
   s->max_tokens = opt->max_tokens > 0 ? opt->max_tokens : 4096;
   s->max_chunk = opt->max_chunk > 0 ? opt->max_chunk : 256;
   if (s->max_chunk > s->max_tokens) s->max_chunk = (int)s->max_tokens;
-#ifdef _OPENMP
-  s->threads = omp_get_max_threads();
-#else
-  s->threads = 1;
-#endif
   for (int k = 0; k < 2; k++) {
     const st_settings *set = k ? &s->alt : &s->set;
     if ((set->rotate & (ST_ROTATE_Q | ST_ROTATE_K)) &&
@@ -440,6 +591,7 @@ st_status st_session_create(st_model *m, const st_session_options *opt, st_sessi
       goto out;
     }
   }
+  if ((rc = bind_weights(s))) goto out;
   s->topk = st_settings_topk(&s->set, cfg);
   if (st_settings_topk(&s->alt, cfg) > s->topk) s->topk = st_settings_topk(&s->alt, cfg); /* capacity */
   int n = s->max_chunk, D = cfg->hidden_size, hc = cfg->hc_mult, H = cfg->num_attention_heads;
@@ -448,10 +600,10 @@ st_status st_session_create(st_model *m, const st_session_options *opt, st_sessi
   int F = cfg->moe_intermediate_size, V = cfg->vocab_size, q_lo = cfg->q_lora_rank;
   s->rows_cap_csa = s->max_tokens / (cfg->compress_rate_csa > 0 ? cfg->compress_rate_csa : 4) + 1;
   s->rows_cap_hca = s->max_tokens / (cfg->compress_rate_hca > 0 ? cfg->compress_rate_hca : 128) + 1;
-  if ((rc = rope_table_build(&s->rope_main, cfg, &s->set, 0, s->max_tokens))) goto out;
-  if ((rc = rope_table_build(&s->rope_compress, cfg, &s->set, 1, s->max_tokens))) goto out;
+  if ((rc = rope_table_build(s, &s->rope_main, &s->set, 0, &failed))) goto out;
+  if ((rc = rope_table_build(s, &s->rope_compress, &s->set, 1, &failed))) goto out;
   if ((s->alt.compress_rope_theta != s->set.compress_rope_theta || s->alt.yarn != s->set.yarn) &&
-      (rc = rope_table_build(&s->rope_compress_alt, cfg, &s->alt, 1, s->max_tokens)))
+      (rc = rope_table_build(s, &s->rope_compress_alt, &s->alt, 1, &failed)))
     goto out;
 
   s->layers = calloc((size_t)cfg->num_hidden_layers, sizeof *s->layers);
@@ -462,21 +614,21 @@ st_status st_session_create(st_model *m, const st_session_options *opt, st_sessi
     int64_t rows_cap = cfg->layer_kind[i] == ST_LAYER_CSA ? s->rows_cap_csa
                        : cfg->layer_kind[i] == ST_LAYER_HCA ? s->rows_cap_hca : 0;
     if (cfg->layer_kind[i] == ST_LAYER_HCA && rows_cap > hca_cap) hca_cap = rows_cap;
-    ls->kv_all = alloc_floats((size_t)(w + n + rows_cap) * d, &failed);
+    ls->kv_all = balloc_floats(s, (size_t)(w + n + rows_cap) * d, &failed);
     if (cfg->layer_kind[i] != ST_LAYER_SLIDING) {
       int m_ = cfg->compress_ratio[i], c = cfg->layer_kind[i] == ST_LAYER_CSA ? 2 : 1;
-      ls->compressor.kv = alloc_floats((size_t)2 * m_ * c * d, &failed);
-      ls->compressor.score = alloc_floats((size_t)2 * m_ * c * d, &failed);
+      ls->compressor.kv = balloc_floats(s, (size_t)2 * m_ * c * d, &failed);
+      ls->compressor.score = balloc_floats(s, (size_t)2 * m_ * c * d, &failed);
       ls->compressor.rows = ls->kv_all ? ls->kv_all + (size_t)(w + n) * d : NULL;
-      if (!failed) compressor_state_reset(&ls->compressor, m_, c * d);
+      if (!failed) compressor_state_reset(s, &ls->compressor, m_, c * d);
     }
     if (cfg->layer_kind[i] == ST_LAYER_CSA) {
       int m_ = cfg->compress_ratio[i];
-      ls->index_compressor.kv = alloc_floats((size_t)4 * m_ * dI, &failed);
-      ls->index_compressor.score = alloc_floats((size_t)4 * m_ * dI, &failed);
-      ls->index_compressor.rows = alloc_floats((size_t)rows_cap * dI, &failed);
-      ls->index_compressor.rows_used = alloc_floats((size_t)rows_cap * dI, &failed);
-      if (!failed) compressor_state_reset(&ls->index_compressor, m_, 2 * dI);
+      ls->index_compressor.kv = balloc_floats(s, (size_t)4 * m_ * dI, &failed);
+      ls->index_compressor.score = balloc_floats(s, (size_t)4 * m_ * dI, &failed);
+      ls->index_compressor.rows = balloc_floats(s, (size_t)rows_cap * dI, &failed);
+      ls->index_compressor.rows_used = balloc_floats(s, (size_t)rows_cap * dI, &failed);
+      if (!failed) compressor_state_reset(s, &ls->index_compressor, m_, 2 * dI);
     }
     if (failed) { rc = st_fail(ST_ENOMEM, "state of layer %d (%lld tokens)", i, (long long)s->max_tokens); goto out; }
   }
@@ -485,52 +637,72 @@ st_status st_session_create(st_model *m, const st_session_options *opt, st_sessi
   int cmax = 2 * (d > dI ? d : dI);
   s->tmp_size = (size_t)n * ST_MAX(ST_MAX(ST_MAX(D, q_lo), H * d),
                                    ST_MAX(ST_MAX(hc * D, cmax), kE * ST_MAX(D, F)));
-  s->positions = calloc((size_t)n, sizeof(int64_t));
-  s->row_positions = calloc((size_t)n, sizeof(int64_t));
-  s->X = alloc_floats((size_t)n * hc * D, &failed);
-  s->X_next = alloc_floats((size_t)n * hc * D, &failed);
-  s->pre = alloc_floats((size_t)n * hc, &failed);
-  s->post = alloc_floats((size_t)n * hc, &failed);
-  s->comb = alloc_floats((size_t)n * hc * hc, &failed);
-  s->x = alloc_floats((size_t)n * D, &failed);
-  s->xn = alloc_floats((size_t)n * D, &failed);
-  s->qr = alloc_floats((size_t)n * q_lo, &failed);
-  s->q = alloc_floats((size_t)n * H * d, &failed);
-  s->o = alloc_floats((size_t)n * H * d, &failed);
-  s->group_in = alloc_floats((size_t)n * H * d / G, &failed);
-  s->group_out = alloc_floats((size_t)n * Ro, &failed);
-  s->z = alloc_floats((size_t)n * G * Ro, &failed);
-  s->a = alloc_floats((size_t)n * D, &failed);
-  s->ckv = alloc_floats((size_t)n * cmax, &failed);
-  s->cscore = alloc_floats((size_t)n * cmax, &failed);
-  s->iq = alloc_floats((size_t)n * hI * dI, &failed);
-  s->iq_used = alloc_floats((size_t)n * hI * dI, &failed);
-  s->iw = alloc_floats((size_t)n * hI, &failed);
-  s->scores = alloc_floats((size_t)n * s->rows_cap_csa, &failed);
-  s->topk_idx = calloc((size_t)n * (topk_cap > 0 ? topk_cap : 1), sizeof(int32_t));
-  s->visible = calloc((size_t)n, sizeof(int));
-  s->cand = calloc((size_t)n * cand_cap, sizeof(int32_t));
-  s->topk_scratch = malloc(st_topk_scratch_size((int)s->rows_cap_csa, s->threads));
-  s->router_logits = alloc_floats((size_t)n * E, &failed);
-  s->experts = calloc((size_t)n * kE, sizeof(int32_t));
-  s->expert_w = alloc_floats((size_t)n * kE, &failed);
-  s->group_tokens = calloc((size_t)n * kE, sizeof(int32_t));
-  s->group_rows = calloc((size_t)n * kE, sizeof(int32_t));
-  s->group_weights = alloc_floats((size_t)n * kE, &failed);
-  s->hash_experts = calloc((size_t)n * kE, sizeof(int32_t));
+  st_backend_limits lim = {.max_tokens = n, .max_rows = s->rows_cap_csa, .max_topk = (int)topk_cap,
+                           .max_dim = ST_MAX(ST_MAX(D, F), ST_MAX(hc * D, G * Ro)),
+                           .max_experts = E, .max_expert_slots = n * kE, .max_ffn = F};
+  s->tokens = balloc(s, sizeof(int32_t) * (size_t)n, &failed);
+  s->positions = balloc(s, sizeof(int64_t) * (size_t)n, &failed);
+  s->row_positions = balloc(s, sizeof(int64_t) * (size_t)n, &failed);
+  s->X = balloc_floats(s, (size_t)n * hc * D, &failed);
+  s->X_next = balloc_floats(s, (size_t)n * hc * D, &failed);
+  s->pre = balloc_floats(s, (size_t)n * hc, &failed);
+  s->post = balloc_floats(s, (size_t)n * hc, &failed);
+  s->comb = balloc_floats(s, (size_t)n * hc * hc, &failed);
+  s->x = balloc_floats(s, (size_t)n * D, &failed);
+  s->xn = balloc_floats(s, (size_t)n * D, &failed);
+  s->qr = balloc_floats(s, (size_t)n * q_lo, &failed);
+  s->q = balloc_floats(s, (size_t)n * H * d, &failed);
+  s->o = balloc_floats(s, (size_t)n * H * d, &failed);
+  s->z = balloc_floats(s, (size_t)n * G * Ro, &failed);
+  s->a = balloc_floats(s, (size_t)n * D, &failed);
+  s->ckv = balloc_floats(s, (size_t)n * cmax, &failed);
+  s->cscore = balloc_floats(s, (size_t)n * cmax, &failed);
+  s->iq = balloc_floats(s, (size_t)n * hI * dI, &failed);
+  s->iq_used = balloc_floats(s, (size_t)n * hI * dI, &failed);
+  s->iw = balloc_floats(s, (size_t)n * hI, &failed);
+  s->scores = balloc_floats(s, (size_t)n * s->rows_cap_csa, &failed);
+  s->topk_idx = balloc(s, sizeof(int32_t) * (size_t)n * (topk_cap > 0 ? topk_cap : 1), &failed);
+  s->visible = balloc(s, sizeof(int) * (size_t)n, &failed);
+  s->cand = balloc(s, sizeof(int32_t) * (size_t)n * cand_cap, &failed);
+  s->work = balloc(s, s->ops->workspace_size(s->ctx, &lim), &failed);
+  s->router_logits = balloc_floats(s, (size_t)n * E, &failed);
+  s->experts = balloc(s, sizeof(int32_t) * (size_t)n * kE, &failed);
+  s->expert_w = balloc_floats(s, (size_t)n * kE, &failed);
+  s->group_rows = balloc(s, sizeof(int32_t) * (size_t)n * kE, &failed);
+  s->group_weights = balloc_floats(s, (size_t)n * kE, &failed);
+  s->hash_experts = balloc(s, sizeof(int32_t) * (size_t)n * kE, &failed);
   /* an expert sees at most n kE (token, slot) rows, should a hash table repeat an expert */
-  s->xg = alloc_floats((size_t)n * kE * D, &failed);
-  s->g = alloc_floats((size_t)n * kE * F, &failed);
-  s->u = alloc_floats((size_t)n * kE * F, &failed);
-  s->h = alloc_floats((size_t)n * kE * F, &failed);
-  s->y = alloc_floats((size_t)n * kE * D, &failed);
-  s->logits = alloc_floats((size_t)n * V, &failed);
-  s->tmp = alloc_floats(s->tmp_size, &failed);
-  if (failed || !s->positions || !s->row_positions || !s->topk_idx || !s->visible || !s->cand ||
-      !s->topk_scratch || !s->experts || !s->group_tokens || !s->group_rows || !s->hash_experts) {
+  s->xg = balloc_floats(s, (size_t)n * kE * D, &failed);
+  s->g = balloc_floats(s, (size_t)n * kE * F, &failed);
+  s->u = balloc_floats(s, (size_t)n * kE * F, &failed);
+  s->h = balloc_floats(s, (size_t)n * kE * F, &failed);
+  s->y = balloc_floats(s, (size_t)n * kE * D, &failed);
+  s->logits = balloc_floats(s, (size_t)n * V, &failed);
+  s->tmp = balloc_floats(s, s->tmp_size, &failed);
+  size_t nk = (size_t)n * kE;
+  s->h_positions = malloc(sizeof(int64_t) * (size_t)n);
+  s->h_row_positions = malloc(sizeof(int64_t) * (size_t)n);
+  s->h_visible = malloc(sizeof(int) * (size_t)n);
+  s->h_minus_one = malloc(sizeof(int32_t) * (size_t)n);
+  s->h_experts = malloc(sizeof(int32_t) * nk);
+  s->h_group_rows = malloc(sizeof(int32_t) * nk);
+  s->h_expert_w = malloc(sizeof(float) * nk);
+  s->h_group_weights = malloc(sizeof(float) * nk);
+  s->h_hash_experts = malloc(sizeof(int32_t) * nk);
+  if (!s->ops->host_memory) { /* the largest value a tap hands over */
+    size_t big = ST_MAX(ST_MAX((size_t)n * hc * D, (size_t)n * H * d),
+                        ST_MAX((size_t)n * (size_t)s->rows_cap_csa, (size_t)n * V));
+    s->h_tap_bytes = sizeof(float) * ST_MAX(big, (size_t)s->rows_cap_csa * ST_MAX(d, dI));
+    s->h_tap = malloc(s->h_tap_bytes);
+  }
+  if (failed || !s->h_positions || !s->h_row_positions || !s->h_visible || !s->h_minus_one ||
+      !s->h_experts || !s->h_group_rows || !s->h_expert_w || !s->h_group_weights ||
+      !s->h_hash_experts || (!s->ops->host_memory && !s->h_tap)) {
     rc = st_fail(ST_ENOMEM, "scratch buffers for chunks of %d tokens", n);
     goto out;
   }
+  for (int i = 0; i < n; i++) s->h_minus_one[i] = -1;
+  rc = s->ops->synchronize(s->ctx);
 out:
   if (rc) {
     st_session_free(s);
@@ -561,321 +733,72 @@ static const rope_table *compress_rope(const st_session *s, int layer) {
 }
 
 /* Reference mode keeps activations in bf16 (SPEC §2 precision conventions). */
-static void to_bf16(const st_session *s, float *x, size_t count) {
-  if (reference(s)) st_bf16_roundtrip(x, count);
+static void to_bf16(st_session *s, float *x, size_t count) {
+  if (reference(s)) s->ops->round_bf16(s->ctx, x, count);
 }
 
-/* y[n, out] = x[n, in] . w^T. In reference mode an FP8 linear quantises its input per token per
-** 128 channels (ue8m0 scales) and the output is bf16, as the reference kernels do. */
-static void linear(st_session *s, float *y, const float *x, const float *w, int n, int in, int out,
-                   int fp8_input) {
+/* FP8 QAT on the first `len` (nope) dims of each of rows rows of stride: 64-blocks, ue8m0. */
+static void fp8_nope(st_session *s, float *x, int rows, int stride, int len) {
+  s->ops->quantize(s->ctx, x, rows, stride, len, 64, ST_Q_FP8_E4M3FN, 1);
+}
+
+/* y[n, w.rows] = x . W^T. In reference mode an FP8 linear quantises its input per token per 128
+** channels (ue8m0 scales) and the output is bf16, as the reference kernels do. */
+static void linear(st_session *s, float *y, const float *x, const st_weight *w, int n, int fp8_input) {
+  int in = (int)w->cols;
   if (reference(s) && fp8_input && in % 128 == 0) {
     ST_ASSERT((size_t)n * in <= s->tmp_size);
-    memcpy(s->tmp, x, sizeof(float) * (size_t)n * in);
-    for (int i = 0; i < n; i++) st_fp8_roundtrip_blocks(s->tmp + (size_t)i * in, in, 128, 1, 0);
+    copy(s, s->tmp, x, sizeof(float) * (size_t)n * in);
+    s->ops->quantize(s->ctx, s->tmp, n, in, in, 128, ST_Q_FP8_E4M3FN, 1);
     x = s->tmp;
   }
-  s->ops->matmul(y, x, w, n, in, out);
-  to_bf16(s, y, (size_t)n * out);
-}
-
-static void tap(st_session *s, st_tap_id id, int layer, int64_t pos0, st_dtype dtype, int rank,
-                int64_t a, int64_t b, int64_t c, const void *data) {
-  if (!st_tap_armed(s->taps, id, layer)) return;
-  int64_t shape[3] = {a, b, c};
-  st_status rc = s->taps->sink->emit(s->taps->sink->ctx, id, layer, pos0, dtype, rank, shape, data);
-  if (rc && !s->tap_status) s->tap_status = rc;
+  s->ops->matmul(s->ctx, y, x, w, n);
+  to_bf16(s, y, (size_t)n * w->rows);
 }
 
 static int armed(const st_session *s, st_tap_id id, int layer) { return st_tap_armed(s->taps, id, layer); }
 
-/* ------------------------------------------------------------------------------------------ */
-/* Compressor (SPEC §3.2): gated pooling of m tokens (2m overlapping for CSA) into one row      */
-
-static void compressor_run(st_session *s, int layer, const st_compressor_weights *cw,
-                           compressor_state *cs, int is_indexer, int n, int64_t p0) {
-  const st_config *cfg = s->cfg;
-  int m = cw->ratio, d = cw->dim, cd = (cw->overlap ? 2 : 1) * d, r = cfg->rope_head_dim;
-  s->ops->matmul(s->ckv, s->xn, cw->wkv, n, cfg->hidden_size, cd);     /* K_t [n, c d] */
-  s->ops->matmul(s->cscore, s->xn, cw->wgate, n, cfg->hidden_size, cd); /* Z_t [n, c d] */
-  int offsets[2 * 128 * 2];
-  int slots = cw->overlap ? 2 * m : m;
-  ST_ASSERT(slots <= (int)(sizeof offsets / sizeof offsets[0]));
-  for (int sl = 0; sl < slots; sl++) offsets[sl] = cw->overlap && sl >= m ? d : 0;
-  for (int i = 0; i < n; i++) {
-    int64_t t = p0 + i;
-    int within = (int)(t % m);
-    int slot = cw->overlap ? m + within : within;
-    float *kv = cs->kv + (size_t)slot * cd, *score = cs->score + (size_t)slot * cd;
-    const float *ape = cw->ape + (size_t)within * cd;
-    for (int k = 0; k < cd; k++) {
-      kv[k] = s->ckv[(size_t)i * cd + k];
-      score[k] = s->cscore[(size_t)i * cd + k] + ape[k];
-    }
-    if ((t + 1) % m) continue;
-    /* block j = t / m is complete: row j pools its m tokens (and the previous block's). */
-    int64_t j = t / m;
-    float *row = cs->rows + (size_t)j * d;
-    s->ops->compressor_pool(row, cs->kv, cs->score, slots, cd, offsets, d);
-    to_bf16(s, row, (size_t)d);
-    s->ops->rmsnorm(row, row, cw->norm, 1, d, (float)cfg->rms_norm_eps);
-    int64_t row_position = j * m;
-    const rope_table *rope = compress_rope(s, layer);
-    s->ops->rope(row, 1, 1, d, r, &row_position, rope->cos, rope->sin,
-                 is_indexer ? layer_settings(s, layer)->index_rope_neox : 0, 0);
-    if (is_indexer)
-      st_indexer_k_used(s->ops, layer_settings(s, layer), cs->rows_used + (size_t)j * d, row, 1, d);
-    else if (reference(s) && (d - r) % 64 == 0) {
-      st_bf16_roundtrip(row, (size_t)d);
-      st_fp8_roundtrip_blocks(row, d - r, 64, 1, 0); /* FP8 QAT on the nope dims */
-    }
-    if (cw->overlap) { /* this block becomes the previous block */
-      memcpy(cs->kv, cs->kv + (size_t)m * cd, sizeof(float) * (size_t)m * cd);
-      memcpy(cs->score, cs->score + (size_t)m * cd, sizeof(float) * (size_t)m * cd);
-    }
-    cs->n_rows++;
+/* An armed tap hands the value as it is now to the sink (downloaded first from a device). */
+static void tap(st_session *s, st_tap_id id, int layer, int64_t pos0, st_dtype dtype, int rank,
+                int64_t a, int64_t b, int64_t c, const void *data) {
+  if (!st_tap_armed(s->taps, id, layer)) return;
+  int64_t shape[3] = {a, b, c};
+  size_t bytes = st_dtype_size(dtype) * (size_t)a * (size_t)(rank > 1 ? b : 1) * (size_t)(rank > 2 ? c : 1);
+  if (!s->ops->host_memory) {
+    ST_ASSERT(bytes <= s->h_tap_bytes);
+    download(s, s->h_tap, data, bytes);
+    data = s->h_tap;
   }
+  st_status rc = s->taps->sink->emit(s->taps->sink->ctx, id, layer, pos0, dtype, rank, shape, data);
+  if (rc && !s->status) s->status = rc;
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Lightning indexer (SPEC §3.3): picks each query's top-k compressed rows                     */
+/* One chunk through the whole model (the top-level pass; its parts follow)                    */
 
-/* Returns the width of s->topk_idx rows. */
-static int indexer_run(st_session *s, int layer, int n, int64_t p0) {
-  const st_config *cfg = s->cfg;
-  const st_layer_weights *lw = &s->model->layers[layer];
-  compressor_state *cs = &s->layers[layer].index_compressor;
-  int hI = cfg->index_n_heads, dI = cfg->index_head_dim, m = cfg->compress_ratio[layer];
-  int first_new = cs->n_rows;
-  compressor_run(s, layer, &lw->index_compressor, cs, 1, n, p0);
-  int rows = cs->n_rows;
-  if (rows > first_new) {
-    tap(s, ST_TAP_INDEXER_K, layer, first_new, ST_F32, 2, rows - first_new, dI, 0,
-        cs->rows + (size_t)first_new * dI);
-    tap(s, ST_TAP_INDEXER_K_USED, layer, first_new, ST_F32, 2, rows - first_new, dI, 0,
-        cs->rows_used + (size_t)first_new * dI);
-  }
-
-  const st_settings *set = layer_settings(s, layer);
-  const rope_table *rope = compress_rope(s, layer);
-  linear(s, s->iq, s->qr, lw->index_wq_b, n, cfg->q_lora_rank, hI * dI, 1); /* [n, hI, dI] */
-  s->ops->rope(s->iq, n, hI, dI, cfg->rope_head_dim, s->positions, rope->cos, rope->sin,
-               set->index_rope_neox, 0);
-  tap(s, ST_TAP_INDEXER_Q, layer, p0, ST_F32, 3, n, hI, dI, s->iq);
-  st_indexer_q_used(s->ops, set, s->iq_used, s->iq, n * hI, dI);
-  tap(s, ST_TAP_INDEXER_Q_USED, layer, p0, ST_F32, 3, n, hI, dI, s->iq_used);
-
-  s->ops->matmul(s->iw, s->xn, lw->index_weights_proj, n, cfg->hidden_size, hI); /* [n, hI] */
-  float weight_scale = (float)(1.0 / sqrt((double)dI) / sqrt((double)hI));
-  for (size_t k = 0; k < (size_t)n * hI; k++) s->iw[k] *= weight_scale;
-  tap(s, ST_TAP_INDEXER_WEIGHTS, layer, p0, ST_F32, 2, n, hI, 0, s->iw);
-
-  for (int i = 0; i < n; i++) {
-    int64_t vis = (p0 + i + 1) / m; /* row j is visible to query t iff j < (t+1)/m */
-    s->visible[i] = (int)(vis < rows ? vis : rows);
-  }
-  int width = st_indexer_select(s->ops, layer_topk(s, layer), s->scores, s->topk_idx, s->iq_used,
-                                s->iw, cs->rows_used, n, rows, hI, dI, s->visible, s->topk_scratch);
-  tap(s, ST_TAP_INDEXER_SCORES, layer, p0, ST_F32, 2, n, rows > 0 ? rows : 1, 0, s->scores);
-  tap(s, ST_TAP_INDEXER_TOPK, layer, p0, ST_I32, 2, n, width, 0, s->topk_idx);
-  return width;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* Attention sub-layer (SPEC §2.3)                                                              */
-
-static void attention_sublayer(st_session *s, int layer, int n, int64_t p0) {
-  const st_config *cfg = s->cfg;
-  const st_layer_weights *lw = &s->model->layers[layer];
-  layer_state *ls = &s->layers[layer];
-  const st_backend_ops *ops = s->ops;
-  st_layer_kind kind = cfg->layer_kind[layer];
-  int D = cfg->hidden_size, hc = cfg->hc_mult, H = cfg->num_attention_heads, d = cfg->head_dim;
-  int r = cfg->rope_head_dim, w = cfg->sliding_window, G = cfg->o_groups, Ro = cfg->o_lora_rank;
-  int m = cfg->compress_ratio[layer];
-  float eps = (float)cfg->rms_norm_eps;
-  const rope_table *rope = kind == ST_LAYER_SLIDING ? &s->rope_main : compress_rope(s, layer);
-
-  /* mHC: collapse the hc streams into the sub-layer input */
-  ops->hc_weights(s->pre, s->post, s->comb, s->X, lw->hc_attn_fn, lw->hc_attn_base,
-                  lw->hc_attn_scale, n, hc, D, eps, (float)cfg->hc_eps, cfg->hc_sinkhorn_iters);
-  ops->hc_collapse(s->x, s->X, s->pre, n, hc, D);
-  to_bf16(s, s->x, (size_t)n * D);
-  ops->rmsnorm(s->xn, s->x, lw->attn_norm, n, D, eps);                  /* xn [n, D] */
-  to_bf16(s, s->xn, (size_t)n * D);
-  tap(s, ST_TAP_ATTN_X, layer, p0, ST_F32, 2, n, D, 0, s->xn);
-
-  /* query: low-rank, normed, per-head RMS norm, RoPE on the last r dims */
-  linear(s, s->qr, s->xn, lw->wq_a, n, D, cfg->q_lora_rank, 1);        /* qr [n, q_lo] */
-  ops->rmsnorm(s->qr, s->qr, lw->q_norm, n, cfg->q_lora_rank, eps);
-  to_bf16(s, s->qr, (size_t)n * cfg->q_lora_rank);
-  tap(s, ST_TAP_ATTN_QR, layer, p0, ST_F32, 2, n, cfg->q_lora_rank, 0, s->qr);
-  linear(s, s->q, s->qr, lw->wq_b, n, cfg->q_lora_rank, H * d, 1);     /* q [n, H, d] */
-  ops->rmsnorm(s->q, s->q, NULL, n * H, d, eps);
-  ops->rope(s->q, n, H, d, r, s->positions, rope->cos, rope->sin, 0, 0);
-  to_bf16(s, s->q, (size_t)n * H * d);
-  tap(s, ST_TAP_ATTN_Q, layer, p0, ST_F32, 3, n, H, d, s->q);
-
-  /* window key = value: one head, into the chunk slots of kv_all */
-  float *kv_chunk = ls->kv_all + (size_t)w * d;                          /* [n, d] */
-  linear(s, kv_chunk, s->xn, lw->wkv, n, D, d, 1);
-  ops->rmsnorm(kv_chunk, kv_chunk, lw->kv_norm, n, d, eps);
-  ops->rope(kv_chunk, n, 1, d, r, s->positions, rope->cos, rope->sin, 0, 0);
-  if (reference(s) && (d - r) % 64 == 0)
-    for (int i = 0; i < n; i++) {
-      st_bf16_roundtrip(kv_chunk + (size_t)i * d, (size_t)d);
-      st_fp8_roundtrip_blocks(kv_chunk + (size_t)i * d, d - r, 64, 1, 0);
-    }
-  tap(s, ST_TAP_ATTN_KV, layer, p0, ST_F32, 2, n, d, 0, kv_chunk);
-
-  /* compressed rows, and for CSA the indexer's choice among them */
-  int compressed_width = 0;
-  if (kind != ST_LAYER_SLIDING) {
-    int first_new = ls->compressor.n_rows;
-    compressor_run(s, layer, &lw->compressor, &ls->compressor, 0, n, p0);
-    if (ls->compressor.n_rows > first_new)
-      tap(s, ST_TAP_COMPRESSOR_KV, layer, first_new, ST_F32, 2, ls->compressor.n_rows - first_new,
-          d, 0, ls->compressor.rows + (size_t)first_new * d);
-    compressed_width = kind == ST_LAYER_CSA ? indexer_run(s, layer, n, p0) : ls->compressor.n_rows;
-  }
-
-  /* candidates of each query: window positions ascending, then compressed rows ascending */
-  int width = w + compressed_width;
-  int32_t compressed_base = w + s->max_chunk;
-  for (int i = 0; i < n; i++) {
-    int64_t t = p0 + i;
-    int32_t *c = s->cand + (size_t)i * width;
-    for (int k = 0; k < w; k++) {
-      int64_t pos = t - w + 1 + k;
-      c[k] = pos < 0 ? -1 : pos >= p0 ? (int32_t)(w + (pos - p0)) : (int32_t)(pos % w);
-    }
-    if (kind == ST_LAYER_HCA) {
-      int64_t visible = (t + 1) / m;
-      for (int j = 0; j < compressed_width; j++) c[w + j] = j < visible ? compressed_base + j : -1;
-    } else if (kind == ST_LAYER_CSA) {
-      for (int j = 0; j < compressed_width; j++) {
-        int32_t row = s->topk_idx[(size_t)i * compressed_width + j];
-        c[w + j] = row >= 0 ? compressed_base + row : -1;
-      }
-    }
-  }
-  ops->sparse_attention(s->o, s->q, ls->kv_all, s->cand, n, H, d, width, lw->attn_sink,
-                        (float)(1.0 / sqrt((double)d)), reference(s));
-  ops->rope(s->o, n, H, d, r, s->positions, rope->cos, rope->sin, 0, 1); /* undo RoPE on V */
-  to_bf16(s, s->o, (size_t)n * H * d);
-
-  /* grouped output projection: each group of heads to R_o, then all groups to D */
-  int group_in = H * d / G;
-  for (int g = 0; g < G; g++) {
-    for (int i = 0; i < n; i++)
-      memcpy(s->group_in + (size_t)i * group_in, s->o + (size_t)i * H * d + (size_t)g * group_in,
-             sizeof(float) * (size_t)group_in);
-    linear(s, s->group_out, s->group_in, lw->wo_a + (size_t)g * Ro * group_in, n, group_in, Ro, 0);
-    for (int i = 0; i < n; i++)
-      memcpy(s->z + (size_t)i * G * Ro + (size_t)g * Ro, s->group_out + (size_t)i * Ro,
-             sizeof(float) * (size_t)Ro);
-  }
-  linear(s, s->a, s->z, lw->wo_b, n, G * Ro, D, 1);                     /* a [n, D] */
-  tap(s, ST_TAP_ATTN_OUT, layer, p0, ST_F32, 2, n, D, 0, s->a);
-
-  /* mHC: expand back into the streams */
-  ops->hc_expand(s->X_next, s->a, s->X, s->post, s->comb, n, hc, D);
-  float *swap = s->X; s->X = s->X_next; s->X_next = swap;
-  to_bf16(s, s->X, (size_t)n * hc * D);
-
-  /* the window ring keeps the last w rows: position p in slot p mod w */
-  for (int i = n > w ? n - w : 0; i < n; i++)
-    memcpy(ls->kv_all + (size_t)((p0 + i) % w) * d, kv_chunk + (size_t)i * d, sizeof(float) * (size_t)d);
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* MoE sub-layer (SPEC §2.5)                                                                    */
-
-static void moe_sublayer(st_session *s, int layer, const int32_t *tokens, int n, int64_t p0) {
-  const st_config *cfg = s->cfg;
-  const st_layer_weights *lw = &s->model->layers[layer];
-  const st_backend_ops *ops = s->ops;
-  int D = cfg->hidden_size, hc = cfg->hc_mult, E = cfg->n_routed_experts, kE = cfg->num_experts_per_tok;
-  int F = cfg->moe_intermediate_size;
-  float eps = (float)cfg->rms_norm_eps, limit = (float)cfg->swiglu_limit;
-
-  ops->hc_weights(s->pre, s->post, s->comb, s->X, lw->hc_ffn_fn, lw->hc_ffn_base, lw->hc_ffn_scale,
-                  n, hc, D, eps, (float)cfg->hc_eps, cfg->hc_sinkhorn_iters);
-  ops->hc_collapse(s->x, s->X, s->pre, n, hc, D);
-  to_bf16(s, s->x, (size_t)n * D);
-  ops->rmsnorm(s->xn, s->x, lw->ffn_norm, n, D, eps);
-  to_bf16(s, s->xn, (size_t)n * D);
-
-  /* routing: sqrt(softplus(logit)) scores; hash layers pick experts by token id, others by
-  ** top-k of score + bias (bias steers selection only); weights renormalised and scaled */
-  ops->matmul(s->router_logits, s->xn, lw->gate, n, D, E);               /* [n, E] */
-  if (lw->tid2eid) /* hash layers: the experts of each token id */
-    for (int i = 0; i < n; i++)
-      memcpy(s->hash_experts + (size_t)i * kE, lw->tid2eid + (size_t)tokens[i] * kE, sizeof(int32_t) * (size_t)kE);
-  ops->moe_route(s->experts, s->expert_w, s->router_logits, lw->gate_bias,
-                 lw->tid2eid ? s->hash_experts : NULL, n, E, kE, (float)cfg->routed_scaling_factor);
-  tap(s, ST_TAP_FFN_EXPERTS, layer, p0, ST_I32, 2, n, kE, 0, s->experts);
-
-  /* routed experts, one expert at a time over the tokens that chose it; each token sums its
-  ** experts in ascending expert id, whatever the chunk */
-  memset(s->a, 0, sizeof(float) * (size_t)n * D);
-  for (int e = 0; e < E; e++) {
-    int count = 0;
-    for (int i = 0; i < n; i++)
-      for (int c = 0; c < kE; c++)
-        if (s->experts[(size_t)i * kE + c] == e) {
-          s->group_tokens[count] = i * kE + c;
-          memcpy(s->xg + (size_t)count * D, s->xn + (size_t)i * D, sizeof(float) * (size_t)D);
-          count++;
-        }
-    if (!count) continue;
-    linear(s, s->g, s->xg, lw->w1[e], count, D, F, 1);
-    linear(s, s->u, s->xg, lw->w3[e], count, D, F, 1);
-    ops->swiglu(s->h, s->g, s->u, count, F, limit);
-    linear(s, s->y, s->h, lw->w2[e], count, F, D, 1);
-    for (int k = 0; k < count; k++) {
-      s->group_rows[k] = s->group_tokens[k] / kE;
-      s->group_weights[k] = s->expert_w[s->group_tokens[k]];
-    }
-    ops->scatter_add(s->a, s->y, s->group_rows, s->group_weights, count, D);
-  }
-  /* shared expert, unweighted */
-  linear(s, s->g, s->xn, lw->shared_w1, n, D, F, 1);
-  linear(s, s->u, s->xn, lw->shared_w3, n, D, F, 1);
-  ops->swiglu(s->h, s->g, s->u, n, F, limit);
-  linear(s, s->y, s->h, lw->shared_w2, n, F, D, 1);
-  for (size_t k = 0; k < (size_t)n * D; k++) s->a[k] += s->y[k];
-  to_bf16(s, s->a, (size_t)n * D);
-  tap(s, ST_TAP_FFN_OUT, layer, p0, ST_F32, 2, n, D, 0, s->a);
-
-  ops->hc_expand(s->X_next, s->a, s->X, s->post, s->comb, n, hc, D);
-  float *swap = s->X; s->X = s->X_next; s->X_next = swap;
-  to_bf16(s, s->X, (size_t)n * hc * D);
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* One chunk through the whole model                                                            */
+static void attention_sublayer(st_session *s, int layer, int n, int64_t p0);
+static void moe_sublayer(st_session *s, int layer, const int32_t *tokens, int n, int64_t p0);
 
 static st_status forward_chunk(st_session *s, const int32_t *tokens, int n, const float *X_in,
                                int first, int last, float *X_out, float *last_logits,
                                float *all_logits) {
   const st_config *cfg = s->cfg;
+  const st_backend_ops *ops = s->ops;
   int D = cfg->hidden_size, hc = cfg->hc_mult, V = cfg->vocab_size;
   int64_t p0 = s->position;
   for (int i = 0; i < n; i++) {
     if (tokens[i] < 0 || tokens[i] >= V)
       return st_fail(ST_EINVAL, "token %d at position %lld is outside the vocabulary [0, %d)",
                      tokens[i], (long long)(p0 + i), V);
-    s->positions[i] = p0 + i;
+    s->h_positions[i] = p0 + i;
   }
+  upload(s, s->positions, s->h_positions, sizeof(int64_t) * (size_t)n);
+  upload(s, s->tokens, tokens, sizeof(int32_t) * (size_t)n);
   if (X_in) {
-    memcpy(s->X, X_in, sizeof(float) * (size_t)n * hc * D);
+    upload(s, s->X, X_in, sizeof(float) * (size_t)n * hc * D);
   } else {
     /* embedding, replicated into the hc residual streams: X [n, hc, D] */
-    for (int i = 0; i < n; i++)
-      for (int a = 0; a < hc; a++)
-        memcpy(s->X + ((size_t)i * hc + a) * D, s->model->embed + (size_t)tokens[i] * D,
-               sizeof(float) * (size_t)D);
+    ops->embed(s->ctx, s->X, &s->embed, s->tokens, n, hc);
     to_bf16(s, s->X, (size_t)n * hc * D);
   }
 
@@ -887,25 +810,293 @@ static st_status forward_chunk(st_session *s, const int32_t *tokens, int n, cons
     moe_sublayer(s, layer, tokens, n, p0);
     tap(s, ST_TAP_OUTPUT, layer, p0, ST_F32, 3, n, hc, D, s->X);
   }
-  if (X_out) memcpy(X_out, s->X, sizeof(float) * (size_t)n * hc * D);
+  if (X_out) download(s, X_out, s->X, sizeof(float) * (size_t)n * hc * D);
 
   if (last == cfg->num_hidden_layers - 1 && (last_logits || all_logits || armed(s, ST_TAP_LOGITS, -1))) {
     /* hc_head, final norm, logits (every row only when someone wants them) */
     int all = all_logits || armed(s, ST_TAP_LOGITS, -1);
     int from = all ? 0 : n - 1, rows = n - from;
-    s->ops->hc_head(s->x, s->X + (size_t)from * hc * D, s->model->hc_head_fn, s->model->hc_head_base,
-                    s->model->hc_head_scale, rows, hc, D, (float)cfg->rms_norm_eps, (float)cfg->hc_eps);
+    ops->hc_head(s->ctx, s->x, s->X + (size_t)from * hc * D, s->hc_head_fn, s->hc_head_base,
+                 s->hc_head_scale, rows, hc, D, (float)cfg->rms_norm_eps, (float)cfg->hc_eps);
     to_bf16(s, s->x, (size_t)rows * D);
-    s->ops->rmsnorm(s->x, s->x, s->model->norm, rows, D, (float)cfg->rms_norm_eps);
+    ops->rmsnorm(s->ctx, s->x, s->x, s->norm, rows, D, (float)cfg->rms_norm_eps);
     to_bf16(s, s->x, (size_t)rows * D);
-    s->ops->matmul(s->logits, s->x, s->model->head, rows, D, V);         /* [rows, V] fp32 */
+    ops->matmul(s->ctx, s->logits, s->x, &s->head, rows);                 /* [rows, V] fp32 */
     if (all) tap(s, ST_TAP_LOGITS, -1, p0, ST_F32, 2, n, V, 0, s->logits);
-    if (all_logits) memcpy(all_logits, s->logits, sizeof(float) * (size_t)n * V);
-    if (last_logits) memcpy(last_logits, s->logits + (size_t)(rows - 1) * V, sizeof(float) * (size_t)V);
+    if (all_logits) download(s, all_logits, s->logits, sizeof(float) * (size_t)n * V);
+    if (last_logits)
+      download(s, last_logits, s->logits + (size_t)(rows - 1) * V, sizeof(float) * (size_t)V);
   }
   s->position += n;
-  return s->tap_status;
+  st_status rc = ops->synchronize(s->ctx);
+  return s->status ? s->status : rc;
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Attention sub-layer (SPEC §2.3)                                                              */
+
+static void compressor_run(st_session *s, int layer, const st_compressor_weights *cw,
+                           compressor_state *cs, int n, int64_t p0);
+static int indexer_run(st_session *s, int layer, int n, int64_t p0);
+
+static void attention_sublayer(st_session *s, int layer, int n, int64_t p0) {
+  const st_config *cfg = s->cfg;
+  const st_layer_weights *lw = &s->w[layer];
+  layer_state *ls = &s->layers[layer];
+  const st_backend_ops *ops = s->ops;
+  void *ctx = s->ctx;
+  st_layer_kind kind = cfg->layer_kind[layer];
+  int D = cfg->hidden_size, hc = cfg->hc_mult, H = cfg->num_attention_heads, d = cfg->head_dim;
+  int r = cfg->rope_head_dim, w = cfg->sliding_window, G = cfg->o_groups, q_lo = cfg->q_lora_rank;
+  int m = cfg->compress_ratio[layer];
+  float eps = (float)cfg->rms_norm_eps;
+  const rope_table *rope = kind == ST_LAYER_SLIDING ? &s->rope_main : compress_rope(s, layer);
+
+  /* mHC: collapse the hc streams into the sub-layer input */
+  ops->hc_weights(ctx, s->pre, s->post, s->comb, s->X, lw->hc_attn_fn, lw->hc_attn_base,
+                  lw->hc_attn_scale, n, hc, D, eps, (float)cfg->hc_eps, cfg->hc_sinkhorn_iters);
+  ops->hc_collapse(ctx, s->x, s->X, s->pre, n, hc, D);
+  to_bf16(s, s->x, (size_t)n * D);
+  ops->rmsnorm(ctx, s->xn, s->x, lw->attn_norm, n, D, eps);                /* xn [n, D] */
+  to_bf16(s, s->xn, (size_t)n * D);
+  tap(s, ST_TAP_ATTN_X, layer, p0, ST_F32, 2, n, D, 0, s->xn);
+
+  /* query: low-rank, normed, per-head RMS norm, RoPE on the last r dims */
+  linear(s, s->qr, s->xn, &lw->wq_a, n, 1);                                /* qr [n, q_lo] */
+  ops->rmsnorm(ctx, s->qr, s->qr, lw->q_norm, n, q_lo, eps);
+  to_bf16(s, s->qr, (size_t)n * q_lo);
+  tap(s, ST_TAP_ATTN_QR, layer, p0, ST_F32, 2, n, q_lo, 0, s->qr);
+  linear(s, s->q, s->qr, &lw->wq_b, n, 1);                                 /* q [n, H, d] */
+  ops->rmsnorm(ctx, s->q, s->q, NULL, n * H, d, eps);
+  ops->rope(ctx, s->q, n, H, d, r, s->positions, rope->cos, rope->sin, 0, 0);
+  to_bf16(s, s->q, (size_t)n * H * d);
+  tap(s, ST_TAP_ATTN_Q, layer, p0, ST_F32, 3, n, H, d, s->q);
+
+  /* window key = value: one head, into the chunk slots of kv_all */
+  float *kv_chunk = ls->kv_all + (size_t)w * d;                            /* [n, d] */
+  linear(s, kv_chunk, s->xn, &lw->wkv, n, 1);
+  ops->rmsnorm(ctx, kv_chunk, kv_chunk, lw->kv_norm, n, d, eps);
+  ops->rope(ctx, kv_chunk, n, 1, d, r, s->positions, rope->cos, rope->sin, 0, 0);
+  if (reference(s) && (d - r) % 64 == 0) {
+    ops->round_bf16(ctx, kv_chunk, (size_t)n * d);
+    fp8_nope(s, kv_chunk, n, d, d - r);
+  }
+  tap(s, ST_TAP_ATTN_KV, layer, p0, ST_F32, 2, n, d, 0, kv_chunk);
+
+  /* compressed rows, and for CSA the indexer's choice among them */
+  int compressed_width = 0;
+  if (kind != ST_LAYER_SLIDING) {
+    compressor_state *cs = &ls->compressor;
+    int first_new = cs->n_rows;
+    compressor_run(s, layer, &lw->compressor, cs, n, p0);
+    int emitted = cs->n_rows - first_new;
+    if (emitted > 0) {
+      float *rows = cs->rows + (size_t)first_new * d;
+      ops->rope(ctx, rows, emitted, 1, d, r, s->row_positions, rope->cos, rope->sin, 0, 0);
+      if (reference(s) && (d - r) % 64 == 0) {
+        ops->round_bf16(ctx, rows, (size_t)emitted * d);
+        fp8_nope(s, rows, emitted, d, d - r); /* FP8 QAT on the nope dims */
+      }
+      tap(s, ST_TAP_COMPRESSOR_KV, layer, first_new, ST_F32, 2, emitted, d, 0, rows);
+    }
+    compressed_width = kind == ST_LAYER_CSA ? indexer_run(s, layer, n, p0) : cs->n_rows;
+  }
+
+  /* candidates of each query: window positions ascending, then compressed rows ascending */
+  int width = w + compressed_width;
+  ops->candidates(ctx, s->cand, kind == ST_LAYER_CSA ? s->topk_idx : NULL, n, p0, w,
+                  compressed_width, w + s->max_chunk, m > 0 ? m : 1);
+  ops->sparse_attention(ctx, s->o, s->q, ls->kv_all, s->cand, n, H, d, width, lw->attn_sink,
+                        (float)(1.0 / sqrt((double)d)), reference(s));
+  ops->rope(ctx, s->o, n, H, d, r, s->positions, rope->cos, rope->sin, 0, 1); /* undo RoPE on V */
+  to_bf16(s, s->o, (size_t)n * H * d);
+
+  /* grouped output projection: each group of heads to R_o, then all groups to D */
+  ops->matmul_grouped(ctx, s->z, s->o, &lw->wo_a, n, G);                  /* z [n, G R_o] */
+  to_bf16(s, s->z, (size_t)n * lw->wo_a.rows);
+  linear(s, s->a, s->z, &lw->wo_b, n, 1);                                  /* a [n, D] */
+  tap(s, ST_TAP_ATTN_OUT, layer, p0, ST_F32, 2, n, D, 0, s->a);
+
+  /* mHC: expand back into the streams */
+  ops->hc_expand(ctx, s->X_next, s->a, s->X, s->post, s->comb, n, hc, D);
+  float *swap = s->X; s->X = s->X_next; s->X_next = swap;
+  to_bf16(s, s->X, (size_t)n * hc * D);
+
+  /* the window ring keeps the last w rows: position p in slot p mod w (at most two runs) */
+  int from = n > w ? n - w : 0;
+  int slot = (int)((p0 + from) % w), first_run = ST_MIN(n - from, w - slot);
+  copy(s, ls->kv_all + (size_t)slot * d, kv_chunk + (size_t)from * d, sizeof(float) * (size_t)first_run * d);
+  if (n - from > first_run)
+    copy(s, ls->kv_all, kv_chunk + (size_t)(from + first_run) * d,
+         sizeof(float) * (size_t)(n - from - first_run) * d);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Compressor (SPEC §3.2): gated pooling of m tokens (2m overlapping for CSA) into one row      */
+
+/* Runs the chunk through the compressor state; the rows it completes are pooled, bf16-rounded
+** (reference) and normed here, and s->row_positions holds their positions for the caller's RoPE
+** and post-processing (which differ between the attention and the indexer compressor). */
+static void compressor_run(st_session *s, int layer, const st_compressor_weights *cw,
+                           compressor_state *cs, int n, int64_t p0) {
+  const st_config *cfg = s->cfg;
+  int m = cw->ratio, d = cw->dim;
+  s->ops->matmul(s->ctx, s->ckv, s->xn, &cw->wkv, n);                      /* K_t [n, c d] */
+  s->ops->matmul(s->ctx, s->cscore, s->xn, &cw->wgate, n);                 /* Z_t [n, c d] */
+  s->ops->compress(s->ctx, cs->rows, cs->kv, cs->score, s->ckv, s->cscore, cw->ape, n, p0, m, d,
+                   cw->overlap);
+  int first_new = cs->n_rows, emitted = (int)((p0 + n) / m - p0 / m);
+  cs->n_rows += emitted;
+  if (!emitted) return;
+  float *rows = cs->rows + (size_t)first_new * d;
+  to_bf16(s, rows, (size_t)emitted * d);
+  s->ops->rmsnorm(s->ctx, rows, rows, cw->norm, emitted, d, (float)cfg->rms_norm_eps);
+  for (int j = 0; j < emitted; j++) s->h_row_positions[j] = (int64_t)(first_new + j) * m;
+  upload(s, s->row_positions, s->h_row_positions, sizeof(int64_t) * (size_t)emitted);
+  (void)layer;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Lightning indexer (SPEC §3.3): picks each query's top-k compressed rows                     */
+
+/* Returns the width of s->topk_idx rows. */
+static int indexer_run(st_session *s, int layer, int n, int64_t p0) {
+  const st_config *cfg = s->cfg;
+  const st_layer_weights *lw = &s->w[layer];
+  const st_backend_ops *ops = s->ops;
+  compressor_state *cs = &s->layers[layer].index_compressor;
+  const st_settings *set = layer_settings(s, layer);
+  const rope_table *rope = compress_rope(s, layer);
+  int hI = cfg->index_n_heads, dI = cfg->index_head_dim, m = cfg->compress_ratio[layer];
+  int r = cfg->rope_head_dim;
+
+  /* key rows: compressed, RoPE'd (the setting's pairing), then rotated/quantised as scored */
+  int first_new = cs->n_rows;
+  compressor_run(s, layer, &lw->index_compressor, cs, n, p0);
+  int rows = cs->n_rows, emitted = rows - first_new;
+  if (emitted > 0) {
+    float *k = cs->rows + (size_t)first_new * dI, *k_used = cs->rows_used + (size_t)first_new * dI;
+    ops->rope(s->ctx, k, emitted, 1, dI, r, s->row_positions, rope->cos, rope->sin, set->index_rope_neox, 0);
+    st_indexer_k_used(&s->be, set, k_used, k, emitted, dI);
+    tap(s, ST_TAP_INDEXER_K, layer, first_new, ST_F32, 2, emitted, dI, 0, k);
+    tap(s, ST_TAP_INDEXER_K_USED, layer, first_new, ST_F32, 2, emitted, dI, 0, k_used);
+  }
+
+  /* queries and their per-head weights */
+  linear(s, s->iq, s->qr, &lw->index_wq_b, n, 1);                          /* [n, hI, dI] */
+  ops->rope(s->ctx, s->iq, n, hI, dI, r, s->positions, rope->cos, rope->sin, set->index_rope_neox, 0);
+  tap(s, ST_TAP_INDEXER_Q, layer, p0, ST_F32, 3, n, hI, dI, s->iq);
+  st_indexer_q_used(&s->be, set, s->iq_used, s->iq, n * hI, dI);
+  tap(s, ST_TAP_INDEXER_Q_USED, layer, p0, ST_F32, 3, n, hI, dI, s->iq_used);
+  ops->matmul(s->ctx, s->iw, s->xn, &lw->index_weights_proj, n);          /* [n, hI] */
+  ops->scale(s->ctx, s->iw, (float)(1.0 / sqrt((double)dI) / sqrt((double)hI)), (size_t)n * hI);
+  tap(s, ST_TAP_INDEXER_WEIGHTS, layer, p0, ST_F32, 2, n, hI, 0, s->iw);
+
+  /* scores and top-k (the score matrix only when it is tapped or the backend has no fused op) */
+  for (int i = 0; i < n; i++) s->h_visible[i] = st_visible_rows(p0 + i, m, rows);
+  upload(s, s->visible, s->h_visible, sizeof(int) * (size_t)n);
+  int keep_scores = armed(s, ST_TAP_INDEXER_SCORES, layer) || !ops->indexer_topk;
+  int width = st_indexer_select(&s->be, layer_topk(s, layer), keep_scores ? s->scores : NULL,
+                                s->topk_idx, s->iq_used, s->iw, cs->rows_used, n, rows, hI, dI,
+                                s->visible, s->work);
+  if (rows == 0) upload(s, s->topk_idx, s->h_minus_one, sizeof(int32_t) * (size_t)n);
+  tap(s, ST_TAP_INDEXER_SCORES, layer, p0, ST_F32, 2, n, rows > 0 ? rows : 1, 0, s->scores);
+  tap(s, ST_TAP_INDEXER_TOPK, layer, p0, ST_I32, 2, n, width, 0, s->topk_idx);
+  return width;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* MoE sub-layer (SPEC §2.5)                                                                    */
+
+/* The routed experts from primitives (a backend without a fused moe_experts): one expert at a
+** time over the tokens that chose it; each token sums its experts in ascending expert id. */
+static void routed_experts(st_session *s, const st_layer_weights *lw, int n) {
+  const st_config *cfg = s->cfg;
+  const st_backend_ops *ops = s->ops;
+  int D = cfg->hidden_size, E = cfg->n_routed_experts, kE = cfg->num_experts_per_tok;
+  int F = cfg->moe_intermediate_size;
+  float limit = (float)cfg->swiglu_limit;
+  size_t nk = (size_t)n * kE;
+  download(s, s->h_experts, s->experts, sizeof(int32_t) * nk);
+  download(s, s->h_expert_w, s->expert_w, sizeof(float) * nk);
+  /* group the (token, slot) pairs by expert, tokens ascending within each */
+  int start[E + 1], count = 0;
+  for (int e = 0; e < E; e++) {
+    start[e] = count;
+    for (int i = 0; i < n; i++)
+      for (int c = 0; c < kE; c++)
+        if (s->h_experts[(size_t)i * kE + c] == e) {
+          s->h_group_rows[count] = i;
+          s->h_group_weights[count] = s->h_expert_w[(size_t)i * kE + c];
+          count++;
+        }
+  }
+  start[E] = count;
+  upload(s, s->group_rows, s->h_group_rows, sizeof(int32_t) * (size_t)count);
+  upload(s, s->group_weights, s->h_group_weights, sizeof(float) * (size_t)count);
+  for (int e = 0; e < E; e++) {
+    int c0 = start[e], rows = start[e + 1] - c0;
+    if (!rows) continue;
+    ops->gather_rows(s->ctx, s->xg, s->xn, s->group_rows + c0, rows, D);
+    linear(s, s->g, s->xg, &lw->w1[e], rows, 1);
+    linear(s, s->u, s->xg, &lw->w3[e], rows, 1);
+    ops->swiglu(s->ctx, s->h, s->g, s->u, rows, F, limit);
+    linear(s, s->y, s->h, &lw->w2[e], rows, 1);
+    ops->scatter_add(s->ctx, s->a, s->y, s->group_rows + c0, s->group_weights + c0, rows, D);
+  }
+}
+
+static void moe_sublayer(st_session *s, int layer, const int32_t *tokens, int n, int64_t p0) {
+  const st_config *cfg = s->cfg;
+  const st_layer_weights *lw = &s->w[layer];
+  const st_backend_ops *ops = s->ops;
+  void *ctx = s->ctx;
+  int D = cfg->hidden_size, hc = cfg->hc_mult, E = cfg->n_routed_experts, kE = cfg->num_experts_per_tok;
+  int F = cfg->moe_intermediate_size;
+  float eps = (float)cfg->rms_norm_eps, limit = (float)cfg->swiglu_limit;
+
+  ops->hc_weights(ctx, s->pre, s->post, s->comb, s->X, lw->hc_ffn_fn, lw->hc_ffn_base,
+                  lw->hc_ffn_scale, n, hc, D, eps, (float)cfg->hc_eps, cfg->hc_sinkhorn_iters);
+  ops->hc_collapse(ctx, s->x, s->X, s->pre, n, hc, D);
+  to_bf16(s, s->x, (size_t)n * D);
+  ops->rmsnorm(ctx, s->xn, s->x, lw->ffn_norm, n, D, eps);
+  to_bf16(s, s->xn, (size_t)n * D);
+
+  /* routing: sqrt(softplus(logit)) scores; hash layers pick experts by token id, others by
+  ** top-k of score + bias (bias steers selection only); weights renormalised and scaled */
+  ops->matmul(ctx, s->router_logits, s->xn, &lw->gate, n);                 /* [n, E] */
+  const int32_t *tid2eid = s->model->layers[layer].tid2eid;                /* host */
+  if (tid2eid) { /* hash layers: the experts of each token id */
+    for (int i = 0; i < n; i++)
+      memcpy(s->h_hash_experts + (size_t)i * kE, tid2eid + (size_t)tokens[i] * kE, sizeof(int32_t) * (size_t)kE);
+    upload(s, s->hash_experts, s->h_hash_experts, sizeof(int32_t) * (size_t)n * kE);
+  }
+  ops->moe_route(ctx, s->experts, s->expert_w, s->router_logits, lw->gate_bias,
+                 tid2eid ? s->hash_experts : NULL, n, E, kE, (float)cfg->routed_scaling_factor);
+  tap(s, ST_TAP_FFN_EXPERTS, layer, p0, ST_I32, 2, n, kE, 0, s->experts);
+
+  ops->fill(ctx, s->a, 0.0f, (size_t)n * D);
+  if (ops->moe_experts)
+    ops->moe_experts(ctx, s->a, s->xn, s->experts, s->expert_w, lw->w1, lw->w2, lw->w3, n, E, kE,
+                     limit, reference(s), s->work);
+  else
+    routed_experts(s, lw, n);
+  /* shared expert, unweighted */
+  linear(s, s->g, s->xn, &lw->shared_w1, n, 1);
+  linear(s, s->u, s->xn, &lw->shared_w3, n, 1);
+  ops->swiglu(ctx, s->h, s->g, s->u, n, F, limit);
+  linear(s, s->y, s->h, &lw->shared_w2, n, 1);
+  ops->add(ctx, s->a, s->a, s->y, (size_t)n * D);
+  to_bf16(s, s->a, (size_t)n * D);
+  tap(s, ST_TAP_FFN_OUT, layer, p0, ST_F32, 2, n, D, 0, s->a);
+
+  ops->hc_expand(ctx, s->X_next, s->a, s->X, s->post, s->comb, n, hc, D);
+  float *swap = s->X; s->X = s->X_next; s->X_next = swap;
+  to_bf16(s, s->X, (size_t)n * hc * D);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Entry points                                                                                 */
 
 st_status st_session_forward_layers(st_session *s, const int32_t *tokens, int n, const float *X_in,
                                     int first, int last, float *X_out, float *logits,

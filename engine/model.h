@@ -1,7 +1,7 @@
 /*
 ** model.h — the DeepSeek-V4 reference engine: weights, per-request state, forward pass.
 **
-** st_model holds the weights (fp32, dequantised at load; one layer can be loaded alone).
+** st_model holds the weights in their stored formats (one layer can be loaded alone).
 ** st_session holds one request's state — the window ring, the compressor states and the
 ** compressed rows of every layer — and runs tokens through the model in chunks. Every chunking
 ** of the same tokens gives bit-identical results (prefill, chunked prefill and decode share one
@@ -19,12 +19,17 @@
 #include "settings.h"
 #include "taps.h"
 
+/* Weights. Matrices are st_weight views of the checkpoint in their stored format (never
+** dequantised); parameter vectors (norms, biases, sinks, ape, mHC mixers) are fp32, converted at
+** load (they are a few MB in the largest model). All of it is host memory; a session on a device
+** backend uploads its own copy once (st_session_create). */
+
 /* One compressor's weights (SPEC §3.2): ratio m, output dim d, overlap = CSA layout (c = 2). */
 typedef struct st_compressor_weights {
   int ratio, dim, overlap;
-  float *wkv, *wgate; /* [c d, D] */
-  float *ape;         /* [m, c d] */
-  float *norm;        /* [d] */
+  st_weight wkv, wgate; /* [c d, D] */
+  float *ape;           /* [m, c d] */
+  float *norm;          /* [d] */
 } st_compressor_weights;
 
 typedef struct st_layer_weights {
@@ -32,33 +37,36 @@ typedef struct st_layer_weights {
   float *attn_norm, *ffn_norm;                      /* [D] */
   float *hc_attn_fn, *hc_attn_base, *hc_attn_scale; /* [(2+hc) hc, hc D], [(2+hc) hc], [3] */
   float *hc_ffn_fn, *hc_ffn_base, *hc_ffn_scale;
-  float *wq_a;       /* [q_lo, D] */
+  st_weight wq_a;    /* [q_lo, D] */
   float *q_norm;     /* [q_lo] */
-  float *wq_b;       /* [H d, q_lo] */
-  float *wkv;        /* [d, D] */
+  st_weight wq_b;    /* [H d, q_lo] */
+  st_weight wkv;     /* [d, D] */
   float *kv_norm;    /* [d] */
-  float *wo_a;       /* [G R_o, H d / G]: group g is rows [g R_o, (g+1) R_o) */
-  float *wo_b;       /* [D, G R_o] */
+  st_weight wo_a;    /* [G R_o, H d / G]: group g is rows [g R_o, (g+1) R_o) */
+  st_weight wo_b;    /* [D, G R_o] */
   float *attn_sink;  /* [H] */
   st_compressor_weights compressor;       /* ratio > 0 */
   st_compressor_weights index_compressor; /* CSA only */
-  float *index_wq_b;         /* [hI dI, q_lo] */
-  float *index_weights_proj; /* [hI, D] */
-  float *gate;       /* [E, D] */
+  st_weight index_wq_b;         /* [hI dI, q_lo] */
+  st_weight index_weights_proj; /* [hI, D] */
+  st_weight gate;    /* [E, D] */
   float *gate_bias;  /* [E]; NULL on hash layers */
-  int32_t *tid2eid;  /* [V, kE] on hash layers */
-  float **w1, **w2, **w3; /* E experts: [F, D], [D, F], [F, D] */
-  float *shared_w1, *shared_w2, *shared_w3;
+  int32_t *tid2eid;  /* [V, kE] on hash layers (host: routing ids are uploaded per chunk) */
+  st_weight *w1, *w2, *w3; /* E experts: [F, D], [D, F], [F, D] */
+  st_weight shared_w1, shared_w2, shared_w3;
 } st_layer_weights;
 
 typedef struct st_model {
   st_checkpoint *checkpoint;
   const st_config *cfg;
-  float *embed;  /* [V, D] */
-  float *head;   /* [V, D] */
-  float *norm;   /* [D] */
+  st_weight embed; /* [V, D] */
+  st_weight head;  /* [V, D] */
+  float *norm;     /* [D] */
   float *hc_head_fn, *hc_head_base, *hc_head_scale; /* [hc, hc D], [hc], [1] */
   st_layer_weights *layers; /* [n_layers] */
+  void **owned;    /* what the model allocated (fp32 vectors, weights the backends cannot map) */
+  int n_owned, cap_owned;
+  size_t weight_bytes; /* resident bytes of every loaded weight and vector */
 } st_model;
 
 /* Opens the checkpoint in dir and loads the model-level tensors (embed, head, norm, hc_head). */
@@ -77,7 +85,7 @@ typedef struct st_session_options {
   ** alt_settings instead (precision must be the same). NULL = every layer uses settings. */
   const uint8_t *alt_layers;   /* [n_layers], borrowed */
   st_settings alt_settings;
-  const st_backend_ops *backend; /* NULL = cpu-ref */
+  const st_backend *backend;   /* borrowed; NULL = the session opens cpu-ref (the oracle) */
 } st_session_options;
 
 typedef struct st_session st_session;
@@ -98,6 +106,13 @@ st_status st_session_forward(st_session *s, const int32_t *tokens, int n, float 
 st_status st_session_forward_layers(st_session *s, const int32_t *tokens, int n, const float *X_in,
                                     int first, int last, float *X_out, float *logits,
                                     float *all_logits);
+
+/* Resident bytes of the model's loaded weights, in their stored formats (plus the fp32 vectors):
+** what `run --json` and the benchmarks report beside the checkpoint's own size. */
+size_t st_model_weight_bytes(const st_model *m);
+/* Bytes the session allocated from its backend (state, scratch, uploaded weights). */
+size_t st_session_backend_bytes(const st_session *s);
+const st_backend *st_session_backend(const st_session *s);
 
 /* Tokens processed so far. */
 int64_t st_session_position(const st_session *s);

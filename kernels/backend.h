@@ -185,9 +185,11 @@ typedef struct st_backend_ops {
   ** the CSA layout with c = 2 slots of width c d): token t = p0 + i stores kv[i, :] and
   ** score[i, :] + ape[t mod m, :] in its slot; when t + 1 is a multiple of m, compressed row
   ** j = t / m is pooled into rows[j, 0..d): rows[j, k] = sum_s softmax_s(score) kv over the
-  ** block's m slots (and, overlapping, the previous block's, whose channel k is read at column
-  ** d + k); then, overlapping, the block's slots become the previous block's. State kv and score
-  ** are [2 m, c d] (score -inf where no token has been). kv/score inputs are [n, c d]. */
+  ** block's slots. Non-overlapping: the m slots [0, m), channel k at column k. Overlapping: the
+  ** previous block's slots [0, m) read at column k and the current block's [m, 2m) (where token t
+  ** is stored, slot m + t mod m) read at column d + k; after pooling, the current block's slots
+  ** move to [0, m). State kv and score are [2 m, c d], reset by the caller to kv 0, score -inf
+  ** (no previous block before block 0). kv/score inputs are [n, c d]; rows: the layer's rows. */
   void (*compress)(void *ctx, float *rows, float *state_kv, float *state_score, const float *kv,
                    const float *score, const float *ape, int n, int64_t p0, int m, int d,
                    int overlap);
@@ -258,7 +260,7 @@ st_status st_backend_open(const char *name, st_backend *out);
 void st_backend_close(st_backend *b); /* accepts a zeroed handle */
 /* The names st_backend_open knows, "|"-separated ("cpu-ref|cpu|cuda|hip"), and the default. */
 const char *st_backend_names(void);
-#define ST_BACKEND_DEFAULT "cpu"
+#define ST_BACKEND_DEFAULT "cpu-ref" /* "cpu" once kernels/cpu/ lands */
 
 /* Convenience wrappers over the memory entries. */
 static inline st_status st_backend_alloc(const st_backend *b, size_t bytes, void **out) {

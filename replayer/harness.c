@@ -187,6 +187,7 @@ typedef struct sweep {
   const char *model_name;
   char url[8192];
   int threads;
+  st_backend backend;
 } sweep;
 
 static const char insert_sql[] =
@@ -313,15 +314,16 @@ static void engine_attempt(sweep *w, st_harness_attempt *a) {
 
   st_run_meta meta = {
     .model_dir = o->model_dir, .model_name = w->model_name, .settings_json = w->res->settings_json,
-    .config_json = w->config_text ? w->config_text : "{}", .backend = st_backend_cpu_ref.name,
-    .kernel_mode = st_backend_cpu_ref.kernel_mode, .threads = w->threads,
+    .config_json = w->config_text ? w->config_text : "{}", .backend = w->backend.ops->name,
+    .kernel_mode = w->backend.ops->kernel_mode, .threads = w->threads,
     .command_line = o->command_line ? o->command_line : "sparsetrace needle sweep",
     .positions = o->tap_positions, .n_layers = cfg->num_hidden_layers};
   st_run_id_new(&meta);
   snprintf(trace_path, sizeof trace_path, "%s/runs/%s.h5", o->store, meta.run_id);
   if (st_recorder_open(trace_path, o->store, &meta, n_prompt, &rec)) goto fail;
   w->taps.sink = st_recorder_sink(rec);
-  st_session_options so = {.max_tokens = (int64_t)n_prompt + o->max_new, .settings = o->settings, .taps = &w->taps};
+  st_session_options so = {.max_tokens = (int64_t)n_prompt + o->max_new, .settings = o->settings,
+                           .taps = &w->taps, .backend = &w->backend};
   if (st_session_create(w->model, &so, &session)) goto fail;
   if (st_generate_greedy(session, tokens, n_prompt, o->max_new, 1, tokens + n_prompt, &n_gen)) goto fail;
   st_session_free(session);
@@ -503,6 +505,7 @@ st_status st_harness_sweep(const st_harness_options *o, st_harness_result *out) 
       goto out;
     }
     if ((rc = st_model_open(o->model_dir, &w.model)) || (rc = st_model_load_all(w.model))) goto out;
+    if ((rc = st_backend_open(o->backend ? o->backend : ST_BACKEND_DEFAULT, &w.backend))) goto out;
     st_settings resolved = o->settings;
     st_settings_resolve(&resolved, w.model->cfg);
     st_settings_json(&resolved, out->settings_json, sizeof out->settings_json);
@@ -561,6 +564,7 @@ out:
   sqlite3_finalize(w.insert);
   st_index_close(w.ix);
   st_model_close(w.model);
+  st_backend_close(&w.backend);
   st_tokenizer_close(w.tok);
   st_taps_free(&w.taps);
   free(w.config_text);

@@ -58,6 +58,7 @@ typedef struct st_harness_attempt {
 typedef struct st_harness_options {
   st_harness_api api;
   const char *model_dir;      /* engine: the checkpoint directory */
+  const char *backend;        /* engine: backend name (NULL = ST_BACKEND_DEFAULT) */
   const char *endpoint;       /* server: base URL (…/v1 or the full endpoint path are accepted) */
   const char *tokenizer_dir;  /* tokenizer.json for sizing; NULL: model_dir (engine) / none */
   const char *model_name;     /* the requests' "model" (NULL: the model dir's name, or deepseek-v4) */

@@ -182,8 +182,9 @@ static int same_rope(const st_settings *a, const st_settings *b) {
 
 /* RoPE on the last rope dims of count vectors (heads per row) at given positions, with the
 ** engine's own cos/sin (st_rope_cos_sin). */
-static st_status rope_vectors(const st_config *cfg, const st_settings *set, float *x, int64_t rows,
-                              int heads, int dim, const int64_t *positions, int inverse) {
+static st_status rope_vectors(const st_backend *be, const st_config *cfg, const st_settings *set,
+                              float *x, int64_t rows, int heads, int dim, const int64_t *positions,
+                              int inverse) {
   int half = cfg->rope_head_dim / 2;
   double inv[512];
   st_rope_inv_freq(cfg, set, 1, inv);
@@ -197,8 +198,8 @@ static st_status rope_vectors(const st_config *cfg, const st_settings *set, floa
     index[r] = r;
     st_rope_cos_sin(inv, half, positions[r], cs + r * half, sn + r * half);
   }
-  st_backend_cpu_ref.rope(x, (int)rows, heads, dim, cfg->rope_head_dim, index, cs, sn,
-                          set->index_rope_neox, inverse);
+  be->ops->rope(be->ctx, x, (int)rows, heads, dim, cfg->rope_head_dim, index, cs, sn,
+                set->index_rope_neox, inverse);
   free(cs); free(sn); free(index);
   return ST_OK;
 }
@@ -262,7 +263,7 @@ typedef struct indexer_inputs {
   int heads, dim, ratio;
 } indexer_inputs;
 
-static st_status replay_indexer(const st_replay_request *req, const st_config *cfg,
+static st_status replay_indexer(const st_backend *be, const st_replay_request *req, const st_config *cfg,
                                 const st_settings *recorded, cell_spec *specs, int n_cells,
                                 indexer_inputs *in, st_replay_report *rep) {
   st_status rc = ST_OK;
@@ -270,9 +271,6 @@ static st_status replay_indexer(const st_replay_request *req, const st_config *c
   int64_t R = in->rows, n = in->n;
   const int block = 128;
 #ifdef _OPENMP
-  int threads = omp_get_max_threads();
-#else
-  int threads = 1;
 #endif
   float *k = malloc(sizeof(float) * (size_t)(R ? R : 1) * dI);
   float *k_used = malloc(sizeof(float) * (size_t)(R ? R : 1) * dI);
@@ -295,7 +293,9 @@ static st_status replay_indexer(const st_replay_request *req, const st_config *c
   int64_t topk_cap = max_topk < R ? max_topk : (R > 0 ? R : 1);
   int32_t *topk = malloc(sizeof(int32_t) * (size_t)block * topk_cap);
   int32_t *set_scratch = malloc(sizeof(int32_t) * (size_t)(topk_cap + rec_topk_width + 2));
-  void *scratch = malloc(st_topk_scratch_size((int)(R > 0 ? R : 1), threads));
+  st_backend_limits lim = {.max_tokens = block, .max_rows = R > 0 ? R : 1, .max_topk = (int)topk_cap,
+                           .max_dim = hI * dI};
+  void *scratch = malloc(be->ops->workspace_size(be->ctx, &lim));
   int visible[128];
   int64_t *k_positions = malloc(sizeof(int64_t) * (size_t)(R ? R : 1));
   int *done = calloc((size_t)n_cells, sizeof(int));
@@ -327,11 +327,11 @@ static st_status replay_indexer(const st_replay_request *req, const st_config *c
     int rope_changed = !same_rope(gs, recorded);
     memcpy(k_used, k, sizeof(float) * (size_t)R * dI);
     if (rope_changed && R) {
-      if ((rc = rope_vectors(cfg, recorded, k_used, R, 1, dI, k_positions, 1))) goto out;
-      if ((rc = rope_vectors(cfg, gs, k_used, R, 1, dI, k_positions, 0))) goto out;
+      if ((rc = rope_vectors(be, cfg, recorded, k_used, R, 1, dI, k_positions, 1))) goto out;
+      if ((rc = rope_vectors(be, cfg, gs, k_used, R, 1, dI, k_positions, 0))) goto out;
     }
     for (int64_t j = 0; j < R; j++) /* row by row, exactly as the forward pass emits them */
-      st_indexer_k_used(&st_backend_cpu_ref, gs, k_used + (size_t)j * dI, k_used + (size_t)j * dI, 1, dI);
+      st_indexer_k_used(be, gs, k_used + (size_t)j * dI, k_used + (size_t)j * dI, 1, dI);
     int group[4096], n_group = 0;
     for (int c = lead; c < n_cells; c++)
       if (!done[c] && same_scores(&specs[c].settings, gs)) {
@@ -349,15 +349,12 @@ static st_status replay_indexer(const st_replay_request *req, const st_config *c
       if (rec_topk && (rc = st_trace_read_i32(in->trace, in->topk, p0, nb, rec_topk))) goto out;
       if (rec_q_used && (rc = st_trace_read_f32(in->trace, in->q_used, p0, nb, rec_q_used))) goto out;
       if (rope_changed) {
-        if ((rc = rope_vectors(cfg, recorded, q, nb, hI, dI, in->positions + p0, 1))) goto out;
-        if ((rc = rope_vectors(cfg, gs, q, nb, hI, dI, in->positions + p0, 0))) goto out;
+        if ((rc = rope_vectors(be, cfg, recorded, q, nb, hI, dI, in->positions + p0, 1))) goto out;
+        if ((rc = rope_vectors(be, cfg, gs, q, nb, hI, dI, in->positions + p0, 0))) goto out;
       }
-      st_indexer_q_used(&st_backend_cpu_ref, gs, q_used, q, nb * hI, dI);
-      for (int i = 0; i < nb; i++) {
-        int64_t vis = (in->positions[p0 + i] + 1) / in->ratio;
-        visible[i] = (int)(vis < R ? vis : R);
-      }
-      if (R > 0) st_backend_cpu_ref.indexer_scores(scores, q_used, w, k_used, nb, (int)R, hI, dI, visible);
+      st_indexer_q_used(be, gs, q_used, q, nb * hI, dI);
+      for (int i = 0; i < nb; i++) visible[i] = st_visible_rows(in->positions[p0 + i], in->ratio, R);
+      if (R > 0) be->ops->indexer_scores(be->ctx, scores, q_used, w, k_used, nb, (int)R, hI, dI, visible);
       else for (int i = 0; i < nb; i++) scores[i] = -INFINITY;
       for (int g = 0; g < n_group; g++) {
         int c = group[g];
@@ -365,7 +362,7 @@ static st_status replay_indexer(const st_replay_request *req, const st_config *c
         int kk = st_settings_topk(&specs[c].settings, cfg);
         int width = kk < R ? kk : (int)R;
         if (width < 1) width = 1;
-        if (R > 0) st_backend_cpu_ref.topk(topk, scores, nb, (int)R, visible, kk, width, scratch);
+        if (R > 0) be->ops->topk(be->ctx, topk, scores, nb, (int)R, visible, kk, width, scratch);
         else for (int i = 0; i < nb; i++) topk[i] = -1;
         int exact_cell = same_settings(&specs[c].settings, recorded);
         if (rec_scores && rec_score_width == score_width) {
@@ -490,7 +487,7 @@ static void compare_output(st_replay_cell *cell, st_trace *t, const st_trace_tap
   if (cmp.bit_mismatch || cmp.count == 0) *bits_differ = 1;
 }
 
-static st_status replay_model(const st_replay_request *req, st_trace *t, const st_settings *recorded,
+static st_status replay_model(const st_backend *be, const st_replay_request *req, st_trace *t, const st_settings *recorded,
                               cell_spec *specs, int n_cells, st_replay_report *rep) {
   st_status rc = ST_OK;
   int N = req->layer;
@@ -566,7 +563,7 @@ static st_status replay_model(const st_replay_request *req, st_trace *t, const s
     if ((rc = st_taps_arm(&taps, cfg->num_hidden_layers, globs, n_globs))) break;
     taps.sink = &sink;
     st_session_options opt = {.max_tokens = T, .settings = *recorded, .taps = &taps,
-                              .alt_layers = alt, .alt_settings = specs[c].settings};
+                              .alt_layers = alt, .alt_settings = specs[c].settings, .backend = be};
     st_session *s = NULL;
     keep.attn_rows = keep.out_rows = keep.scores_rows = keep.topk_rows = 0;
     rc = st_session_create(model, &opt, &s);
@@ -643,7 +640,7 @@ static st_status replay_model(const st_replay_request *req, st_trace *t, const s
       int64_t n_prompt = st_trace_n_prompt(t);
       if ((rc = st_model_load_all(model))) break;
       st_session_options full = {.max_tokens = n_prompt + req->continue_tokens, .settings = *recorded,
-                                 .alt_layers = alt, .alt_settings = specs[c].settings};
+                                 .alt_layers = alt, .alt_settings = specs[c].settings, .backend = be};
       st_session *fs = NULL;
       int n_out = 0;
       int want = ST_MIN(req->continue_tokens, (int)(sizeof cell->continuation / sizeof cell->continuation[0]));
@@ -687,12 +684,16 @@ st_status st_replay_run(const st_replay_request *req, st_replay_report **out) {
   cell_spec *specs = NULL;
   int n_cells = 0;
   st_config cfg;
+  st_backend be = {0};
   st_replay_report *rep = calloc(1, sizeof *rep);
   if (!rep) return st_fail(ST_ENOMEM, "replay report");
   char config_path[4096];
   snprintf(config_path, sizeof config_path, "%s/config.json", req->model_dir);
   if ((rc = st_config_load(config_path, &cfg))) goto out;
   if ((rc = st_trace_open(req->trace_path, 0, &t))) goto out;
+  const char *backend_name = req->backend ? req->backend : st_trace_attr(t, "backend");
+  if ((rc = st_backend_open(backend_name ? backend_name : "cpu-ref", &be))) goto out;
+  snprintf(rep->backend, sizeof rep->backend, "%s", be.ops->name);
   if (req->layer < 0 || req->layer >= cfg.num_hidden_layers) {
     rc = st_fail(ST_EINVAL, "--layer %d: the model has layers 0..%d", req->layer, cfg.num_hidden_layers - 1);
     goto out;
@@ -769,7 +770,12 @@ st_status st_replay_run(const st_replay_request *req, st_replay_report **out) {
     if (req->needle_end > req->needle_start)
       rep->n_needle_rows = needle_rows(in.ratio, in.rows, req->needle_start, req->needle_end,
                                        rep->needle_rows, 64);
-    rc = replay_indexer(req, &cfg, &recorded, specs, n_cells, &in, rep);
+    if (!be.ops->host_memory) {
+      rc = st_fail(ST_EUNSUPPORTED, "--stage indexer reads the trace's tensors in place: it needs a "
+                   "host-memory backend (cpu, cpu-ref), not %s", be.ops->name);
+      goto out;
+    }
+    rc = replay_indexer(&be, req, &cfg, &recorded, specs, n_cells, &in, rep);
     free(in.positions);
   } else {
     if (req->needle_end > req->needle_start && csa) {
@@ -778,13 +784,14 @@ st_status st_replay_run(const st_replay_request *req, st_replay_report **out) {
       rep->n_needle_rows = needle_rows(cfg.compress_ratio[req->layer], T / cfg.compress_ratio[req->layer],
                                        req->needle_start, req->needle_end, rep->needle_rows, 64);
     }
-    rc = replay_model(req, t, &recorded, specs, n_cells, rep);
+    rc = replay_model(&be, req, t, &recorded, specs, n_cells, rep);
     const st_trace_tap *input = st_trace_find_tap_id(t, ST_TAP_INPUT, req->layer);
     rep->n_positions = input ? input->shape[0] : 0;
   }
 out:
   free(specs);
   st_trace_close(t);
+  st_backend_close(&be);
   rep->seconds = now() - t0;
   if (rc) {
     st_replay_report_free(rep);

@@ -43,6 +43,7 @@ typedef struct st_replay_request {
   int n_sweeps;
   int64_t needle_start, needle_end; /* token span [start, end); end <= start: no needle */
   int continue_tokens;       /* rest: greedy tokens after the prompt (0 = none) */
+  const char *backend;       /* NULL: the backend that recorded the trace (its build attribute) */
 } st_replay_request;
 
 /* One query position's needle verdict (DESIGN.md "needle rank"). */
@@ -88,6 +89,7 @@ typedef struct st_replay_cell {
 
 typedef struct st_replay_report {
   char run_id[64];
+  char backend[32];          /* the backend the replay ran on */
   char recorded_settings[512];
   int layer;
   st_replay_stage stage;

@@ -1,5 +1,10 @@
 /*
-** cpu_ref.c — the cpu-ref backend: scalar, deterministic, allocation-free.
+** cpu_ref.c — the cpu-ref backend: scalar, deterministic, allocation-free; the oracle.
+**
+** Memory is host memory (host_memory = 1): alloc is calloc, upload/download/copy are memcpy.
+** Typed weights are decoded one row at a time into a small buffer, in the loader's arithmetic
+** (kernels/weight.h), then reduced exactly as an fp32 row would be: the bits do not depend on the
+** stored format's layout, only on the decoded values.
 **
 ** Determinism rule: every output element is produced by exactly one thread, and every reduction
 ** runs in a fixed order that depends only on the reduction length (dot products accumulate in 8
@@ -12,8 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/lowp.h"
+#include "common/base.h"
 #include "kernels/backend.h"
+#include "kernels/lowp.h"
+#include "kernels/weight.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -35,13 +42,61 @@ static inline float dot(const float *a, const float *b, int n) {
 
 static inline float sum_squares(const float *a, int n) { return dot(a, a, n); }
 
-static void cpu_matmul(float *y, const float *x, const float *w, int n, int in, int out) {
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int i = 0; i < n; i++)
-    for (int o = 0; o < out; o++) y[(size_t)i * out + o] = dot(x + (size_t)i * in, w + (size_t)o * in, in);
+/* Row r of W as fp32: in place for f32 weights, else decoded into buf [cols]. */
+static inline const float *weight_row(const st_weight *w, int64_t r, float *buf) {
+  if (w->dtype == ST_W_F32) return (const float *)w->data + r * w->cols;
+  st_weight_decode(w, r, 0, (int)w->cols, buf);
+  return buf;
 }
 
-static void cpu_rmsnorm(float *y, const float *x, const float *weight, int n, int dim, float eps) {
+/* The largest row a matmul decodes on the stack (V4-Pro's widest input is 16384). */
+#define MAX_DECODED_ROW 65536
+
+static void cpu_matmul(void *ctx, float *y, const float *x, const st_weight *w, int n) {
+  int in = (int)w->cols, out = (int)w->rows;
+  ST_ASSERT(in <= MAX_DECODED_ROW);
+  if (w->dtype == ST_W_F32) {
+    const float *wf = w->data;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int i = 0; i < n; i++)
+      for (int o = 0; o < out; o++)
+        y[(size_t)i * out + o] = dot(x + (size_t)i * in, wf + (size_t)o * in, in);
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (int o = 0; o < out; o++) {
+    float buf[in];
+    const float *row = weight_row(w, o, buf);
+    for (int i = 0; i < n; i++) y[(size_t)i * out + o] = dot(x + (size_t)i * in, row, in);
+  }
+}
+
+static void cpu_matmul_grouped(void *ctx, float *y, const float *x, const st_weight *w, int n,
+                               int groups) {
+  int c = (int)w->cols, r = (int)(w->rows / groups);
+  ST_ASSERT(c <= MAX_DECODED_ROW && (int64_t)r * groups == w->rows);
+#pragma omp parallel for schedule(static)
+  for (int o = 0; o < groups * r; o++) {
+    float buf[c];
+    const float *row = weight_row(w, o, buf);
+    int g = o / r;
+    for (int i = 0; i < n; i++)
+      y[(size_t)i * groups * r + o] = dot(x + (size_t)i * groups * c + (size_t)g * c, row, c);
+  }
+}
+
+static void cpu_embed(void *ctx, float *X, const st_weight *table, const int32_t *tokens, int n,
+                      int hc) {
+  int D = (int)table->cols;
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < n; i++) {
+    float *first = X + (size_t)i * hc * D;
+    st_weight_decode(table, tokens[i], 0, D, first);
+    for (int a = 1; a < hc; a++) memcpy(first + (size_t)a * D, first, sizeof(float) * (size_t)D);
+  }
+}
+
+static void cpu_rmsnorm(void *ctx, float *y, const float *x, const float *weight, int n, int dim, float eps) {
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < n; i++) {
     const float *xi = x + (size_t)i * dim;
@@ -52,7 +107,7 @@ static void cpu_rmsnorm(float *y, const float *x, const float *weight, int n, in
   }
 }
 
-static void cpu_rope(float *x, int n, int heads, int head_dim, int rope_dim, const int64_t *positions,
+static void cpu_rope(void *ctx, float *x, int n, int heads, int head_dim, int rope_dim, const int64_t *positions,
                      const float *cos_table, const float *sin_table, int neox, int inverse) {
   int half = rope_dim / 2;
 #pragma omp parallel for collapse(2) schedule(static)
@@ -73,7 +128,7 @@ static void cpu_rope(float *x, int n, int heads, int head_dim, int rope_dim, con
   }
 }
 
-static void cpu_hadamard(float *x, int n, int dim) {
+static void cpu_hadamard(void *ctx, float *x, int n, int dim) {
   float scale = 1.0f / sqrtf((float)dim);
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < n; i++) {
@@ -92,7 +147,7 @@ static void cpu_hadamard(float *x, int n, int dim) {
 
 static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-static void cpu_hc_weights(float *pre, float *post, float *comb, const float *X, const float *fn,
+static void cpu_hc_weights(void *ctx, float *pre, float *post, float *comb, const float *X, const float *fn,
                            const float *base, const float *scale, int n, int hc, int D,
                            float norm_eps, float hc_eps, int sinkhorn_iters) {
   int flat = hc * D, mixes = (2 + hc) * hc;
@@ -132,7 +187,7 @@ static void cpu_hc_weights(float *pre, float *post, float *comb, const float *X,
   }
 }
 
-static void cpu_hc_collapse(float *x, const float *X, const float *pre, int n, int hc, int D) {
+static void cpu_hc_collapse(void *ctx, float *x, const float *X, const float *pre, int n, int hc, int D) {
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < n; i++)
     for (int k = 0; k < D; k++) {
@@ -142,7 +197,7 @@ static void cpu_hc_collapse(float *x, const float *X, const float *pre, int n, i
     }
 }
 
-static void cpu_hc_expand(float *Xout, const float *a, const float *X, const float *post,
+static void cpu_hc_expand(void *ctx, float *Xout, const float *a, const float *X, const float *post,
                           const float *comb, int n, int hc, int D) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (int i = 0; i < n; i++)
@@ -157,7 +212,7 @@ static void cpu_hc_expand(float *Xout, const float *a, const float *X, const flo
     }
 }
 
-static void cpu_hc_head(float *y, const float *X, const float *fn, const float *base,
+static void cpu_hc_head(void *ctx, float *y, const float *X, const float *fn, const float *base,
                         const float *scale, int n, int hc, int D, float norm_eps, float hc_eps) {
   int flat = hc * D;
 #pragma omp parallel for schedule(static)
@@ -175,7 +230,7 @@ static void cpu_hc_head(float *y, const float *X, const float *fn, const float *
   }
 }
 
-static void cpu_compressor_pool(float *row, const float *kv, const float *score, int slots,
+static void pool_row(float *row, const float *kv, const float *score, int slots,
                                 int stride, const int *col_offset, int d) {
   for (int k = 0; k < d; k++) {
     float mx = -INFINITY;
@@ -191,7 +246,33 @@ static void cpu_compressor_pool(float *row, const float *kv, const float *score,
   }
 }
 
-static void cpu_indexer_scores(float *scores, const float *q, const float *w, const float *k, int n,
+static void cpu_compress(void *ctx, float *rows, float *state_kv, float *state_score,
+                         const float *kv, const float *score, const float *ape, int n, int64_t p0,
+                         int m, int d, int overlap) {
+  int cd = (overlap ? 2 : 1) * d, slots = overlap ? 2 * m : m;
+  int offsets[2 * 128];
+  ST_ASSERT(slots <= (int)(sizeof offsets / sizeof offsets[0]));
+  for (int sl = 0; sl < slots; sl++) offsets[sl] = overlap && sl >= m ? d : 0;
+  for (int i = 0; i < n; i++) {
+    int64_t t = p0 + i;
+    int within = (int)(t % m);
+    int slot = overlap ? m + within : within;
+    float *skv = state_kv + (size_t)slot * cd, *sscore = state_score + (size_t)slot * cd;
+    const float *a = ape + (size_t)within * cd;
+    for (int k = 0; k < cd; k++) {
+      skv[k] = kv[(size_t)i * cd + k];
+      sscore[k] = score[(size_t)i * cd + k] + a[k];
+    }
+    if ((t + 1) % m) continue;
+    pool_row(rows + (size_t)(t / m) * d, state_kv, state_score, slots, cd, offsets, d);
+    if (overlap) { /* this block becomes the previous block */
+      memcpy(state_kv, state_kv + (size_t)m * cd, sizeof(float) * (size_t)m * cd);
+      memcpy(state_score, state_score + (size_t)m * cd, sizeof(float) * (size_t)m * cd);
+    }
+  }
+}
+
+static void cpu_indexer_scores(void *ctx, float *scores, const float *q, const float *w, const float *k, int n,
                                int rows, int heads, int dim, const int *visible) {
 #pragma omp parallel for schedule(dynamic, 1)
   for (int i = 0; i < n; i++) {
@@ -241,11 +322,18 @@ static int compare_int32(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-size_t st_topk_scratch_size(int rows, int threads) { return (size_t)rows * threads * sizeof(scored); }
+/* cpu-ref's context: the thread count its top-k workspace was sized for. */
+typedef struct cpu_ref_ctx { int threads; } cpu_ref_ctx;
 
-static void cpu_topk(int32_t *idx, const float *scores, int n, int rows, const int *visible, int k,
+static size_t cpu_workspace_size(void *ctx, const st_backend_limits *lim) {
+  cpu_ref_ctx *c = ctx;
+  return (size_t)(lim->max_rows > 0 ? lim->max_rows : 1) * (size_t)c->threads * sizeof(scored);
+}
+
+static void cpu_topk(void *ctx, int32_t *idx, const float *scores, int n, int rows, const int *visible, int k,
                      int width, void *scratch) {
-#pragma omp parallel for schedule(dynamic, 1)
+  int threads = ((cpu_ref_ctx *)ctx)->threads;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int i = 0; i < n; i++) {
     scored *v = (scored *)scratch + (size_t)THREAD_ID() * rows;
     int vis = visible[i] < rows ? visible[i] : rows;
@@ -260,7 +348,7 @@ static void cpu_topk(int32_t *idx, const float *scores, int n, int rows, const i
   }
 }
 
-static void cpu_sparse_attention(float *out, const float *q, const float *kv, const int32_t *idx,
+static void cpu_sparse_attention(void *ctx, float *out, const float *q, const float *kv, const int32_t *idx,
                                  int n, int heads, int d, int width, const float *sinks, float scale,
                                  int probs_bf16) {
 #pragma omp parallel for collapse(2) schedule(static)
@@ -291,7 +379,7 @@ static void cpu_sparse_attention(float *out, const float *q, const float *kv, co
     }
 }
 
-static void cpu_moe_route(int32_t *experts, float *weights, float *logits, const float *bias,
+static void cpu_moe_route(void *ctx, int32_t *experts, float *weights, float *logits, const float *bias,
                           const int32_t *hash_experts, int n, int E, int kE, float route_scale) {
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < n; i++) {
@@ -321,7 +409,7 @@ static void cpu_moe_route(int32_t *experts, float *weights, float *logits, const
   }
 }
 
-static void cpu_scatter_add(float *out, const float *y, const int32_t *row, const float *weight,
+static void cpu_scatter_add(void *ctx, float *out, const float *y, const int32_t *row, const float *weight,
                             int count, int D) {
   /* one thread per output column keeps each element's additions in k order */
 #pragma omp parallel for schedule(static)
@@ -329,7 +417,7 @@ static void cpu_scatter_add(float *out, const float *y, const int32_t *row, cons
     for (int k = 0; k < count; k++) out[(size_t)row[k] * D + c] += y[(size_t)k * D + c] * weight[k];
 }
 
-static void cpu_swiglu(float *h, const float *g, const float *u, int n, int F, float limit) {
+static void cpu_swiglu(void *ctx, float *h, const float *g, const float *u, int n, int F, float limit) {
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < n; i++)
     for (int k = 0; k < F; k++) {
@@ -340,22 +428,147 @@ static void cpu_swiglu(float *h, const float *g, const float *u, int n, int F, f
     }
 }
 
-const st_backend_ops st_backend_cpu_ref = {
+/* ---- small element-wise ops ---------------------------------------------------------------- */
+
+static void cpu_round_bf16(void *ctx, float *x, size_t count) { st_bf16_roundtrip(x, count); }
+
+static void quantize_fn_as_fnuz(float *p, int len, int block) {
+  if (block <= 0) block = len;
+  for (int b0 = 0; b0 < len; b0 += block) { /* the writer's scale and bytes, the reader's decoding */
+    int b1 = len - b0 < block ? len : b0 + block;
+    float amax = 0;
+    for (int k = b0; k < b1; k++) amax = fmaxf(amax, fabsf(p[k]));
+    float scale = fmaxf(amax, 1e-4f) / 448.0f;
+    for (int k = b0; k < b1; k++) p[k] = st_fp8_e4m3fnuz_to_f32(st_f32_to_fp8_e4m3fn(p[k] / scale)) * scale;
+  }
+}
+
+static void cpu_quantize(void *ctx, float *x, int rows, int64_t stride, int len, int block,
+                         st_qformat format, int ue8m0) {
+#pragma omp parallel for schedule(static) if (rows > 64)
+  for (int r = 0; r < rows; r++) {
+    float *p = x + (size_t)r * (size_t)stride;
+    switch (format) {
+    case ST_Q_BF16: st_bf16_roundtrip(p, (size_t)len); break;
+    case ST_Q_FP8_E4M3FN: st_fp8_roundtrip_blocks(p, len, block, ue8m0, 0); break;
+    case ST_Q_FP8_E4M3FNUZ: st_fp8_roundtrip_blocks(p, len, block, ue8m0, 1); break;
+    case ST_Q_FP8_FN_AS_FNUZ: quantize_fn_as_fnuz(p, len, block); break;
+    case ST_Q_FP4_E2M1: st_fp4_roundtrip_blocks(p, len, block); break;
+    }
+  }
+}
+
+static void cpu_add(void *ctx, float *y, const float *a, const float *b, size_t count) {
+  for (size_t k = 0; k < count; k++) y[k] = a[k] + b[k];
+}
+
+static void cpu_scale(void *ctx, float *x, float s, size_t count) {
+  for (size_t k = 0; k < count; k++) x[k] *= s;
+}
+
+static void cpu_fill(void *ctx, float *x, float value, size_t count) {
+  for (size_t k = 0; k < count; k++) x[k] = value;
+}
+
+static void cpu_candidates(void *ctx, int32_t *cand, const int32_t *topk, int n, int64_t p0,
+                           int window, int width, int32_t compressed_base, int ratio) {
+  int stride = window + width;
+#pragma omp parallel for schedule(static) if (n > 64)
+  for (int i = 0; i < n; i++) {
+    int64_t t = p0 + i;
+    int32_t *c = cand + (size_t)i * stride;
+    for (int k = 0; k < window; k++) {
+      int64_t pos = t - window + 1 + k;
+      c[k] = pos < 0 ? -1 : pos >= p0 ? (int32_t)(window + (pos - p0)) : (int32_t)(pos % window);
+    }
+    if (topk) {
+      for (int j = 0; j < width; j++) {
+        int32_t row = topk[(size_t)i * width + j];
+        c[window + j] = row >= 0 ? compressed_base + row : -1;
+      }
+    } else {
+      int64_t visible = (t + 1) / ratio;
+      for (int j = 0; j < width; j++) c[window + j] = j < visible ? compressed_base + j : -1;
+    }
+  }
+}
+
+static void cpu_gather_rows(void *ctx, float *dst, const float *src, const int32_t *rows, int count,
+                            int D) {
+  for (int k = 0; k < count; k++)
+    memcpy(dst + (size_t)k * D, src + (size_t)rows[k] * D, sizeof(float) * (size_t)D);
+}
+
+/* ---- context and memory ------------------------------------------------------------------- */
+
+static void cpu_close(void *ctx) { free(ctx); }
+
+static int cpu_supports(void *ctx, st_op op, int dtype) {
+  return op != ST_OP_INDEXER_TOPK && op != ST_OP_MOE_EXPERTS;
+}
+
+static st_status cpu_alloc(void *ctx, size_t bytes, void **out) {
+  *out = calloc(bytes ? bytes : 1, 1);
+  return *out ? ST_OK : st_fail(ST_ENOMEM, "cpu-ref: %zu bytes", bytes);
+}
+
+static void cpu_free(void *ctx, void *p) { free(p); }
+
+static st_status cpu_memcpy(void *ctx, void *dst, const void *src, size_t bytes) {
+  if (bytes) memcpy(dst, src, bytes);
+  return ST_OK;
+}
+
+static st_status cpu_synchronize(void *ctx) { return ST_OK; }
+
+const st_backend_ops st_backend_cpu_ref_ops = {
   .name = "cpu-ref",
   .kernel_mode = "deterministic",
+  .host_memory = 1,
+  .close = cpu_close,
+  .supports = cpu_supports,
+  .workspace_size = cpu_workspace_size,
+  .alloc = cpu_alloc,
+  .free = cpu_free,
+  .upload = cpu_memcpy,
+  .download = cpu_memcpy,
+  .copy = cpu_memcpy,
+  .synchronize = cpu_synchronize,
   .matmul = cpu_matmul,
+  .matmul_grouped = cpu_matmul_grouped,
+  .embed = cpu_embed,
   .rmsnorm = cpu_rmsnorm,
   .rope = cpu_rope,
   .hadamard = cpu_hadamard,
+  .round_bf16 = cpu_round_bf16,
+  .quantize = cpu_quantize,
+  .add = cpu_add,
+  .scale = cpu_scale,
+  .fill = cpu_fill,
   .hc_weights = cpu_hc_weights,
   .hc_collapse = cpu_hc_collapse,
   .hc_expand = cpu_hc_expand,
   .hc_head = cpu_hc_head,
-  .compressor_pool = cpu_compressor_pool,
+  .compress = cpu_compress,
   .indexer_scores = cpu_indexer_scores,
   .topk = cpu_topk,
+  .candidates = cpu_candidates,
   .sparse_attention = cpu_sparse_attention,
   .moe_route = cpu_moe_route,
+  .gather_rows = cpu_gather_rows,
   .scatter_add = cpu_scatter_add,
   .swiglu = cpu_swiglu,
 };
+
+st_status st_backend_cpu_ref_open(st_backend *out) {
+  cpu_ref_ctx *c = calloc(1, sizeof *c);
+  if (!c) return st_fail(ST_ENOMEM, "cpu-ref context");
+#ifdef _OPENMP
+  c->threads = omp_get_max_threads();
+#else
+  c->threads = 1;
+#endif
+  out->ops = &st_backend_cpu_ref_ops;
+  out->ctx = c;
+  return ST_OK;
+}
