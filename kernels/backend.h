@@ -260,7 +260,7 @@ st_status st_backend_open(const char *name, st_backend *out);
 void st_backend_close(st_backend *b); /* accepts a zeroed handle */
 /* The names st_backend_open knows, "|"-separated ("cpu-ref|cpu|cuda|hip"), and the default. */
 const char *st_backend_names(void);
-#define ST_BACKEND_DEFAULT "cpu-ref" /* "cpu" once kernels/cpu/ lands */
+#define ST_BACKEND_DEFAULT "cpu"
 
 /* Convenience wrappers over the memory entries. */
 static inline st_status st_backend_alloc(const st_backend *b, size_t bytes, void **out) {
