@@ -13,10 +13,15 @@
 # No GPU, no network.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/deps.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build -j"$(nproc 2>/dev/null || echo 2)" >/dev/null
-st=build/sparsetrace
+# ST_BIN: an already built sparsetrace (skips the install and build); ST_DEMO_BACKEND: the compute
+# backend of the runs and sweeps (default cpu; replay and bisect use the one that recorded).
+if [ -z "${ST_BIN:-}" ]; then
+  tools/deps.sh
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build build -j"$(nproc 2>/dev/null || echo 2)" >/dev/null
+fi
+st=${ST_BIN:-build/sparsetrace}
+backend=${ST_DEMO_BACKEND:-cpu}
 model=models/needle-v4
 store=traces/demo
 rm -rf "$store"
@@ -30,11 +35,11 @@ needle=$(field "$store/needle.json" needle)
 $st render --request "$store/request.json" --model "$model" --thinking off --ids > "$store/prompt.json"
 echo
 echo "== 2. run as trained: greedy answer, every indexer tap armed, the needle marked"
-$st run --model "$model" --prompt-tokens "$store/prompt.json" --max-new-tokens 32 \
+$st run --backend "$backend" --model "$model" --prompt-tokens "$store/prompt.json" --max-new-tokens 32 \
   --tap 'layers.*.indexer.*' --positions last --needle "$needle" --store "$store" --trace "$store/trained.h5"
 echo
 echo "== 3. the same request with the Hadamard rotation on the indexer query only (F1)"
-$st run --model "$model" --prompt-tokens "$store/prompt.json" --max-new-tokens 32 --set rotate=q \
+$st run --backend "$backend" --model "$model" --prompt-tokens "$store/prompt.json" --max-new-tokens 32 --set rotate=q \
   --tap 'layers.*.indexer.*' --positions last --needle "$needle" --store "$store" --trace "$store/rotate-q.h5"
 echo
 echo "== 4. SQL over the index: the needle's rank per layer in both runs"
@@ -55,8 +60,8 @@ echo "== 8. diff the two runs: the first tap that differs"
 $st diff "$store/trained.h5" "$store/rotate-q.h5" | head -12 || true
 echo
 echo "== 9. recall sweep, 1k and 2k tokens x 4 positions x 2 seeds: as trained, then with rotate=q"
-$st needle sweep --model "$model" --tokens 1k,2k --seeds 2 --first-seed 2 --kind path --store "$store" --quiet
-$st needle sweep --model "$model" --tokens 1k,2k --seeds 2 --first-seed 2 --kind path --set rotate=q \
+$st needle sweep --backend "$backend" --model "$model" --tokens 1k,2k --seeds 2 --first-seed 2 --kind path --store "$store" --quiet
+$st needle sweep --backend "$backend" --model "$model" --tokens 1k,2k --seeds 2 --first-seed 2 --kind path --set rotate=q \
   --store "$store" --quiet
 echo
 echo "What it shows: as trained, the model copies the line back from 900 tokens earlier, far beyond"
