@@ -24,8 +24,12 @@
 **     exchanges finish for a grace period, then cuts them, marks them 'interrupted' and drains
 **     the writer before returning;
 **   - no credential (Authorization, x-api-key, api-key, *-api-key, cookies, proxy credentials,
-**     secret-looking query parameters, userinfo in the upstream URL) is ever written to the
-**     store or passed to the log callback; values are forwarded upstream untouched.
+**     secret-looking query parameters of the request or of the upstream URL, userinfo in the
+**     upstream URL, secret-named fields of JSON and form request bodies) is ever written to the
+**     store or passed to the log callback, in any spelling: each value is also scrubbed
+**     %-decoded, %-encoded, base64'd and JSON-escaped (and a Basic credential decoded) from
+**     everything recorded about its exchange, response and events included; values are
+**     forwarded upstream untouched.
 **
 ** Threading: st_capture_start/stop from one controlling thread; the log callback is called from
 ** worker threads (one complete line per call, no trailing newline) and must be thread-safe.

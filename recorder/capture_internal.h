@@ -148,6 +148,10 @@ const char *capture_state_name(capture_state s);
 int capture_header_is_secret(const char *name);
 /* 1 when a query parameter (by name) carries a credential (key, api_key, token, ...). */
 int capture_query_param_is_secret(const char *name, size_t len);
+/* 1 when a JSON member or form field (by name) carries a credential: one of the words of its
+** name (split at _ - . and case changes) is key, apikey, token, secret, password, auth,
+** authorization, credential(s), cookie, ... ("api_key", "accessToken"; not "max_tokens"). */
+int capture_field_is_secret(const char *name, size_t len);
 
 #define CAPTURE_REDACTED "[redacted]"
 
@@ -162,7 +166,13 @@ typedef struct capture_secrets {
 /* Remembers a header's value when capture_header_is_secret(name): the whole value, plus the
 ** credential part of "Bearer X" / "Basic X" and each value of a cookie list. 0 or -1 (OOM). */
 int capture_secrets_add_header(capture_secrets *s, const char *name, const char *value);
+/* Remembers a value in every spelling an upstream may echo it in: as given, %-decoded (when it
+** holds %XX or '+'), %-encoded (upper- and lower-case hex), base64, JSON-escaped. */
 int capture_secrets_add(capture_secrets *s, const char *value, size_t len);
+/* Remembers the credentials in a request body: string values of secret-named members of a JSON
+** body (any depth), secret-named fields of a form body. 0 or -1 (OOM). */
+int capture_secrets_add_body(capture_secrets *s, const char *content_type, const char *body,
+                             size_t len);
 /* Copy of a query string with secret parameters' values replaced by "[redacted]" (values are
 ** remembered in s). NULL query -> NULL. Returns NULL also on OOM (then *oom = 1). */
 char *capture_redact_query(capture_secrets *s, const char *query, int *oom);
@@ -172,7 +182,8 @@ size_t capture_secrets_mask(const capture_secrets *s, char *buf, size_t len);
 /* New string: text with every remembered secret replaced by "[redacted]". NULL on OOM. */
 char *capture_secrets_scrub(const capture_secrets *s, const char *text);
 void capture_secrets_free(capture_secrets *s);
-/* Copy of a URL with any user:password@ removed (for logs and records). NULL on OOM. */
+/* Copy of a URL with any user:password@ removed and secret query parameters' values replaced
+** by "[redacted]" (for logs and records); a #fragment is dropped. NULL on OOM. */
 char *capture_url_without_credentials(const char *url);
 
 /* ---- one exchange ------------------------------------------------------------------------------ */

@@ -481,6 +481,12 @@ static int relay_request(struct mg_connection *conn) {
   oom |= qoom;
 
   int verdict = oom ? 500 : atomic_load(&p->stopping) ? 503 : read_request(&r, ri);
+  /* Credentials in the body ("api_key": "...", a form's client_secret=...) are scrubbed from
+  ** the record like header ones; known before the open row is queued, which masks the body. */
+  if (verdict == 0 &&
+      capture_secrets_add_body(&x->secrets, capture_headers_get(&x->request_headers, "content-type"),
+                               x->request_body.data, x->request_body.len) < 0)
+    verdict = 500;
   /* --ask-prompt-ids: the body that goes upstream may carry one more field than the client's
   ** (kept as it was in x->request_body); the note of it goes into the open row. */
   char *forward_body = NULL;
@@ -548,11 +554,13 @@ static int relay_request(struct mg_connection *conn) {
   x->t_end_ns = capture_now_ns();
 
   int status = x->status;
-  proxy_log(p, "%s %s %s %s %d %s %.1f ms %zu B%s%s%s%s", x->id, x->method, x->path ? x->path : "",
+  char *log_path = capture_secrets_scrub(&x->secrets, x->path ? x->path : "");
+  proxy_log(p, "%s %s %s %s %d %s %.1f ms %zu B%s%s%s%s", x->id, x->method, log_path ? log_path : "",
             capture_api_name(x->api), status, capture_state_name(x->state),
             (double)(x->t_end_ns - x->t0_ns) / 1e6, x->response_bytes,
             x->upstream_error ? " upstream: " : "", x->upstream_error ? x->upstream_error : "",
             x->client_error ? " client: " : "", x->client_error ? x->client_error : "");
+  free(log_path);
   if (x->state == CAPTURE_COMPLETE) atomic_fetch_add(&p->completed, 1);
   else atomic_fetch_add(&p->failed, 1);
   /* The summary (request JSON, reassembly) is the writer's job: computing it here would delay

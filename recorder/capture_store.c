@@ -227,8 +227,20 @@ static st_status bind_request(capture_store *s, sqlite3_stmt *st, const capture_
   bind_text(st, 1, x->id);
   bind_text(st, 2, x->received_at);
   bind_text(st, 3, x->method);
-  bind_text(st, 4, x->path ? x->path : "");
-  bind_text(st, 5, x->query);
+  /* Path and query by value too: a key seen elsewhere in the request may sit in either. */
+  char *path = capture_secrets_scrub(&x->secrets, x->path ? x->path : "");
+  char *query = x->query ? capture_secrets_scrub(&x->secrets, x->query) : NULL;
+  if (!path || (x->query && !query)) {
+    free(path);
+    free(query);
+    free(headers);
+    body_bind_free(body);
+    memset(body, 0, sizeof *body);
+    return st_fail(ST_ENOMEM, "request path");
+  }
+  sqlite3_bind_text(st, 4, path, -1, free);
+  if (query) sqlite3_bind_text(st, 5, query, -1, free);
+  else sqlite3_bind_null(st, 5);
   bind_text(st, 6, capture_api_name(x->api));
   bind_text(st, 7, x->upstream);
   bind_text(st, 8, x->client_addr);

@@ -12,6 +12,8 @@
 ** every log line. Failures are in test_capture_failures.c.
 */
 #define _GNU_SOURCE
+#include <ctype.h>
+
 #include "test_capture_util.h"
 
 /* ---- tests ------------------------------------------------------------------------------------ */
@@ -263,14 +265,67 @@ static void test_200_concurrent_streams(void **state) {
 
 static void small_inline(st_capture_config *c) { c->inline_max_bytes = 256; }
 
+/* The spellings a credential may be stored in by mistake: as planted, %-encoded (upper- and
+** lower-case hex; only when that differs), %-decoded, base64. NULL-terminated, malloc'd. */
+static char **spellings(const char *const *keys) {
+  static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  size_t n = 0;
+  while (keys[n]) n++;
+  char **out = calloc(5 * n + 1, sizeof *out);
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    const unsigned char *v = (const unsigned char *)keys[i];
+    size_t len = strlen(keys[i]);
+    out[k++] = strdup(keys[i]);
+    for (int lower = 0; lower < 2; lower++) {
+      char *e = calloc(3 * len + 1, 1), *o = e;
+      for (size_t j = 0; j < len; j++)
+        if (isalnum(v[j]) || strchr("-._~", v[j])) *o++ = (char)v[j];
+        else o += sprintf(o, lower ? "%%%02x" : "%%%02X", v[j]);
+      if (strcmp(e, keys[i])) out[k++] = e;
+      else free(e);
+    }
+    if (strchr(keys[i], '%')) { /* planted %-encoded: its decoded form */
+      char *d = calloc(len + 1, 1), *o = d;
+      for (size_t j = 0; j < len; j++) {
+        unsigned x;
+        if (v[j] == '%' && j + 2 < len && sscanf(keys[i] + j + 1, "%2x", &x) == 1) *o++ = (char)x, j += 2;
+        else *o++ = (char)v[j];
+      }
+      out[k++] = d;
+    }
+    char *e = calloc((len + 2) / 3 * 4 + 1, 1), *o = e;
+    for (size_t j = 0; j < len; j += 3) {
+      uint32_t w = (uint32_t)v[j] << 16 | (j + 1 < len ? (uint32_t)v[j + 1] << 8 : 0) | (j + 2 < len ? v[j + 2] : 0);
+      *o++ = b64[w >> 18 & 63];
+      *o++ = b64[w >> 12 & 63];
+      *o++ = j + 1 < len ? b64[w >> 6 & 63] : '=';
+      *o++ = j + 2 < len ? b64[w & 63] : '=';
+    }
+    out[k++] = e;
+  }
+  return out;
+}
+
 static void test_redaction_grep(void **state) {
   static const char *const keys[] = {"sk-ant-PLANTED-xapikey-111", "sk-PLANTED-bearer-222",
                                      "PLANTED-apikey-333",        "PLANTED-anthropic-444",
                                      "PLANTED-cookie-555",        "UFJPWFlVU0VSOlBMQU5URUQtNjY2",
                                      "PLANTED-query-777",         "PLANTED-upstream-888",
-                                     "UExBTlRFRDpQTEFOVEVELXVwc3RyZWFtLTg4OA==", NULL};
-  char upstream[128];
-  snprintf(upstream, sizeof upstream, "http://PLANTED:PLANTED-upstream-888@127.0.0.1:%d", fake_port);
+                                     "UExBTlRFRDpQTEFOVEVELXVwc3RyZWFtLTg4OA==",
+                                     /* issue 14, defect 2: */
+                                     "PLANTED-basicpw-999",       /* a client's Basic password */
+                                     "PLANTED%2Fpct%2Bkey%3D1010", /* a %-encoded query key */
+                                     "PLANTED/hdr+key=2020",      /* echoed back %-encoded */
+                                     "PLANTED-body-apikey-1111",  /* JSON body fields */
+                                     "PLANTED-body-pw-1212",      "PLANTED-body-token-1313",
+                                     "PLANTED-body-secret-1414",  "PLANTED-form-secret-1515",
+                                     "PLANTED-upquery-1616",      /* ?key= in --upstream */
+                                     NULL};
+  char **forms = spellings(keys);
+  char upstream[160];
+  snprintf(upstream, sizeof upstream, "http://PLANTED:PLANTED-upstream-888@127.0.0.1:%d/?key=PLANTED-upquery-1616",
+           fake_port);
   pthread_mutex_lock(&log_mu);
   log_text.len = 0;
   pthread_mutex_unlock(&log_mu);
@@ -286,6 +341,16 @@ static void test_redaction_grep(void **state) {
   const char *echo_keys[] = {"x-fake-echo: 1", "x-api-key: sk-ant-PLANTED-xapikey-111",
                              "Cookie: sid=PLANTED-cookie-555", NULL};
   const char *echo_userinfo[] = {"x-fake-echo: 1", NULL}; /* curl sends the URL's credentials */
+  /* base64("PLANTEDUSER:PLANTED-basicpw-999") */
+  const char *echo_basic[] = {"x-fake-echo: 1", "Authorization: Basic UExBTlRFRFVTRVI6UExBTlRFRC1iYXNpY3B3LTk5OQ==",
+                              "x-api-key: PLANTED/hdr+key=2020", NULL};
+  const char *body_keys =
+    "{\"model\":\"m\",\"stream\":true,\"api_key\":\"PLANTED-body-apikey-1111\",\"auth\":{\"password\":"
+    "\"PLANTED-body-pw-1212\",\"accessToken\" : \"PLANTED-body-token-1313\"},\"max_tokens\":5,"
+    "\"messages\":[{\"role\":\"user\",\"content\":\"the secret word is not a key\"}],"
+    "\"tools\":[{\"input\":{\"client_secret\":\"PLANTED-body-secret-1414\"}}]}";
+  const char *echo_only[] = {"x-fake-echo: 1", NULL};
+  const char *form_headers[] = {"x-fake-echo: 1", "Content-Type: application/x-www-form-urlencoded", NULL};
   result r;
   request(&r, px.url, "/v1/messages?key=PLANTED-query-777", "{\"model\":\"m\",\"stream\":true}", with_keys);
   assert_int_equal(r.status, 200);
@@ -301,17 +366,92 @@ static void test_redaction_grep(void **state) {
   const char *fail_keys[] = {"x-api-key: sk-ant-PLANTED-xapikey-111", "x-fake-fail: reset-mid-stream", NULL};
   request(&r, px.url, "/v1/messages", "{\"model\":\"m\",\"stream\":true}", fail_keys);
   result_free(&r);
-  wait_recorded(&px, 5);
+  /* The upstream quotes back a Basic password in clear, a %-encoded query key decoded, a header
+  ** key %-encoded, and the upstream URL's own ?key=. */
+  request(&r, px.url, "/v1/messages?key=PLANTED%2Fpct%2Bkey%3D1010", "{\"model\":\"m\"}", echo_basic);
+  assert_non_null(strstr(r.body.data, "PLANTEDUSER:PLANTED-basicpw-999"));
+  assert_non_null(strstr(r.body.data, "key=PLANTED/pct+key=1010"));
+  assert_non_null(strstr(r.body.data, "PLANTED%2Fhdr%2Bkey%3D2020"));
+  assert_non_null(strstr(r.body.data, "key=PLANTED-upquery-1616&key=PLANTED%2Fpct%2Bkey%3D1010"));
+  result_free(&r);
+  /* Credentials in JSON bodies: streamed (the body is only in the request record) and echoed
+  ** (in the response too); and in a form body. */
+  request(&r, px.url, "/v1/messages", body_keys, NULL);
+  assert_int_equal(r.status, 200);
+  result_free(&r);
+  request(&r, px.url, "/v1/messages", body_keys, echo_only);
+  assert_non_null(strstr(r.body.data, "PLANTED-body-token-1313"));
+  result_free(&r);
+  request(&r, px.url, "/oauth/token", "grant_type=client_credentials&client_secret=PLANTED-form-secret-1515",
+          form_headers);
+  assert_non_null(strstr(r.body.data, "PLANTED-form-secret-1515"));
+  result_free(&r);
+  wait_recorded(&px, 9);
   char hit[1200];
-  if (grep_tree(px.store, keys, hit, sizeof hit)) fail_msg("while running: %s", hit);
+  if (grep_tree(px.store, (const char *const *)forms, hit, sizeof hit)) fail_msg("while running: %s", hit);
   stop_proxy(&px);
-  if (grep_tree(px.store, keys, hit, sizeof hit)) fail_msg("after stopping: %s", hit);
+  if (grep_tree(px.store, (const char *const *)forms, hit, sizeof hit)) fail_msg("after stopping: %s", hit);
+  /* Not by over-redacting: what is no credential is kept. */
+  json_t *all = records(px.store), *rec;
+  char want_up[96];
+  snprintf(want_up, sizeof want_up, "http://127.0.0.1:%d/?key=[redacted]", fake_port);
+  size_t i, with_body = 0;
+  json_array_foreach(all, i, rec) {
+    assert_string_equal(jstr(rec, "upstream"), want_up);
+    const char *b = jstr(rec, "request.body");
+    if (!b || !strstr(b, "not a key")) continue;
+    with_body++;
+    assert_non_null(strstr(b, "\"max_tokens\":5"));
+    assert_non_null(strstr(b, "\"api_key\":\"************************\""));
+    assert_true(jint(rec, "redactions") >= 4);
+  }
+  assert_int_equal(with_body, 2);
+  json_decref(all);
   pthread_mutex_lock(&log_mu);
-  for (int i = 0; keys[i]; i++)
-    if (log_text.data && strstr(log_text.data, keys[i])) fail_msg("the log holds %s", keys[i]);
+  for (int i = 0; forms[i]; i++)
+    if (log_text.data && strstr(log_text.data, forms[i])) fail_msg("the log holds %s", forms[i]);
   assert_non_null(log_text.data);
   assert_null(strstr(log_text.data, "PLANTED:")); /* upstream shown without userinfo */
+  assert_non_null(strstr(log_text.data, "/?key=[redacted]"));
   pthread_mutex_unlock(&log_mu);
+  for (int i = 0; forms[i]; i++) free(forms[i]);
+  free(forms);
+  rm_rf(px.store);
+}
+
+/* An upstream URL with a query of its own: request paths go before it, the client's query after
+** it (the proxy once appended the path to the query string). */
+static void test_upstream_url_with_query(void **state) {
+  char upstream[160];
+  snprintf(upstream, sizeof upstream, "http://127.0.0.1:%d/api/?key=UPQ-PLANTED-0042&region=eu", fake_port);
+  proxy px = {0};
+  start_proxy_with(&px, upstream, NULL);
+  const char *echo[] = {"x-fake-echo: 1", NULL};
+  result r;
+  request(&r, px.url, "/v1/messages?beta=true", "{\"t\":\"UQ1\"}", echo);
+  assert_int_equal(r.status, 200);
+  json_t *j = json_loads(r.body.data, 0, NULL);
+  assert_string_equal(jstr(j, "path"), "/api/v1/messages");
+  assert_string_equal(jstr(j, "query"), "key=UPQ-PLANTED-0042&region=eu&beta=true");
+  json_decref(j);
+  result_free(&r);
+  request(&r, px.url, "/v1/messages", "{\"t\":\"UQ2\"}", echo);
+  j = json_loads(r.body.data, 0, NULL);
+  assert_string_equal(jstr(j, "path"), "/api/v1/messages");
+  assert_string_equal(jstr(j, "query"), "key=UPQ-PLANTED-0042&region=eu");
+  json_decref(j);
+  result_free(&r);
+  wait_recorded(&px, 2);
+  json_t *all = records(px.store);
+  json_t *rec = record_with(all, "UQ1");
+  char want[128];
+  snprintf(want, sizeof want, "http://127.0.0.1:%d/api/?key=[redacted]&region=eu", fake_port);
+  assert_string_equal(jstr(rec, "upstream"), want);
+  assert_string_equal(jstr(rec, "endpoint"), "/v1/messages");
+  assert_string_equal(jstr(rec, "query"), "beta=true");
+  assert_null(strstr(jstr(rec, "response.body"), "UPQ-PLANTED-0042"));
+  json_decref(all);
+  stop_proxy(&px);
   rm_rf(px.store);
 }
 
@@ -322,6 +462,7 @@ int main(void) {
     cmocka_unit_test(test_sse_timing_preserved),
     cmocka_unit_test(test_200_concurrent_streams),
     cmocka_unit_test(test_redaction_grep),
+    cmocka_unit_test(test_upstream_url_with_query),
   };
   RUN_CAPTURE_TESTS(tests);
 }
