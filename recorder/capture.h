@@ -22,7 +22,10 @@
 **     forwarded and finished (state complete / upstream_error / client_aborted / interrupted /
 **     rejected) when the exchange ends, including at shutdown: st_capture_stop() lets in-flight
 **     exchanges finish for a grace period, then cuts them, marks them 'interrupted' and drains
-**     the writer before returning;
+**     the writer before returning; while relaying, the bytes and SSE events sent to the client
+**     are appended to the open row every 200 ms (capture_store_submit_progress), so a proxy
+**     killed outright (kill -9) leaves them in the store, and the next proxy started on the
+**     store marks the rows it left open 'interrupted', keeping them;
 **   - no credential (Authorization, x-api-key, api-key, *-api-key, cookies, proxy credentials,
 **     secret-looking query parameters of the request or of the upstream URL, userinfo in the
 **     upstream URL, secret-named fields of JSON and form request bodies) is ever written to the

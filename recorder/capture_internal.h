@@ -232,6 +232,11 @@ typedef struct capture_exchange {
   char *client_error;
   capture_state state;
 
+  /* worker only: what capture_store_submit_progress has handed over so far */
+  size_t progress_body, progress_events, progress_bytes;
+  int progress_head;
+  int64_t progress_ns;
+
   /* store writer only */
   int open_recorded;         /* the 'open' row was inserted */
   size_t open_redactions;    /* credential occurrences masked in the request body */
@@ -312,6 +317,12 @@ void capture_store_submit_open(capture_store *s, capture_exchange *x);
 /* Queues the finishing update of x (takes a reference); the writer summarises it
 ** (capture_summarize) and records it. The caller must not touch x afterwards. */
 void capture_store_submit_finish(capture_store *s, capture_exchange *x);
+/* Called by the worker while relaying (it owns x's response side): queues copies of the response
+** bytes (masked), head and SSE events relayed since the last call, appended to the open row by
+** the writer. Nothing when nothing is new. Best effort (the finish job records everything). */
+void capture_store_submit_progress(capture_store *s, capture_exchange *x);
+#define CAPTURE_PROGRESS_MS 200       /* the relay submits progress at most this often ... */
+#define CAPTURE_PROGRESS_BYTES 65536  /* ... unless this much is new */
 /* Drains the queue, stops the writer, closes the database. Returns the first error seen. */
 st_status capture_store_close(capture_store *s);
 uint64_t capture_store_recorded(const capture_store *s);

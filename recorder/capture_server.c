@@ -211,6 +211,16 @@ static int on_sse_event(void *user, const char *event, size_t event_len, const c
   return 0;
 }
 
+/* Hands what was relayed since the last time to the store writer, at most every
+** CAPTURE_PROGRESS_MS unless CAPTURE_PROGRESS_BYTES are new: a proxy killed mid-stream then
+** leaves in the store (nearly) what its clients received. */
+static void maybe_progress(relay *r) {
+  capture_exchange *x = r->x;
+  if (capture_now_ns() - x->progress_ns >= CAPTURE_PROGRESS_MS * 1000000LL ||
+      x->response_bytes - x->progress_bytes >= CAPTURE_PROGRESS_BYTES)
+    capture_store_submit_progress(r->p->store, x);
+}
+
 /* Sends body bytes to the client in the current framing and tees them into the record. */
 static int relay_body(relay *r, const char *p, size_t n) {
   capture_exchange *x = r->x;
@@ -246,6 +256,7 @@ static int relay_body(relay *r, const char *p, size_t n) {
       capture_sse_feed(&x->sse, p, n);
     }
   }
+  maybe_progress(r);
   return 0;
 }
 
@@ -337,6 +348,7 @@ static int hook_poll(void *user) {
   st_capture *p = r->p;
   int64_t now = capture_now_ns();
   if (atomic_load(&p->stopping) && now >= atomic_load(&p->deadline_ns)) return 2;
+  maybe_progress(r); /* bytes held back (or the head) get out while the upstream is silent */
   if (!r->fd_looked && now - r->x->t0_ns > 200 * 1000000LL) {
     r->fd_looked = 1;
     r->client_fd = find_client_fd(mg_get_request_info(r->conn));
