@@ -8,7 +8,8 @@
 ** its server. The proxy relays each request upstream unchanged except for hop-by-hop headers
 ** (and, only when asked to with ask_prompt_ids, one field added to the JSON body that makes a
 ** sglang or vLLM server return the prompt token ids it ran)
-** (capture_server.c accepts with civetweb, capture_upstream.c forwards with libcurl), streams
+** (capture_http.c accepts and reads requests, capture_server.c relays them, capture_upstream.c
+** forwards with libcurl), streams
 ** the answer back chunk by chunk as it arrives (server-sent events are never buffered), and tees
 ** a copy: request and response bytes, headers with credentials redacted (capture_redact.c), the
 ** SSE events with their arrival times (capture_sse.c), and the final message reassembled from
@@ -69,10 +70,17 @@ typedef struct st_capture_config {
   const char *upstream_proxy; /* NULL: curl's default (http_proxy/https_proxy/no_proxy from the
                                  environment); "": never use a proxy; else a proxy URL */
   const char *store_dir;      /* trace store; created if missing. NULL: ST_DEFAULT_STORE */
-  int threads;                /* worker threads = most concurrent exchanges; 0: 256 */
+  int threads;                /* worker threads = most concurrent exchanges; 0: 256. Slow or idle
+                                 clients hold none: heads and bodies are read by one poll loop */
   size_t max_request_bytes;   /* larger request bodies get 413; 0: 32 MiB */
   size_t max_record_bytes;    /* response bytes kept per record (relay goes on); 0: 256 MiB */
   size_t inline_max_bytes;    /* bodies above this go to files beside the index; 0: 1 MiB */
+  int max_client_connections; /* connections at once from one client address (more get 503);
+                                 0: 256 */
+  int head_timeout_ms;        /* a request head (line + headers, at most 64 KiB, else 431) must
+                                 arrive within this of its first byte, else 408; 0: 10000 */
+  int body_timeout_ms;        /* a request body must arrive within this plus 1 s per 64 KiB
+                                 received, else the exchange is recorded client_aborted; 0: 60000 */
   int connect_timeout_ms;     /* upstream connect; 0: 10000 */
   int idle_timeout_ms;        /* upstream silent this long -> 504 / stream error; 0: 600000 */
   st_capture_prompt_ids ask_prompt_ids; /* OFF: relay bodies unchanged */

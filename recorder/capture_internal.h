@@ -1,7 +1,7 @@
 /*
 ** capture_internal.h — what the capture_*.c files share and nobody else sees.
 **
-** One HTTP exchange through the proxy is a `capture_exchange`. The worker thread that civetweb
+** One HTTP exchange through the proxy is a `capture_exchange`. The worker thread that the listener
 ** gives the request owns it while relaying; the store writer reads it twice: once when the
 ** request has been read (to insert the 'open' row) and once when the exchange is over (to
 ** finish the row). The fields the first read uses are immutable after submission, and the
@@ -385,6 +385,67 @@ void capture_upstream_handle_free(void *handle); /* NULL ok */
 ** Content-Length, Expect); `connection` is the request's Connection header value (its tokens
 ** are hop-by-hop too), may be NULL. */
 int capture_header_is_hop_by_hop(const char *name, const char *connection);
+
+/* ---- the listening side (capture_http.c) ------------------------------------------------------ */
+
+/* The request line and headers together may take this many bytes (CRLFs included); a longer
+** head is answered 431 (and recorded). Every header within it is forwarded and recorded. */
+#define CAPTURE_MAX_HEAD_BYTES 65536
+
+typedef struct capture_http capture_http;
+typedef struct capture_conn capture_conn;
+
+/* One request, complete: head parsed, body read (chunked coding removed). */
+typedef struct capture_request {
+  char method[16];
+  char *path;               /* request target up to '?' (raw, not decoded) */
+  char *query;              /* after '?', or NULL */
+  int http10;
+  int keep_alive;           /* the connection may carry another request after this one */
+  int chunked;
+  int64_t content_length;   /* -1: none */
+  capture_headers headers;  /* every header line, in order */
+  capture_buf body;
+  int too_large;            /* body over max_body_bytes: not kept (declared_bytes says how big) */
+  int head_too_large;       /* head over max_head_bytes: headers hold the lines that fitted */
+  int body_timeout;         /* 1: body not complete in time, 2: client closed mid-body */
+  int oom;
+  size_t declared_bytes;
+  char remote_addr[48];       /* INET6_ADDRSTRLEN */
+  int remote_port;
+} capture_request;
+
+typedef struct capture_http_options {
+  const char *host;          /* an IP address ("[::1]" or "::1" for IPv6) */
+  int port;                  /* 0: any free port */
+  int threads;               /* workers: most requests handled at once */
+  int max_client_connections; /* per client address (more get 503) */
+  int max_connections;       /* in all (also bounded by the descriptor limit) */
+  size_t max_head_bytes, max_body_bytes;
+  int head_timeout_ms;       /* a request head must be complete within this of its first byte */
+  int keepalive_timeout_ms;  /* an idle kept-alive connection is closed after this */
+  int body_timeout_ms;       /* a body must arrive within this, plus 1 s per 64 KiB received */
+  int write_timeout_ms;      /* a client that reads nothing for this long is gone */
+  /* Called on a worker thread with a complete request; answers it with capture_conn_write. */
+  void (*handler)(void *user, capture_conn *c, capture_request *rq);
+  void (*free_slot)(void *slot); /* a worker's slot (capture_conn_thread_slot) at its exit */
+  void (*log)(void *user, const char *line);
+  void *user;
+} capture_http_options;
+
+void capture_http_options_init(capture_http_options *o); /* the defaults in capture_http.c */
+st_status capture_http_start(const capture_http_options *o, capture_http **out);
+int capture_http_port(const capture_http *h);
+/* Stops accepting, closes every connection (writes in progress fail at once), waits for the
+** handlers to return and the threads to end, frees h. */
+void capture_http_stop(capture_http *h);
+/* For handlers: writes all n bytes (0), or -1 when the client is gone or read nothing for
+** write_timeout_ms, or the listener is stopping. */
+int capture_conn_write(capture_conn *c, const void *p, size_t n);
+void capture_conn_close_after(capture_conn *c); /* no further request on this connection */
+int capture_conn_fd(const capture_conn *c);     /* to poll for the client hanging up; never read */
+void **capture_conn_thread_slot(capture_conn *c); /* the worker thread's own pointer slot */
+const char *capture_http_reason(int status);    /* "Not Found", ... */
 
 /* ---- small shared utilities ---------------------------------------------------------------- */
 

@@ -419,6 +419,111 @@ static void test_redaction_grep(void **state) {
   rm_rf(px.store);
 }
 
+/* Issue 14, defect 5: every header is forwarded and recorded (civetweb kept the first 64), up to
+** CAPTURE_MAX_HEAD_BYTES of head; beyond it a 431, recorded. */
+static void test_many_headers(void **state) {
+  proxy px = {0};
+  start_proxy(&px);
+  static char lines[80][48];
+  const char *headers[84];
+  int k = 0;
+  headers[k++] = "x-fake-echo: 1";
+  for (int i = 0; i < 80; i++) {
+    snprintf(lines[i], sizeof lines[i], "x-filler-%02d: filler value %02d", i, i);
+    headers[k++] = lines[i];
+  }
+  headers[k++] = "Authorization: Bearer sk-PLANTED-after-80-fillers-0005";
+  headers[k++] = "x-last: the last one";
+  headers[k] = NULL;
+  result r;
+  request(&r, px.url, "/v1/messages", "{\"t\":\"H80\"}", headers);
+  assert_int_equal(r.status, 200);
+  json_t *echo = json_loads(r.body.data, 0, NULL);
+  assert_non_null(echo);
+  assert_string_equal(jstr(echo, "body"), "{\"t\":\"H80\"}"); /* curl's Content-Length comes last */
+  int fillers = 0, auth = 0, last = 0;
+  size_t i;
+  json_t *pair;
+  json_array_foreach(json_object_get(echo, "headers"), i, pair) {
+    const char *n = json_string_value(json_array_get(pair, 0));
+    const char *v = json_string_value(json_array_get(pair, 1));
+    if (!strncasecmp(n, "x-filler-", 9)) {
+      char want[32];
+      snprintf(want, sizeof want, "filler value %02d", fillers);
+      assert_string_equal(v, want); /* all of them, in order */
+      fillers++;
+    }
+    auth |= !strcasecmp(n, "Authorization") && !strcmp(v, "Bearer sk-PLANTED-after-80-fillers-0005");
+    last |= !strcasecmp(n, "x-last") && !strcmp(v, "the last one");
+  }
+  assert_int_equal(fillers, 80);
+  assert_true(auth && last);
+  json_decref(echo);
+  result_free(&r);
+
+  /* Just under the limit: still all forwarded. Over it: 431, in the API's shape, recorded. */
+  static char big[70][1040];
+  const char *near[64], *over[72];
+  for (int j = 0; j < 70; j++) {
+    int n = snprintf(big[j], sizeof big[j], "x-big-%02d: ", j);
+    memset(big[j] + n, 'a' + j % 26, 1000);
+    big[j][n + 1000] = 0;
+  }
+  near[0] = "x-fake-echo: 1";
+  for (int j = 0; j < 60; j++) near[j + 1] = big[j];
+  near[61] = NULL;
+  request(&r, px.url, "/v1/messages", "{\"t\":\"H60K\"}", near);
+  assert_int_equal(r.status, 200);
+  int bigs = 0;
+  echo = json_loads(r.body.data, 0, NULL);
+  json_array_foreach(json_object_get(echo, "headers"), i, pair)
+    bigs += !strncasecmp(json_string_value(json_array_get(pair, 0)), "x-big-", 6) &&
+            strlen(json_string_value(json_array_get(pair, 1))) == 1000;
+  assert_int_equal(bigs, 60);
+  json_decref(echo);
+  result_free(&r);
+  for (int j = 0; j < 70; j++) over[j] = big[j];
+  over[70] = NULL;
+  request(&r, px.url, "/v1/messages", "{\"t\":\"H70K\"}", over);
+  assert_int_equal(r.status, 431);
+  json_t *err = json_loads(r.body.data, 0, NULL);
+  assert_string_equal(jstr(err, "error.type"), "invalid_request_error");
+  assert_non_null(strstr(jstr(err, "error.message"), "65536"));
+  json_decref(err);
+  result_free(&r);
+
+  wait_recorded(&px, 3);
+  json_t *all = records(px.store);
+  json_t *rec = record_with(all, "H80");
+  size_t n_headers = json_array_size(json_object_get(json_object_get(rec, "request"), "headers"));
+  assert_true(n_headers >= 83);
+  int rec_fillers = 0, rec_auth = 0;
+  json_array_foreach(json_object_get(json_object_get(rec, "request"), "headers"), i, pair) {
+    const char *n = json_string_value(json_array_get(pair, 0));
+    rec_fillers += !strncasecmp(n, "x-filler-", 9);
+    if (!strcasecmp(n, "Authorization")) {
+      rec_auth = 1;
+      assert_string_equal(json_string_value(json_array_get(pair, 1)), "[redacted]");
+    }
+  }
+  assert_int_equal(rec_fillers, 80);
+  assert_true(rec_auth);
+  int rejected = 0;
+  json_array_foreach(all, i, rec) {
+    if (jint(rec, "status") != 431) continue;
+    rejected++;
+    assert_string_equal(jstr(rec, "state"), "rejected");
+    assert_string_equal(jstr(rec, "endpoint"), "/v1/messages");
+  }
+  assert_int_equal(rejected, 1);
+  json_decref(all);
+  stop_proxy(&px);
+  static const char *const key[] = {"sk-PLANTED-after-80-fillers-0005", NULL};
+  char hit[1200];
+  if (grep_tree(px.store, key, hit, sizeof hit)) fail_msg("%s", hit);
+  rm_rf(px.store);
+}
+
 /* An upstream URL with a query of its own: request paths go before it, the client's query after
 ** it (the proxy once appended the path to the query string). */
 static void test_upstream_url_with_query(void **state) {
@@ -463,6 +568,7 @@ int main(void) {
     cmocka_unit_test(test_200_concurrent_streams),
     cmocka_unit_test(test_redaction_grep),
     cmocka_unit_test(test_upstream_url_with_query),
+    cmocka_unit_test(test_many_headers),
   };
   RUN_CAPTURE_TESTS(tests);
 }
