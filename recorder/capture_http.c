@@ -60,6 +60,7 @@ struct capture_conn {
   int fd;
   enum conn_state state;
   capture_buf in;       /* received, not yet consumed */
+  size_t scanned;       /* C_HEAD: bytes of in already searched for the end of the head */
   capture_request rq;
   int keep_alive;       /* per request, from the head */
   int close_after;      /* the handler said so */
@@ -256,9 +257,10 @@ static int is_tchar(unsigned char ch) {
   return ch > 32 && ch < 127 && !strchr("\"(),/:;<=>?@[\\]{}", ch);
 }
 
-/* Index just past the blank line ending the head in b (CRLF or bare LF line ends), or 0. */
-static size_t head_end(const char *b, size_t n) {
-  for (size_t i = 0; i < n; i++) {
+/* Index just past the blank line ending the head in b (CRLF or bare LF line ends), or 0;
+** searching from `from` (what was searched before, less the 2 bytes an end may straddle). */
+static size_t head_end(const char *b, size_t n, size_t from) {
+  for (size_t i = from > 2 ? from - 2 : 0; i < n; i++) {
     if (b[i] != '\n') continue;
     if (i + 1 < n && b[i + 1] == '\n') return i + 2;
     if (i + 2 < n && b[i + 1] == '\r' && b[i + 2] == '\n') return i + 3;
@@ -514,12 +516,14 @@ static int advance(capture_http *h, capture_conn *c, int64_t now) {
     if (skip) {
       memmove(c->in.data, c->in.data + skip, c->in.len - skip);
       c->in.len -= skip;
+      c->scanned = 0;
     }
     if (c->in.len > 0 && c->idle) { /* a next request began: its head has head_timeout_ms */
       c->idle = 0;
       c->deadline_ns = now + ms_ns(h->o.head_timeout_ms);
     }
-    size_t end = head_end(c->in.data ? c->in.data : "", c->in.len);
+    size_t end = head_end(c->in.data ? c->in.data : "", c->in.len, c->scanned);
+    c->scanned = end ? 0 : c->in.len;
     if (!end && c->in.len <= h->o.max_head_bytes) return 0;
     const char *why = "";
     int too_large = !end || end > h->o.max_head_bytes;
