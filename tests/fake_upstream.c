@@ -28,7 +28,10 @@
 **   x-fake-fail: reset-before-head | reset-mid-stream | close-mid-stream
 **   x-fake-stall-after: K    after K events (or before the head if K < 0) ...
 **   x-fake-stall-ms: M       ... go silent for M ms (watching for the client leaving)
-**   x-fake-echo: 1           answer {"method","path","query","headers","body"} as received
+**   x-fake-echo: 1           answer {"method","path","query","headers","body"} as received, plus
+**                            what an upstream refusing credentials may quote back: "decoded"
+**                            {"basic": user:password of an Authorization: Basic, "query": the
+**                            %-decoded query} and "encoded": every header value %-encoded
 **   x-fake-prompt-ids: [..]  the prompt token ids to return when the body asks for them (below)
 **
 ** Prompt token ids, only when the body asks for them the way the serving engines read it:
@@ -42,6 +45,7 @@
 */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -67,7 +71,7 @@ typedef struct request {
   char method[16];
   char path[2048];
   char query[2048];
-  char *names[100], *values[100];
+  char *names[256], *values[256];
   int n_headers;
   char *body;
   size_t body_len;
@@ -155,7 +159,7 @@ static int read_request(conn *c, request *r) {
     snprintf(r->query, sizeof r->query, "%s", q + 1);
   }
   snprintf(r->path, sizeof r->path, "%s", target);
-  while ((line = strtok_r(NULL, "\r\n", &save)) && r->n_headers < 100) {
+  while ((line = strtok_r(NULL, "\r\n", &save)) && r->n_headers < 256) {
     char *colon = strchr(line, ':');
     if (!colon) continue;
     *colon = 0;
@@ -595,6 +599,44 @@ static uint64_t fnv1a(const char *p, size_t n) {
   return h;
 }
 
+/* %-encodes (encode = 1: everything but unreserved characters) or %-decodes (0) n bytes. */
+static char *pct(const char *p, size_t n, int encode) {
+  char *out = malloc(3 * n + 1), *o = out;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)p[i];
+    unsigned int v;
+    if (encode && !(isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~')) {
+      o += sprintf(o, "%%%02X", c);
+    } else if (!encode && c == '%' && i + 2 < n && isxdigit((unsigned char)p[i + 1]) &&
+               isxdigit((unsigned char)p[i + 2]) && sscanf(p + i + 1, "%2x", &v) == 1) {
+      *o++ = (char)v;
+      i += 2;
+    } else {
+      *o++ = (char)c;
+    }
+  }
+  *o = 0;
+  return out;
+}
+
+static char *unbase64(const char *p) {
+  static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  char *out = calloc(1, strlen(p) + 1), *o = out;
+  unsigned int acc = 0;
+  int bits = 0;
+  for (; *p && *p != '='; p++) {
+    const char *k = strchr(tab, *p);
+    if (!k) break;
+    acc = acc << 6 | (unsigned int)(k - tab);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      *o++ = (char)(acc >> bits & 0xFF);
+    }
+  }
+  return out;
+}
+
 /* Serves one request; returns -1 when the connection must end. */
 static int serve(conn *c, request *r) {
   atomic_fetch_add(&stat_requests, 1);
@@ -616,13 +658,29 @@ static int serve(conn *c, request *r) {
     return -1;
   }
   if (header(r, "x-fake-echo")) {
-    json_t *hs = json_array();
-    for (int i = 0; i < r->n_headers; i++)
+    json_t *hs = json_array(), *encoded = json_array(), *decoded = json_object();
+    for (int i = 0; i < r->n_headers; i++) {
       json_array_append_new(hs, json_pack("[ss]", r->names[i], r->values[i]));
+      char *e = pct(r->values[i], strlen(r->values[i]), 1);
+      json_array_append_new(encoded, json_string(e));
+      free(e);
+    }
+    const char *auth = header(r, "authorization");
+    if (auth && !strncasecmp(auth, "Basic ", 6)) {
+      char *pair = unbase64(auth + 6);
+      json_t *v = json_string(pair);
+      json_object_set_new(decoded, "basic", v ? v : json_null());
+      free(pair);
+    }
+    char *q = pct(r->query, strlen(r->query), 0);
+    json_t *qv = json_string(q);
+    json_object_set_new(decoded, "query", qv ? qv : json_null());
+    free(q);
     json_t *body = json_stringn(r->body, r->body_len);
-    return send_json(c, 200, json_pack("{s:s, s:s, s:s, s:o, s:o}", "method", r->method, "path",
-                                       r->path, "query", r->query, "headers", hs, "body",
-                                       body ? body : json_null()));
+    return send_json(c, 200, json_pack("{s:s, s:s, s:s, s:o, s:o, s:o, s:o}", "method", r->method,
+                                       "path", r->path, "query", r->query, "headers", hs, "body",
+                                       body ? body : json_null(), "decoded", decoded, "encoded",
+                                       encoded));
   }
   if (!strcmp(r->method, "GET") && ends_with(r->path, "/models"))
     return send_json(c, 200, json_pack("{s:s, s:[{s:s, s:s, s:i, s:s}]}", "object", "list", "data",

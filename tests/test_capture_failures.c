@@ -10,6 +10,9 @@
 ** with no grace (cut, 'interrupted') and with grace (finished, 'complete').
 */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <stdatomic.h>
+
 #include "test_capture_util.h"
 
 static void test_upstream_down(void **state) {
@@ -255,6 +258,144 @@ static void test_malformed_json_relayed_and_flagged(void **state) {
   rm_rf(px.store);
 }
 
+/* ---- issue 14, defect 4: slow clients do not deny service ---------------------------------- */
+
+#define N_SLOW 300     /* from 127.0.0.2: over the per-address limit (256 by default) */
+#define N_SLOW_SAME 60 /* from 127.0.0.1, the address the normal requests come from */
+
+typedef struct drip {
+  int fds[N_SLOW + N_SLOW_SAME];
+  int n;
+  atomic_int stop;
+  pthread_t t;
+} drip;
+
+/* One byte a second on every slow connection: a request head that never ends. */
+static void *drip_main(void *arg) {
+  drip *d = arg;
+  static const char head[] = "POST /v1/messages HTTP/1.1\r\nHost: slow\r\nx-slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+  for (size_t k = 0; !atomic_load(&d->stop); k++) {
+    for (int i = 0; i < d->n; i++)
+      if (d->fds[i] >= 0) send(d->fds[i], head + (k < sizeof head - 1 ? k : sizeof head - 2), 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    for (int w = 0; w < 100 && !atomic_load(&d->stop); w++) usleep(10000);
+  }
+  return NULL;
+}
+
+static int slow_connect(int port, const char *from) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET};
+  inet_pton(AF_INET, from, &a.sin_addr);
+  if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  if (connect(fd, (struct sockaddr *)&to, sizeof to) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* What the proxy sent on a slow connection so far (non-blocking): 0 nothing yet, 503 / 408 the
+** status it answered, -1 closed without an answer. */
+static int slow_answer(int fd) {
+  char buf[256];
+  ssize_t n = recv(fd, buf, sizeof buf - 1, MSG_DONTWAIT);
+  if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+  if (n == 0) return -1;
+  buf[n] = 0;
+  int status = 0;
+  return sscanf(buf, "HTTP/1.1 %d", &status) == 1 ? status : -1;
+}
+
+static void three_second_heads(st_capture_config *c) { c->head_timeout_ms = 3000; }
+
+static void test_slow_clients_do_not_starve(void **state) {
+  proxy px = {0};
+  start_proxy_with(&px, fake_url, three_second_heads);
+  int port = st_capture_port(px.p);
+  static drip d;
+  memset(&d, 0, sizeof d);
+  for (int i = 0; i < N_SLOW + N_SLOW_SAME; i++) {
+    d.fds[i] = slow_connect(port, i < N_SLOW ? "127.0.0.2" : "127.0.0.1");
+    if (d.fds[i] < 0) fail_msg("slow connection %d: %s", i, strerror(errno));
+    d.n++;
+  }
+  pthread_create(&d.t, NULL, drip_main, &d);
+  usleep(1500 * 1000); /* every slow connection has sent a byte or two */
+
+  /* Normal requests meanwhile, one after another and 20 streams at once: all answered, fast. */
+  double worst = 0, sum = 0;
+  for (int i = 0; i < 20; i++) {
+    char body[96];
+    snprintf(body, sizeof body, "{\"model\":\"m\",\"t\":\"N%02d\"}", i);
+    result r;
+    request(&r, px.url, "/v1/chat/completions", body, NULL);
+    if (r.status != 200) fail_msg("normal request %d with %d slow connections open: status %ld (curl %d)", i, d.n, r.status, r.rc);
+    double ms = (double)(r.t_end - r.t_start) / 1e6;
+    sum += ms;
+    if (ms > worst) worst = ms;
+    result_free(&r);
+  }
+  static result via[20];
+  CURL *h[20];
+  char url[300];
+  snprintf(url, sizeof url, "%s/v1/messages", px.url);
+  const char *headers[] = {"x-fake-events: 5", "x-fake-interval-ms: 10", NULL};
+  for (int i = 0; i < 20; i++) h[i] = prepare(&via[i], url, "{\"model\":\"m\",\"stream\":true}", headers, 0);
+  perform_all(h, via, 20);
+  double stream_worst = 0;
+  for (int i = 0; i < 20; i++) {
+    if (via[i].rc != CURLE_OK || via[i].status != 200 || !strstr(via[i].body.data, "message_stop"))
+      fail_msg("stream %d with slow connections open: curl %d, status %ld", i, via[i].rc, via[i].status);
+    double ms = (double)(via[i].t_end - via[i].t_start) / 1e6;
+    if (ms > stream_worst) stream_worst = ms;
+    result_free(&via[i]);
+  }
+  print_message("with %d slow connections open: 20 requests, mean %.1f ms, worst %.1f ms; 20 "
+                "concurrent streams, worst %.1f ms\n", d.n, sum / 20, worst, stream_worst);
+  if (worst > 2000 || stream_worst > 3000) fail_msg("normal requests were slowed by slow clients");
+
+  /* The per-address limit refused the slow connections past 256 from 127.0.0.2 (503); the head
+  ** deadline (3 s here) then closed the others with 408, the same-address ones included. */
+  int refused = 0, timed_out = 0, open_left = 0;
+  int64_t t0 = capture_now_ns();
+  int answered[N_SLOW + N_SLOW_SAME] = {0};
+  while (capture_now_ns() - t0 < 6000 * 1000000LL) {
+    open_left = 0;
+    for (int i = 0; i < d.n; i++) {
+      if (answered[i]) continue;
+      int a = slow_answer(d.fds[i]);
+      if (a == 0) {
+        open_left++;
+        continue;
+      }
+      answered[i] = a;
+      if (a == 503) refused++;
+      else if (a == 408) timed_out++;
+    }
+    if (!open_left) break;
+    usleep(50000);
+  }
+  atomic_store(&d.stop, 1);
+  pthread_join(d.t, NULL);
+  for (int i = 0; i < d.n; i++) close(d.fds[i]);
+  print_message("slow connections: %d refused (503, per-address limit), %d closed at the head "
+                "deadline (408), %d still open\n", refused, timed_out, open_left);
+  assert_int_equal(refused, N_SLOW - 256);
+  assert_int_equal(timed_out, 256 + N_SLOW_SAME);
+  assert_int_equal(open_left, 0);
+  wait_recorded(&px, 40);
+  st_capture_stats s;
+  st_capture_get_stats(px.p, &s);
+  assert_int_equal(s.accepted, 40); /* the slow ones never were requests */
+  stop_proxy(&px);
+  rm_rf(px.store);
+}
+
 typedef struct stream_thread {
   const char *url;
   result r;
@@ -310,6 +451,7 @@ int main(void) {
     cmocka_unit_test(test_malformed_json_relayed_and_flagged),
     cmocka_unit_test(test_shutdown_mid_stream_cut),
     cmocka_unit_test(test_shutdown_mid_stream_grace),
+    cmocka_unit_test(test_slow_clients_do_not_starve),
   };
   RUN_CAPTURE_TESTS(tests);
 }

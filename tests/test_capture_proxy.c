@@ -12,6 +12,8 @@
 ** every log line. Failures are in test_capture_failures.c.
 */
 #define _GNU_SOURCE
+#include <ctype.h>
+
 #include "test_capture_util.h"
 
 /* ---- tests ------------------------------------------------------------------------------------ */
@@ -263,14 +265,67 @@ static void test_200_concurrent_streams(void **state) {
 
 static void small_inline(st_capture_config *c) { c->inline_max_bytes = 256; }
 
+/* The spellings a credential may be stored in by mistake: as planted, %-encoded (upper- and
+** lower-case hex; only when that differs), %-decoded, base64. NULL-terminated, malloc'd. */
+static char **spellings(const char *const *keys) {
+  static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  size_t n = 0;
+  while (keys[n]) n++;
+  char **out = calloc(5 * n + 1, sizeof *out);
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    const unsigned char *v = (const unsigned char *)keys[i];
+    size_t len = strlen(keys[i]);
+    out[k++] = strdup(keys[i]);
+    for (int lower = 0; lower < 2; lower++) {
+      char *e = calloc(3 * len + 1, 1), *o = e;
+      for (size_t j = 0; j < len; j++)
+        if (isalnum(v[j]) || strchr("-._~", v[j])) *o++ = (char)v[j];
+        else o += sprintf(o, lower ? "%%%02x" : "%%%02X", v[j]);
+      if (strcmp(e, keys[i])) out[k++] = e;
+      else free(e);
+    }
+    if (strchr(keys[i], '%')) { /* planted %-encoded: its decoded form */
+      char *d = calloc(len + 1, 1), *o = d;
+      for (size_t j = 0; j < len; j++) {
+        unsigned x;
+        if (v[j] == '%' && j + 2 < len && sscanf(keys[i] + j + 1, "%2x", &x) == 1) *o++ = (char)x, j += 2;
+        else *o++ = (char)v[j];
+      }
+      out[k++] = d;
+    }
+    char *e = calloc((len + 2) / 3 * 4 + 1, 1), *o = e;
+    for (size_t j = 0; j < len; j += 3) {
+      uint32_t w = (uint32_t)v[j] << 16 | (j + 1 < len ? (uint32_t)v[j + 1] << 8 : 0) | (j + 2 < len ? v[j + 2] : 0);
+      *o++ = b64[w >> 18 & 63];
+      *o++ = b64[w >> 12 & 63];
+      *o++ = j + 1 < len ? b64[w >> 6 & 63] : '=';
+      *o++ = j + 2 < len ? b64[w & 63] : '=';
+    }
+    out[k++] = e;
+  }
+  return out;
+}
+
 static void test_redaction_grep(void **state) {
   static const char *const keys[] = {"sk-ant-PLANTED-xapikey-111", "sk-PLANTED-bearer-222",
                                      "PLANTED-apikey-333",        "PLANTED-anthropic-444",
                                      "PLANTED-cookie-555",        "UFJPWFlVU0VSOlBMQU5URUQtNjY2",
                                      "PLANTED-query-777",         "PLANTED-upstream-888",
-                                     "UExBTlRFRDpQTEFOVEVELXVwc3RyZWFtLTg4OA==", NULL};
-  char upstream[128];
-  snprintf(upstream, sizeof upstream, "http://PLANTED:PLANTED-upstream-888@127.0.0.1:%d", fake_port);
+                                     "UExBTlRFRDpQTEFOVEVELXVwc3RyZWFtLTg4OA==",
+                                     /* issue 14, defect 2: */
+                                     "PLANTED-basicpw-999",       /* a client's Basic password */
+                                     "PLANTED%2Fpct%2Bkey%3D1010", /* a %-encoded query key */
+                                     "PLANTED/hdr+key=2020",      /* echoed back %-encoded */
+                                     "PLANTED-body-apikey-1111",  /* JSON body fields */
+                                     "PLANTED-body-pw-1212",      "PLANTED-body-token-1313",
+                                     "PLANTED-body-secret-1414",  "PLANTED-form-secret-1515",
+                                     "PLANTED-upquery-1616",      /* ?key= in --upstream */
+                                     NULL};
+  char **forms = spellings(keys);
+  char upstream[160];
+  snprintf(upstream, sizeof upstream, "http://PLANTED:PLANTED-upstream-888@127.0.0.1:%d/?key=PLANTED-upquery-1616",
+           fake_port);
   pthread_mutex_lock(&log_mu);
   log_text.len = 0;
   pthread_mutex_unlock(&log_mu);
@@ -286,6 +341,16 @@ static void test_redaction_grep(void **state) {
   const char *echo_keys[] = {"x-fake-echo: 1", "x-api-key: sk-ant-PLANTED-xapikey-111",
                              "Cookie: sid=PLANTED-cookie-555", NULL};
   const char *echo_userinfo[] = {"x-fake-echo: 1", NULL}; /* curl sends the URL's credentials */
+  /* base64("PLANTEDUSER:PLANTED-basicpw-999") */
+  const char *echo_basic[] = {"x-fake-echo: 1", "Authorization: Basic UExBTlRFRFVTRVI6UExBTlRFRC1iYXNpY3B3LTk5OQ==",
+                              "x-api-key: PLANTED/hdr+key=2020", NULL};
+  const char *body_keys =
+    "{\"model\":\"m\",\"stream\":true,\"api_key\":\"PLANTED-body-apikey-1111\",\"auth\":{\"password\":"
+    "\"PLANTED-body-pw-1212\",\"accessToken\" : \"PLANTED-body-token-1313\"},\"max_tokens\":5,"
+    "\"messages\":[{\"role\":\"user\",\"content\":\"the secret word is not a key\"}],"
+    "\"tools\":[{\"input\":{\"client_secret\":\"PLANTED-body-secret-1414\"}}]}";
+  const char *echo_only[] = {"x-fake-echo: 1", NULL};
+  const char *form_headers[] = {"x-fake-echo: 1", "Content-Type: application/x-www-form-urlencoded", NULL};
   result r;
   request(&r, px.url, "/v1/messages?key=PLANTED-query-777", "{\"model\":\"m\",\"stream\":true}", with_keys);
   assert_int_equal(r.status, 200);
@@ -301,17 +366,197 @@ static void test_redaction_grep(void **state) {
   const char *fail_keys[] = {"x-api-key: sk-ant-PLANTED-xapikey-111", "x-fake-fail: reset-mid-stream", NULL};
   request(&r, px.url, "/v1/messages", "{\"model\":\"m\",\"stream\":true}", fail_keys);
   result_free(&r);
-  wait_recorded(&px, 5);
+  /* The upstream quotes back a Basic password in clear, a %-encoded query key decoded, a header
+  ** key %-encoded, and the upstream URL's own ?key=. */
+  request(&r, px.url, "/v1/messages?key=PLANTED%2Fpct%2Bkey%3D1010", "{\"model\":\"m\"}", echo_basic);
+  assert_non_null(strstr(r.body.data, "PLANTEDUSER:PLANTED-basicpw-999"));
+  assert_non_null(strstr(r.body.data, "key=PLANTED/pct+key=1010"));
+  assert_non_null(strstr(r.body.data, "PLANTED%2Fhdr%2Bkey%3D2020"));
+  assert_non_null(strstr(r.body.data, "key=PLANTED-upquery-1616&key=PLANTED%2Fpct%2Bkey%3D1010"));
+  result_free(&r);
+  /* Credentials in JSON bodies: streamed (the body is only in the request record) and echoed
+  ** (in the response too); and in a form body. */
+  request(&r, px.url, "/v1/messages", body_keys, NULL);
+  assert_int_equal(r.status, 200);
+  result_free(&r);
+  request(&r, px.url, "/v1/messages", body_keys, echo_only);
+  assert_non_null(strstr(r.body.data, "PLANTED-body-token-1313"));
+  result_free(&r);
+  request(&r, px.url, "/oauth/token", "grant_type=client_credentials&client_secret=PLANTED-form-secret-1515",
+          form_headers);
+  assert_non_null(strstr(r.body.data, "PLANTED-form-secret-1515"));
+  result_free(&r);
+  wait_recorded(&px, 9);
   char hit[1200];
-  if (grep_tree(px.store, keys, hit, sizeof hit)) fail_msg("while running: %s", hit);
+  if (grep_tree(px.store, (const char *const *)forms, hit, sizeof hit)) fail_msg("while running: %s", hit);
   stop_proxy(&px);
-  if (grep_tree(px.store, keys, hit, sizeof hit)) fail_msg("after stopping: %s", hit);
+  if (grep_tree(px.store, (const char *const *)forms, hit, sizeof hit)) fail_msg("after stopping: %s", hit);
+  /* Not by over-redacting: what is no credential is kept. */
+  json_t *all = records(px.store), *rec;
+  char want_up[96];
+  snprintf(want_up, sizeof want_up, "http://127.0.0.1:%d/?key=[redacted]", fake_port);
+  size_t i, with_body = 0;
+  json_array_foreach(all, i, rec) {
+    assert_string_equal(jstr(rec, "upstream"), want_up);
+    const char *b = jstr(rec, "request.body");
+    if (!b || !strstr(b, "not a key")) continue;
+    with_body++;
+    assert_non_null(strstr(b, "\"max_tokens\":5"));
+    assert_non_null(strstr(b, "\"api_key\":\"************************\""));
+    assert_true(jint(rec, "redactions") >= 4);
+  }
+  assert_int_equal(with_body, 2);
+  json_decref(all);
   pthread_mutex_lock(&log_mu);
-  for (int i = 0; keys[i]; i++)
-    if (log_text.data && strstr(log_text.data, keys[i])) fail_msg("the log holds %s", keys[i]);
+  for (int i = 0; forms[i]; i++)
+    if (log_text.data && strstr(log_text.data, forms[i])) fail_msg("the log holds %s", forms[i]);
   assert_non_null(log_text.data);
   assert_null(strstr(log_text.data, "PLANTED:")); /* upstream shown without userinfo */
+  assert_non_null(strstr(log_text.data, "/?key=[redacted]"));
   pthread_mutex_unlock(&log_mu);
+  for (int i = 0; forms[i]; i++) free(forms[i]);
+  free(forms);
+  rm_rf(px.store);
+}
+
+/* Issue 14, defect 5: every header is forwarded and recorded (civetweb kept the first 64), up to
+** CAPTURE_MAX_HEAD_BYTES of head; beyond it a 431, recorded. */
+static void test_many_headers(void **state) {
+  proxy px = {0};
+  start_proxy(&px);
+  static char lines[80][48];
+  const char *headers[84];
+  int k = 0;
+  headers[k++] = "x-fake-echo: 1";
+  for (int i = 0; i < 80; i++) {
+    snprintf(lines[i], sizeof lines[i], "x-filler-%02d: filler value %02d", i, i);
+    headers[k++] = lines[i];
+  }
+  headers[k++] = "Authorization: Bearer sk-PLANTED-after-80-fillers-0005";
+  headers[k++] = "x-last: the last one";
+  headers[k] = NULL;
+  result r;
+  request(&r, px.url, "/v1/messages", "{\"t\":\"H80\"}", headers);
+  assert_int_equal(r.status, 200);
+  json_t *echo = json_loads(r.body.data, 0, NULL);
+  assert_non_null(echo);
+  assert_string_equal(jstr(echo, "body"), "{\"t\":\"H80\"}"); /* curl's Content-Length comes last */
+  int fillers = 0, auth = 0, last = 0;
+  size_t i;
+  json_t *pair;
+  json_array_foreach(json_object_get(echo, "headers"), i, pair) {
+    const char *n = json_string_value(json_array_get(pair, 0));
+    const char *v = json_string_value(json_array_get(pair, 1));
+    if (!strncasecmp(n, "x-filler-", 9)) {
+      char want[32];
+      snprintf(want, sizeof want, "filler value %02d", fillers);
+      assert_string_equal(v, want); /* all of them, in order */
+      fillers++;
+    }
+    auth |= !strcasecmp(n, "Authorization") && !strcmp(v, "Bearer sk-PLANTED-after-80-fillers-0005");
+    last |= !strcasecmp(n, "x-last") && !strcmp(v, "the last one");
+  }
+  assert_int_equal(fillers, 80);
+  assert_true(auth && last);
+  json_decref(echo);
+  result_free(&r);
+
+  /* Just under the limit: still all forwarded. Over it: 431, in the API's shape, recorded. */
+  static char big[70][1040];
+  const char *near[64], *over[72];
+  for (int j = 0; j < 70; j++) {
+    int n = snprintf(big[j], sizeof big[j], "x-big-%02d: ", j);
+    memset(big[j] + n, 'a' + j % 26, 1000);
+    big[j][n + 1000] = 0;
+  }
+  near[0] = "x-fake-echo: 1";
+  for (int j = 0; j < 60; j++) near[j + 1] = big[j];
+  near[61] = NULL;
+  request(&r, px.url, "/v1/messages", "{\"t\":\"H60K\"}", near);
+  assert_int_equal(r.status, 200);
+  int bigs = 0;
+  echo = json_loads(r.body.data, 0, NULL);
+  json_array_foreach(json_object_get(echo, "headers"), i, pair)
+    bigs += !strncasecmp(json_string_value(json_array_get(pair, 0)), "x-big-", 6) &&
+            strlen(json_string_value(json_array_get(pair, 1))) == 1000;
+  assert_int_equal(bigs, 60);
+  json_decref(echo);
+  result_free(&r);
+  for (int j = 0; j < 70; j++) over[j] = big[j];
+  over[70] = NULL;
+  request(&r, px.url, "/v1/messages", "{\"t\":\"H70K\"}", over);
+  assert_int_equal(r.status, 431);
+  json_t *err = json_loads(r.body.data, 0, NULL);
+  assert_string_equal(jstr(err, "error.type"), "invalid_request_error");
+  assert_non_null(strstr(jstr(err, "error.message"), "65536"));
+  json_decref(err);
+  result_free(&r);
+
+  wait_recorded(&px, 3);
+  json_t *all = records(px.store);
+  json_t *rec = record_with(all, "H80");
+  size_t n_headers = json_array_size(json_object_get(json_object_get(rec, "request"), "headers"));
+  assert_true(n_headers >= 83);
+  int rec_fillers = 0, rec_auth = 0;
+  json_array_foreach(json_object_get(json_object_get(rec, "request"), "headers"), i, pair) {
+    const char *n = json_string_value(json_array_get(pair, 0));
+    rec_fillers += !strncasecmp(n, "x-filler-", 9);
+    if (!strcasecmp(n, "Authorization")) {
+      rec_auth = 1;
+      assert_string_equal(json_string_value(json_array_get(pair, 1)), "[redacted]");
+    }
+  }
+  assert_int_equal(rec_fillers, 80);
+  assert_true(rec_auth);
+  int rejected = 0;
+  json_array_foreach(all, i, rec) {
+    if (jint(rec, "status") != 431) continue;
+    rejected++;
+    assert_string_equal(jstr(rec, "state"), "rejected");
+    assert_string_equal(jstr(rec, "endpoint"), "/v1/messages");
+  }
+  assert_int_equal(rejected, 1);
+  json_decref(all);
+  stop_proxy(&px);
+  static const char *const key[] = {"sk-PLANTED-after-80-fillers-0005", NULL};
+  char hit[1200];
+  if (grep_tree(px.store, key, hit, sizeof hit)) fail_msg("%s", hit);
+  rm_rf(px.store);
+}
+
+/* An upstream URL with a query of its own: request paths go before it, the client's query after
+** it (the proxy once appended the path to the query string). */
+static void test_upstream_url_with_query(void **state) {
+  char upstream[160];
+  snprintf(upstream, sizeof upstream, "http://127.0.0.1:%d/api/?key=UPQ-PLANTED-0042&region=eu", fake_port);
+  proxy px = {0};
+  start_proxy_with(&px, upstream, NULL);
+  const char *echo[] = {"x-fake-echo: 1", NULL};
+  result r;
+  request(&r, px.url, "/v1/messages?beta=true", "{\"t\":\"UQ1\"}", echo);
+  assert_int_equal(r.status, 200);
+  json_t *j = json_loads(r.body.data, 0, NULL);
+  assert_string_equal(jstr(j, "path"), "/api/v1/messages");
+  assert_string_equal(jstr(j, "query"), "key=UPQ-PLANTED-0042&region=eu&beta=true");
+  json_decref(j);
+  result_free(&r);
+  request(&r, px.url, "/v1/messages", "{\"t\":\"UQ2\"}", echo);
+  j = json_loads(r.body.data, 0, NULL);
+  assert_string_equal(jstr(j, "path"), "/api/v1/messages");
+  assert_string_equal(jstr(j, "query"), "key=UPQ-PLANTED-0042&region=eu");
+  json_decref(j);
+  result_free(&r);
+  wait_recorded(&px, 2);
+  json_t *all = records(px.store);
+  json_t *rec = record_with(all, "UQ1");
+  char want[128];
+  snprintf(want, sizeof want, "http://127.0.0.1:%d/api/?key=[redacted]&region=eu", fake_port);
+  assert_string_equal(jstr(rec, "upstream"), want);
+  assert_string_equal(jstr(rec, "endpoint"), "/v1/messages");
+  assert_string_equal(jstr(rec, "query"), "beta=true");
+  assert_null(strstr(jstr(rec, "response.body"), "UPQ-PLANTED-0042"));
+  json_decref(all);
+  stop_proxy(&px);
   rm_rf(px.store);
 }
 
@@ -322,6 +567,8 @@ int main(void) {
     cmocka_unit_test(test_sse_timing_preserved),
     cmocka_unit_test(test_200_concurrent_streams),
     cmocka_unit_test(test_redaction_grep),
+    cmocka_unit_test(test_upstream_url_with_query),
+    cmocka_unit_test(test_many_headers),
   };
   RUN_CAPTURE_TESTS(tests);
 }

@@ -398,6 +398,15 @@ static void test_secret_header_names(void **state) {
   assert_true(capture_query_param_is_secret("api_key", 7));
   assert_true(capture_query_param_is_secret("access_token", 12));
   assert_false(capture_query_param_is_secret("beta", 4));
+  static const char *const fields[] = {"api_key", "key", "token", "secret", "password",
+                                       "authorization", "client_secret", "accessToken",
+                                       "x-api-key", "refresh_token", "apiKey"};
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+    assert_true(capture_field_is_secret(fields[i], strlen(fields[i])));
+  static const char *const not_fields[] = {"max_tokens", "author", "budget_tokens", "model",
+                                           "keyword", "stream", "monkey"};
+  for (size_t i = 0; i < sizeof not_fields / sizeof not_fields[0]; i++)
+    assert_false(capture_field_is_secret(not_fields[i], strlen(not_fields[i])));
 }
 
 static void test_secrets_mask_and_scrub(void **state) {
@@ -422,8 +431,23 @@ static void test_secrets_mask_and_scrub(void **state) {
   free(text);
   capture_secrets_free(&s);
 
+  /* Basic: the decoded password; %-encoded and base64 spellings; JSON body fields. */
+  capture_secrets b = {0};
+  assert_int_equal(capture_secrets_add_header(&b, "Authorization", "Basic dXNlcjpodW50ZXIyMjIy"), 0);
+  assert_int_equal(capture_secrets_add(&b, "a/b+c=d%e", 9), 0);
+  const char *json = "{\"x\": {\"api_key\" : \"body-key-0042\"}, \"max_tokens\": \"12345678\"}";
+  assert_int_equal(capture_secrets_add_body(&b, "application/json", json, strlen(json)), 0);
+  text = capture_secrets_scrub(&b, "pw hunter2222 / a%2Fb%2Bc%3Dd%25e / YS9iK2M9ZCVl / body-key-0042 "
+                                   "/ 12345678");
+  assert_string_equal(text, "pw [redacted] / [redacted] / [redacted] / [redacted] / 12345678");
+  free(text);
+  capture_secrets_free(&b);
+
   char *u = capture_url_without_credentials("https://user:pa55word@host.example:8443/api?x=1");
   assert_string_equal(u, "https://host.example:8443/api?x=1");
+  free(u);
+  u = capture_url_without_credentials("https://h.example/v1?key=AIza-0123456789&alt=sse#frag");
+  assert_string_equal(u, "https://h.example/v1?key=[redacted]&alt=sse");
   free(u);
   u = capture_url_without_credentials("http://127.0.0.1:9/v1");
   assert_string_equal(u, "http://127.0.0.1:9/v1");

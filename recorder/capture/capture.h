@@ -8,7 +8,8 @@
 ** its server. The proxy relays each request upstream unchanged except for hop-by-hop headers
 ** (and, only when asked to with ask_prompt_ids, one field added to the JSON body that makes a
 ** sglang or vLLM server return the prompt token ids it ran)
-** (capture_server.c accepts with civetweb, capture_upstream.c forwards with libcurl), streams
+** (capture_http.c accepts and reads requests, capture_server.c relays them, capture_upstream.c
+** forwards with libcurl), streams
 ** the answer back chunk by chunk as it arrives (server-sent events are never buffered), and tees
 ** a copy: request and response bytes, headers with credentials redacted (capture_redact.c), the
 ** SSE events with their arrival times (capture_sse.c), and the final message reassembled from
@@ -22,10 +23,17 @@
 **     forwarded and finished (state complete / upstream_error / client_aborted / interrupted /
 **     rejected) when the exchange ends, including at shutdown: st_capture_stop() lets in-flight
 **     exchanges finish for a grace period, then cuts them, marks them 'interrupted' and drains
-**     the writer before returning;
+**     the writer before returning; while relaying, the bytes and SSE events sent to the client
+**     are appended to the open row every 200 ms (capture_store_submit_progress), so a proxy
+**     killed outright (kill -9) leaves them in the store, and the next proxy started on the
+**     store marks the rows it left open 'interrupted', keeping them;
 **   - no credential (Authorization, x-api-key, api-key, *-api-key, cookies, proxy credentials,
-**     secret-looking query parameters, userinfo in the upstream URL) is ever written to the
-**     store or passed to the log callback; values are forwarded upstream untouched.
+**     secret-looking query parameters of the request or of the upstream URL, userinfo in the
+**     upstream URL, secret-named fields of JSON and form request bodies) is ever written to the
+**     store or passed to the log callback, in any spelling: each value is also scrubbed
+**     %-decoded, %-encoded, base64'd and JSON-escaped (and a Basic credential decoded) from
+**     everything recorded about its exchange, response and events included; values are
+**     forwarded upstream untouched.
 **
 ** Threading: st_capture_start/stop from one controlling thread; the log callback is called from
 ** worker threads (one complete line per call, no trailing newline) and must be thread-safe.
@@ -62,10 +70,17 @@ typedef struct st_capture_config {
   const char *upstream_proxy; /* NULL: curl's default (http_proxy/https_proxy/no_proxy from the
                                  environment); "": never use a proxy; else a proxy URL */
   const char *store_dir;      /* trace store; created if missing. NULL: ST_DEFAULT_STORE */
-  int threads;                /* worker threads = most concurrent exchanges; 0: 256 */
+  int threads;                /* worker threads = most concurrent exchanges; 0: 256. Slow or idle
+                                 clients hold none: heads and bodies are read by one poll loop */
   size_t max_request_bytes;   /* larger request bodies get 413; 0: 32 MiB */
   size_t max_record_bytes;    /* response bytes kept per record (relay goes on); 0: 256 MiB */
   size_t inline_max_bytes;    /* bodies above this go to files beside the index; 0: 1 MiB */
+  int max_client_connections; /* connections at once from one client address (more get 503);
+                                 0: 256 */
+  int head_timeout_ms;        /* a request head (line + headers, at most 64 KiB, else 431) must
+                                 arrive within this of its first byte, else 408; 0: 10000 */
+  int body_timeout_ms;        /* a request body must arrive within this plus 1 s per 64 KiB
+                                 received, else the exchange is recorded client_aborted; 0: 60000 */
   int connect_timeout_ms;     /* upstream connect; 0: 10000 */
   int idle_timeout_ms;        /* upstream silent this long -> 504 / stream error; 0: 600000 */
   st_capture_prompt_ids ask_prompt_ids; /* OFF: relay bodies unchanged */

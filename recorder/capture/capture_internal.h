@@ -1,7 +1,7 @@
 /*
 ** capture_internal.h — what the capture_*.c files share and nobody else sees.
 **
-** One HTTP exchange through the proxy is a `capture_exchange`. The worker thread that civetweb
+** One HTTP exchange through the proxy is a `capture_exchange`. The worker thread that the listener
 ** gives the request owns it while relaying; the store writer reads it twice: once when the
 ** request has been read (to insert the 'open' row) and once when the exchange is over (to
 ** finish the row). The fields the first read uses are immutable after submission, and the
@@ -148,6 +148,10 @@ const char *capture_state_name(capture_state s);
 int capture_header_is_secret(const char *name);
 /* 1 when a query parameter (by name) carries a credential (key, api_key, token, ...). */
 int capture_query_param_is_secret(const char *name, size_t len);
+/* 1 when a JSON member or form field (by name) carries a credential: one of the words of its
+** name (split at _ - . and case changes) is key, apikey, token, secret, password, auth,
+** authorization, credential(s), cookie, ... ("api_key", "accessToken"; not "max_tokens"). */
+int capture_field_is_secret(const char *name, size_t len);
 
 #define CAPTURE_REDACTED "[redacted]"
 
@@ -162,7 +166,13 @@ typedef struct capture_secrets {
 /* Remembers a header's value when capture_header_is_secret(name): the whole value, plus the
 ** credential part of "Bearer X" / "Basic X" and each value of a cookie list. 0 or -1 (OOM). */
 int capture_secrets_add_header(capture_secrets *s, const char *name, const char *value);
+/* Remembers a value in every spelling an upstream may echo it in: as given, %-decoded (when it
+** holds %XX or '+'), %-encoded (upper- and lower-case hex), base64, JSON-escaped. */
 int capture_secrets_add(capture_secrets *s, const char *value, size_t len);
+/* Remembers the credentials in a request body: string values of secret-named members of a JSON
+** body (any depth), secret-named fields of a form body. 0 or -1 (OOM). */
+int capture_secrets_add_body(capture_secrets *s, const char *content_type, const char *body,
+                             size_t len);
 /* Copy of a query string with secret parameters' values replaced by "[redacted]" (values are
 ** remembered in s). NULL query -> NULL. Returns NULL also on OOM (then *oom = 1). */
 char *capture_redact_query(capture_secrets *s, const char *query, int *oom);
@@ -172,7 +182,8 @@ size_t capture_secrets_mask(const capture_secrets *s, char *buf, size_t len);
 /* New string: text with every remembered secret replaced by "[redacted]". NULL on OOM. */
 char *capture_secrets_scrub(const capture_secrets *s, const char *text);
 void capture_secrets_free(capture_secrets *s);
-/* Copy of a URL with any user:password@ removed (for logs and records). NULL on OOM. */
+/* Copy of a URL with any user:password@ removed and secret query parameters' values replaced
+** by "[redacted]" (for logs and records); a #fragment is dropped. NULL on OOM. */
 char *capture_url_without_credentials(const char *url);
 
 /* ---- one exchange ------------------------------------------------------------------------------ */
@@ -220,6 +231,11 @@ typedef struct capture_exchange {
   char *upstream_error;      /* scrubbed message, or NULL */
   char *client_error;
   capture_state state;
+
+  /* worker only: what capture_store_submit_progress has handed over so far */
+  size_t progress_body, progress_events, progress_bytes;
+  int progress_head;
+  int64_t progress_ns;
 
   /* store writer only */
   int open_recorded;         /* the 'open' row was inserted */
@@ -301,6 +317,12 @@ void capture_store_submit_open(capture_store *s, capture_exchange *x);
 /* Queues the finishing update of x (takes a reference); the writer summarises it
 ** (capture_summarize) and records it. The caller must not touch x afterwards. */
 void capture_store_submit_finish(capture_store *s, capture_exchange *x);
+/* Called by the worker while relaying (it owns x's response side): queues copies of the response
+** bytes (masked), head and SSE events relayed since the last call, appended to the open row by
+** the writer. Nothing when nothing is new. Best effort (the finish job records everything). */
+void capture_store_submit_progress(capture_store *s, capture_exchange *x);
+#define CAPTURE_PROGRESS_MS 200       /* the relay submits progress at most this often ... */
+#define CAPTURE_PROGRESS_BYTES 65536  /* ... unless this much is new */
 /* Drains the queue, stops the writer, closes the database. Returns the first error seen. */
 st_status capture_store_close(capture_store *s);
 uint64_t capture_store_recorded(const capture_store *s);
@@ -363,6 +385,67 @@ void capture_upstream_handle_free(void *handle); /* NULL ok */
 ** Content-Length, Expect); `connection` is the request's Connection header value (its tokens
 ** are hop-by-hop too), may be NULL. */
 int capture_header_is_hop_by_hop(const char *name, const char *connection);
+
+/* ---- the listening side (capture_http.c) ------------------------------------------------------ */
+
+/* The request line and headers together may take this many bytes (CRLFs included); a longer
+** head is answered 431 (and recorded). Every header within it is forwarded and recorded. */
+#define CAPTURE_MAX_HEAD_BYTES 65536
+
+typedef struct capture_http capture_http;
+typedef struct capture_conn capture_conn;
+
+/* One request, complete: head parsed, body read (chunked coding removed). */
+typedef struct capture_request {
+  char method[16];
+  char *path;               /* request target up to '?' (raw, not decoded) */
+  char *query;              /* after '?', or NULL */
+  int http10;
+  int keep_alive;           /* the connection may carry another request after this one */
+  int chunked;
+  int64_t content_length;   /* -1: none */
+  capture_headers headers;  /* every header line, in order */
+  capture_buf body;
+  int too_large;            /* body over max_body_bytes: not kept (declared_bytes says how big) */
+  int head_too_large;       /* head over max_head_bytes: headers hold the lines that fitted */
+  int body_timeout;         /* 1: body not complete in time, 2: client closed mid-body */
+  int oom;
+  size_t declared_bytes;
+  char remote_addr[48];       /* INET6_ADDRSTRLEN */
+  int remote_port;
+} capture_request;
+
+typedef struct capture_http_options {
+  const char *host;          /* an IP address ("[::1]" or "::1" for IPv6) */
+  int port;                  /* 0: any free port */
+  int threads;               /* workers: most requests handled at once */
+  int max_client_connections; /* per client address (more get 503) */
+  int max_connections;       /* in all (also bounded by the descriptor limit) */
+  size_t max_head_bytes, max_body_bytes;
+  int head_timeout_ms;       /* a request head must be complete within this of its first byte */
+  int keepalive_timeout_ms;  /* an idle kept-alive connection is closed after this */
+  int body_timeout_ms;       /* a body must arrive within this, plus 1 s per 64 KiB received */
+  int write_timeout_ms;      /* a client that reads nothing for this long is gone */
+  /* Called on a worker thread with a complete request; answers it with capture_conn_write. */
+  void (*handler)(void *user, capture_conn *c, capture_request *rq);
+  void (*free_slot)(void *slot); /* a worker's slot (capture_conn_thread_slot) at its exit */
+  void (*log)(void *user, const char *line);
+  void *user;
+} capture_http_options;
+
+void capture_http_options_init(capture_http_options *o); /* the defaults in capture_http.c */
+st_status capture_http_start(const capture_http_options *o, capture_http **out);
+int capture_http_port(const capture_http *h);
+/* Stops accepting, closes every connection (writes in progress fail at once), waits for the
+** handlers to return and the threads to end, frees h. */
+void capture_http_stop(capture_http *h);
+/* For handlers: writes all n bytes (0), or -1 when the client is gone or read nothing for
+** write_timeout_ms, or the listener is stopping. */
+int capture_conn_write(capture_conn *c, const void *p, size_t n);
+void capture_conn_close_after(capture_conn *c); /* no further request on this connection */
+int capture_conn_fd(const capture_conn *c);     /* to poll for the client hanging up; never read */
+void **capture_conn_thread_slot(capture_conn *c); /* the worker thread's own pointer slot */
+const char *capture_http_reason(int status);    /* "Not Found", ... */
 
 /* ---- small shared utilities ---------------------------------------------------------------- */
 

@@ -1,12 +1,14 @@
 /*
-** capture_server.c — the proxy's listening side and the relay (civetweb in, libcurl out).
+** capture_server.c — the relay: one exchange from a complete client request to the end of the
+** answer (capture_http.c listens and reads requests, capture_upstream.c forwards with libcurl).
 **
-** Threading model. civetweb runs a pool of worker threads (--threads, default 256); each
-** request is handled start to finish on one of them by relay_request(), which calls the upstream
-** synchronously (capture_upstream.c) and writes the answer to the client from curl's callbacks.
-** This is LIBRARIES.md §1.2's choice: the handler can wait for the upstream's status and headers
-** before choosing its own, so 4xx/5xx/529 pass through as they are, and the code reads top to
-** bottom. Concurrency is capped by the pool; extra connections wait in civetweb's queue.
+** Threading model. capture_http.c reads every request's head and body in one poll loop (with
+** deadlines, and a bound on connections per client address) and hands complete requests to a
+** pool of worker threads (--threads, default 256); each is handled start to finish on one of
+** them by relay_request(), which calls the upstream synchronously (capture_upstream.c) and writes
+** the answer to the client from curl's callbacks. The handler can wait for the upstream's status
+** and headers before choosing its own, so 4xx/5xx/529 pass through as they are, and the code
+** reads top to bottom. Slow or idle clients hold no worker; extra requests wait in a queue.
 **
 ** Faithful relay. The request goes upstream with the client's method, raw path and query, and
 ** headers in order, minus hop-by-hop ones (Connection and what it names, Keep-Alive, TE,
@@ -17,8 +19,8 @@
 ** completions JSON body, so that a sglang or vLLM upstream returns the prompt ids it ran
 ** (capture_ask_prompt_ids; the record keeps the client's body and a note of the addition). The
 ** answer comes back with the upstream's status line (reason phrase included) and headers in
-** order, minus hop-by-hop ones, written by the relay in one write (not civetweb's response API,
-** which would add Date/Connection headers of its own). Bodies are relayed byte for byte: a
+** order, minus hop-by-hop ones, written by the relay in one write (nothing adds Date or
+** Connection headers of its own). Bodies are relayed byte for byte: a
 ** Content-Length answer as is, anything else re-chunked one chunk per upstream read, so an SSE
 ** event reaches the client in the same read it reached the proxy (TCP_NODELAY on both sides).
 **
@@ -32,21 +34,20 @@
 **   - client disconnects: detected by a failing write, or by polling the client socket for
 **     hang-up while the upstream is silent; the upstream transfer is cancelled;
 **   - request body over --max-body: 413 in the API's shape, body not read, connection closed;
+**   - request head (line + headers) over CAPTURE_MAX_HEAD_BYTES: 431 in the API's shape,
+**     recorded with the headers that fitted, connection closed;
 **   - proxy stopping: in-flight exchanges get the grace period, then the stream error event (or
 **     503) and state 'interrupted'; requests arriving meanwhile get a 503 (state 'rejected').
 ** Everything the client got — proxy-made answers and injected events included — is what the
 ** record's response side holds.
 **
-** Finding the client socket. civetweb does not expose a connection's descriptor, and a streaming
-** upstream can stay silent for minutes (a model thinking), during which no write would reveal
-** that the client left. For exchanges still running after 200 ms, the relay finds the descriptor
-** once by matching local and peer ports under /proc/self/fd, then polls it for POLLRDHUP (never
-** reads it). A client that half-closes its sending side after the request (rare for HTTP
-** clients) would be taken as gone.
+** Noticing that the client left. A streaming upstream can stay silent for minutes (a model
+** thinking), during which no write would reveal that the client left: for exchanges still running
+** after 200 ms the relay polls the client socket for POLLRDHUP (never reads it). A client that
+** half-closes its sending side after the request (rare for HTTP clients) would be taken as gone.
 */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -58,14 +59,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <civetweb.h>
-
 #include "capture_internal.h"
 #include "recorder/index.h"
 #include "recorder/recorder.h"
 
 struct st_capture {
-  struct mg_context *ctx;
+  capture_http *http;
   capture_upstream *upstream;
   capture_store *store;
   char *upstream_display;
@@ -109,7 +108,7 @@ static char *error_body(const capture_exchange *x, int status, const char *code,
   json_t *j;
   if (anthropic_style(x)) {
     const char *type = status == 413 ? "request_too_large"
-                       : status == 400 ? "invalid_request_error"
+                       : status == 400 || status == 431 ? "invalid_request_error"
                        : status == 504 ? "timeout_error"
                        : status == 503 ? "overloaded_error"
                                        : "api_error";
@@ -154,14 +153,13 @@ enum relay_mode { RELAY_NONE, RELAY_LENGTH, RELAY_CHUNKED, RELAY_CLOSE };
 
 typedef struct relay {
   st_capture *p;
-  struct mg_connection *conn;
+  capture_conn *conn;
   capture_exchange *x;
   int client_http10;
   int head_request;
   int head_sent;
   enum relay_mode mode;
   int client_gone;
-  int fd_looked, client_fd;
   int64_t chunk_t_ns; /* arrival time of the chunk being fed to the SSE parser */
   capture_buf frame;  /* chunk framing scratch */
 } relay;
@@ -169,8 +167,7 @@ typedef struct relay {
 static int client_write(relay *r, const void *p, size_t n) {
   if (r->client_gone) return -1;
   if (n == 0) return 0;
-  int w = mg_write(r->conn, p, n);
-  if (w < 0 || (size_t)w != n) {
+  if (capture_conn_write(r->conn, p, n) < 0) {
     r->client_gone = 1;
     return -1;
   }
@@ -211,6 +208,16 @@ static int on_sse_event(void *user, const char *event, size_t event_len, const c
   return 0;
 }
 
+/* Hands what was relayed since the last time to the store writer, at most every
+** CAPTURE_PROGRESS_MS unless CAPTURE_PROGRESS_BYTES are new: a proxy killed mid-stream then
+** leaves in the store (nearly) what its clients received. */
+static void maybe_progress(relay *r) {
+  capture_exchange *x = r->x;
+  if (capture_now_ns() - x->progress_ns >= CAPTURE_PROGRESS_MS * 1000000LL ||
+      x->response_bytes - x->progress_bytes >= CAPTURE_PROGRESS_BYTES)
+    capture_store_submit_progress(r->p->store, x);
+}
+
 /* Sends body bytes to the client in the current framing and tees them into the record. */
 static int relay_body(relay *r, const char *p, size_t n) {
   capture_exchange *x = r->x;
@@ -246,6 +253,7 @@ static int relay_body(relay *r, const char *p, size_t n) {
       capture_sse_feed(&x->sse, p, n);
     }
   }
+  maybe_progress(r);
   return 0;
 }
 
@@ -264,7 +272,7 @@ static int hook_head(void *user, int status, const char *reason, const capture_h
   capture_buf head = {0};
   char line[256];
   snprintf(line, sizeof line, "HTTP/%s %d %s\r\n", r->client_http10 ? "1.0" : "1.1", status,
-           reason && reason[0] ? reason : mg_get_response_code_text(r->conn, status));
+           reason && reason[0] ? reason : capture_http_reason(status));
   int fail = capture_buf_puts(&head, line);
   for (size_t i = 0; i < h->n; i++) {
     const char *name = h->items[i].name;
@@ -281,7 +289,7 @@ static int hook_head(void *user, int status, const char *reason, const capture_h
     fail |= capture_headers_add(&x->response_headers, "Transfer-Encoding", 17, "chunked", 7);
   } else if (r->mode == RELAY_CLOSE) {
     fail |= capture_buf_puts(&head, "Connection: close\r\n");
-    mg_disable_connection_keep_alive(r->conn);
+    capture_conn_close_after(r->conn);
   }
   fail |= capture_buf_puts(&head, "\r\n");
   int rc = fail ? -1 : client_write(r, head.data, head.len);
@@ -300,49 +308,17 @@ static int hook_head(void *user, int status, const char *reason, const capture_h
 
 static int hook_body(void *user, const char *p, size_t n) { return relay_body(user, p, n); }
 
-/* The connection's descriptor, found by its ports (see the top of the file); -1 if not found. */
-static int find_client_fd(const struct mg_request_info *ri) {
-  DIR *d = opendir("/proc/self/fd");
-  if (!d) return -1;
-  int found = -1;
-  struct dirent *e;
-  while (found < 0 && (e = readdir(d))) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    int fd = atoi(e->d_name);
-    struct sockaddr_storage peer, local;
-    socklen_t pl = sizeof peer, ll = sizeof local;
-    if (getpeername(fd, (struct sockaddr *)&peer, &pl) != 0) continue;
-    if (getsockname(fd, (struct sockaddr *)&local, &ll) != 0) continue;
-    int peer_port = -1, local_port = -1;
-    char addr[INET6_ADDRSTRLEN] = "";
-    if (peer.ss_family == AF_INET) {
-      peer_port = ntohs(((struct sockaddr_in *)&peer)->sin_port);
-      local_port = ntohs(((struct sockaddr_in *)&local)->sin_port);
-      inet_ntop(AF_INET, &((struct sockaddr_in *)&peer)->sin_addr, addr, sizeof addr);
-    } else if (peer.ss_family == AF_INET6) {
-      peer_port = ntohs(((struct sockaddr_in6 *)&peer)->sin6_port);
-      local_port = ntohs(((struct sockaddr_in6 *)&local)->sin6_port);
-      inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&peer)->sin6_addr, addr, sizeof addr);
-    }
-    if (peer_port == ri->remote_port && local_port == ri->server_port &&
-        (peer.ss_family != AF_INET || !strcmp(addr, ri->remote_addr)))
-      found = fd;
-  }
-  closedir(d);
-  return found;
-}
-
 static int hook_poll(void *user) {
   relay *r = user;
   st_capture *p = r->p;
   int64_t now = capture_now_ns();
   if (atomic_load(&p->stopping) && now >= atomic_load(&p->deadline_ns)) return 2;
-  if (!r->fd_looked && now - r->x->t0_ns > 200 * 1000000LL) {
-    r->fd_looked = 1;
-    r->client_fd = find_client_fd(mg_get_request_info(r->conn));
-  }
-  if (r->client_fd >= 0) {
-    struct pollfd pfd = {.fd = r->client_fd, .events = POLLRDHUP};
+  maybe_progress(r); /* bytes held back (or the head) get out while the upstream is silent */
+  /* A client may hang up as soon as it has its whole answer (a Content-Length body) while curl
+  ** is still finishing the upstream transfer; so only exchanges past their first 200 ms are
+  ** watched, as before. */
+  if (now - r->x->t0_ns > 200 * 1000000LL) {
+    struct pollfd pfd = {.fd = capture_conn_fd(r->conn), .events = POLLRDHUP};
     if (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
       r->client_gone = 1;
       if (!r->x->client_error)
@@ -371,7 +347,7 @@ static void send_own_answer(relay *r, int status, const char *code, const char *
   capture_buf head = {0};
   char line[256];
   snprintf(line, sizeof line, "HTTP/%s %d %s\r\n", r->client_http10 ? "1.0" : "1.1", status,
-           mg_get_response_code_text(r->conn, status));
+           capture_http_reason(status));
   capture_buf_puts(&head, line);
   for (size_t i = 0; i < x->response_headers.n; i++) {
     capture_buf_puts(&head, x->response_headers.items[i].name);
@@ -380,7 +356,7 @@ static void send_own_answer(relay *r, int status, const char *code, const char *
     capture_buf_puts(&head, "\r\n");
   }
   capture_buf_puts(&head, "\r\n");
-  if (close) mg_disable_connection_keep_alive(r->conn);
+  if (close) capture_conn_close_after(r->conn);
   x->status = status;
   r->mode = RELAY_LENGTH;
   if (client_write(r, head.data, head.len) == 0) {
@@ -407,68 +383,61 @@ static void cut_answer(relay *r, const char *code, const char *msg) {
     free(event);
     if (r->mode == RELAY_CHUNKED) client_write(r, "0\r\n\r\n", 5);
   }
-  mg_disable_connection_keep_alive(r->conn);
+  capture_conn_close_after(r->conn);
 }
 
-static int read_request(relay *r, const struct mg_request_info *ri) {
+/* What the listener found reading the request (capture_http.c reads heads and bodies): 0 to
+** relay it, 413 / 431 / 500 for the proxy's own answer, -1 when the client stopped sending. The
+** body moves into the record. */
+static int request_verdict(relay *r, capture_request *rq) {
   capture_exchange *x = r->x;
-  const char *expect = mg_get_header(r->conn, "Expect");
-  if (ri->content_length > (long long)r->p->max_request_bytes) {
-    x->request_declared_bytes = (size_t)ri->content_length;
+  if (rq->head_too_large) return 431;
+  if (rq->too_large) {
+    x->request_declared_bytes = rq->declared_bytes;
     return 413;
   }
-  if (expect && !strcasecmp(expect, "100-continue") && ri->content_length != 0)
-    mg_write(r->conn, "HTTP/1.1 100 Continue\r\n\r\n", 25);
-  char buf[65536];
-  for (;;) {
-    int n = mg_read(r->conn, buf, sizeof buf);
-    if (n == 0) break;
-    if (n < 0) {
-      capture_exchange_set_error(x, &x->client_error,
-                                 "client stopped sending the request body after %zu bytes",
-                                 x->request_body.len);
-      return -1;
-    }
-    if (x->request_body.len + (size_t)n > r->p->max_request_bytes) {
-      x->request_declared_bytes = x->request_body.len + (size_t)n;
-      capture_buf_free(&x->request_body);
-      return 413;
-    }
-    if (capture_buf_append(&x->request_body, buf, (size_t)n) < 0) return 500;
+  if (rq->oom) return 500;
+  x->request_body = rq->body;
+  memset(&rq->body, 0, sizeof rq->body);
+  if (rq->body_timeout) {
+    capture_exchange_set_error(x, &x->client_error, rq->body_timeout == 1
+                               ? "client did not send the request body in time (%zu bytes)"
+                               : "client stopped sending the request body after %zu bytes",
+                               x->request_body.len);
+    return -1;
   }
   return 0;
 }
 
-static int relay_request(struct mg_connection *conn) {
-  st_capture *p = mg_get_user_data(mg_get_context(conn));
-  const struct mg_request_info *ri = mg_get_request_info(conn);
+static void relay_request(void *user, capture_conn *conn, capture_request *rq) {
+  st_capture *p = user;
   capture_exchange *x = capture_exchange_new();
   if (!x) {
     static const char oom[] = "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n"
                               "Connection: close\r\n\r\n";
-    mg_write(conn, oom, sizeof oom - 1);
-    mg_disable_connection_keep_alive(conn);
-    return 500;
+    capture_conn_write(conn, oom, sizeof oom - 1);
+    capture_conn_close_after(conn);
+    return;
   }
   atomic_fetch_add(&p->accepted, 1);
   atomic_fetch_add(&p->in_flight, 1);
-  relay r = {.p = p, .conn = conn, .x = x, .client_fd = -1};
-  r.client_http10 = ri->http_version && !strcmp(ri->http_version, "1.0");
-  snprintf(x->method, sizeof x->method, "%s", ri->request_method ? ri->request_method : "GET");
+  relay r = {.p = p, .conn = conn, .x = x};
+  r.client_http10 = rq->http10;
+  snprintf(x->method, sizeof x->method, "%s", rq->method[0] ? rq->method : "GET");
   r.head_request = !strcmp(x->method, "HEAD");
-  const char *raw_path = ri->local_uri_raw ? ri->local_uri_raw : ri->request_uri ? ri->request_uri : "/";
+  const char *raw_path = rq->path ? rq->path : "/";
   x->path = strdup(raw_path);
   x->api = capture_api_from_path(raw_path);
   x->upstream = p->upstream_display;
-  snprintf(x->client_addr, sizeof x->client_addr, "%s:%d", ri->remote_addr, ri->remote_port);
+  snprintf(x->client_addr, sizeof x->client_addr, "%s:%d", rq->remote_addr, rq->remote_port);
 
   /* Headers: all recorded (redacted at write time), credentials remembered, hop-by-hop ones
   ** and Accept-Encoding left out of what goes upstream. */
   int oom = !x->path;
   capture_headers forward = {0};
-  const char *connection = mg_get_header(conn, "Connection");
-  for (int i = 0; i < ri->num_headers && !oom; i++) {
-    const char *n = ri->http_headers[i].name, *v = ri->http_headers[i].value ? ri->http_headers[i].value : "";
+  const char *connection = capture_headers_get(&rq->headers, "connection");
+  for (size_t i = 0; i < rq->headers.n && !oom; i++) {
+    const char *n = rq->headers.items[i].name, *v = rq->headers.items[i].value;
     oom |= capture_headers_add(&x->request_headers, n, strlen(n), v, strlen(v)) < 0;
     oom |= capture_secrets_add_header(&x->secrets, n, v) < 0;
     if (capture_header_is_hop_by_hop(n, connection) || !strcasecmp(n, "accept-encoding")) continue;
@@ -477,10 +446,17 @@ static int relay_request(struct mg_connection *conn) {
   oom |= capture_headers_add(&forward, "Accept-Encoding", 15, "identity", 8) < 0;
   oom |= capture_upstream_add_secrets(p->upstream, &x->secrets) < 0;
   int qoom = 0;
-  x->query = capture_redact_query(&x->secrets, ri->query_string, &qoom);
+  x->query = capture_redact_query(&x->secrets, rq->query, &qoom);
   oom |= qoom;
 
-  int verdict = oom ? 500 : atomic_load(&p->stopping) ? 503 : read_request(&r, ri);
+  int verdict = oom ? 500 : rq->head_too_large ? 431 : atomic_load(&p->stopping) ? 503
+              : request_verdict(&r, rq);
+  /* Credentials in the body ("api_key": "...", a form's client_secret=...) are scrubbed from
+  ** the record like header ones; known before the open row is queued, which masks the body. */
+  if (verdict == 0 &&
+      capture_secrets_add_body(&x->secrets, capture_headers_get(&x->request_headers, "content-type"),
+                               x->request_body.data, x->request_body.len) < 0)
+    verdict = 500;
   /* --ask-prompt-ids: the body that goes upstream may carry one more field than the client's
   ** (kept as it was in x->request_body); the note of it goes into the open row. */
   char *forward_body = NULL;
@@ -496,6 +472,12 @@ static int relay_request(struct mg_connection *conn) {
              "%zu bytes (--max-body)", x->request_declared_bytes, p->max_request_bytes);
     x->state = CAPTURE_REJECTED;
     send_own_answer(&r, 413, "request_too_large", message, 1);
+  } else if (verdict == 431) {
+    snprintf(message, sizeof message,
+             "sparsetrace capture: request head (request line and headers) is larger than the "
+             "proxy's limit of %d bytes", CAPTURE_MAX_HEAD_BYTES);
+    x->state = CAPTURE_REJECTED;
+    send_own_answer(&r, 431, "request_header_fields_too_large", message, 1);
   } else if (verdict == 503) {
     x->state = CAPTURE_REJECTED;
     send_own_answer(&r, 503, "proxy_shutting_down", "sparsetrace capture: the proxy is shutting "
@@ -505,13 +487,13 @@ static int relay_request(struct mg_connection *conn) {
     send_own_answer(&r, 500, "proxy_error", "sparsetrace capture: out of memory", 1);
   } else if (verdict < 0) {
     x->state = CAPTURE_CLIENT_ABORTED;
-    mg_disable_connection_keep_alive(conn);
+    capture_conn_close_after(conn);
   } else {
     capture_upstream_hooks hooks = {&r, hook_head, hook_body, hook_poll};
-    void *local_handle = NULL, **handle = mg_get_thread_pointer(conn);
+    void *local_handle = NULL, **handle = capture_conn_thread_slot(conn);
     if (!handle) handle = &local_handle; /* not a pool worker: a handle for this call only */
     capture_upstream_outcome out = capture_upstream_perform(
-        p->upstream, handle, x->method, raw_path, ri->query_string, &forward,
+        p->upstream, handle, x->method, raw_path, rq->query, &forward,
         forward_body ? forward_body : x->request_body.data,
         forward_body ? forward_len : x->request_body.len, &hooks, message, sizeof message);
     capture_upstream_handle_free(local_handle);
@@ -525,7 +507,7 @@ static int relay_request(struct mg_connection *conn) {
     } else if (out == CAPTURE_UPSTREAM_CLIENT_GONE) {
       x->state = CAPTURE_CLIENT_ABORTED;
       if (!x->client_error) capture_exchange_set_error(x, &x->client_error, "%s", message);
-      mg_disable_connection_keep_alive(conn);
+      capture_conn_close_after(conn);
     } else {
       int shutdown = out == CAPTURE_UPSTREAM_SHUTDOWN;
       int status = shutdown ? 503 : out == CAPTURE_UPSTREAM_TIMEOUT ? 504 : 502;
@@ -548,11 +530,13 @@ static int relay_request(struct mg_connection *conn) {
   x->t_end_ns = capture_now_ns();
 
   int status = x->status;
-  proxy_log(p, "%s %s %s %s %d %s %.1f ms %zu B%s%s%s%s", x->id, x->method, x->path ? x->path : "",
+  char *log_path = capture_secrets_scrub(&x->secrets, x->path ? x->path : "");
+  proxy_log(p, "%s %s %s %s %d %s %.1f ms %zu B%s%s%s%s", x->id, x->method, log_path ? log_path : "",
             capture_api_name(x->api), status, capture_state_name(x->state),
             (double)(x->t_end_ns - x->t0_ns) / 1e6, x->response_bytes,
             x->upstream_error ? " upstream: " : "", x->upstream_error ? x->upstream_error : "",
             x->client_error ? " client: " : "", x->client_error ? x->client_error : "");
+  free(log_path);
   if (x->state == CAPTURE_COMPLETE) atomic_fetch_add(&p->completed, 1);
   else atomic_fetch_add(&p->failed, 1);
   /* The summary (request JSON, reassembly) is the writer's job: computing it here would delay
@@ -563,30 +547,12 @@ static int relay_request(struct mg_connection *conn) {
   capture_buf_free(&r.frame);
   capture_exchange_unref(x);
   atomic_fetch_sub(&p->in_flight, 1);
-  return status > 0 ? status : 499;
 }
 
-/* Each worker thread keeps one curl handle (a void * slot) for its upstream connections. */
-static void *worker_init(const struct mg_context *ctx, int thread_type) {
-  return thread_type == 1 ? calloc(1, sizeof(void *)) : NULL;
-}
-static void worker_exit(const struct mg_context *ctx, int thread_type, void *slot) {
-  if (!slot) return;
-  capture_upstream_handle_free(*(void **)slot);
-  free(slot);
-}
+/* Each worker thread keeps one curl handle (its slot) for its upstream connections. */
+static void free_slot(void *slot) { capture_upstream_handle_free(slot); }
 
-static int civetweb_log(const struct mg_connection *conn, const char *message) {
-  st_capture *p = mg_get_user_data(mg_get_context(conn));
-  if (p) { /* a message may quote a URI: drop any query string, it can hold a key */
-    char clean[512];
-    snprintf(clean, sizeof clean, "%s", message);
-    char *q = strchr(clean, '?');
-    if (q) snprintf(q, sizeof clean - (size_t)(q - clean), "?[query removed]");
-    proxy_log(p, "civetweb: %s", clean);
-  }
-  return 1;
-}
+static void listener_log(void *user, const char *line) { proxy_log(user, "%s", line); }
 
 /* ---- start / stop --------------------------------------------------------------------------- */
 
@@ -595,7 +561,7 @@ void st_capture_config_init(st_capture_config *c) {
   c->listen = "127.0.0.1:8787";
 }
 
-/* "HOST:PORT", ":PORT", "PORT" -> civetweb's "IP:PORT"; host names other than localhost are
+/* "HOST:PORT", ":PORT", "PORT" -> "IP:PORT" ("[v6]:PORT"); host names other than localhost are
 ** not resolved (give an address). */
 static st_status parse_listen(const char *listen, char *out, size_t out_len, int *loopback) {
   const char *colon = strrchr(listen, ':');
@@ -677,42 +643,28 @@ st_status st_capture_start(const st_capture_config *cin, st_capture **out) {
     goto fail;
   }
 
-  char threads[16], queue[16];
-  snprintf(threads, sizeof threads, "%d", c.threads);
-  snprintf(queue, sizeof queue, "%d", c.threads * 4 > 1024 ? c.threads * 4 : 1024);
-  const char *options[] = {
-    "listening_ports", ports,
-    "num_threads", threads,
-    "connection_queue", queue,
-    "listen_backlog", "1024",
-    "enable_keep_alive", "yes",
-    "keep_alive_timeout_ms", "10000",
-    "request_timeout_ms", "60000",
-    "tcp_nodelay", "1",
-    "decode_url", "no",
-    "max_request_size", "65536",
-    NULL,
-  };
-  struct mg_callbacks cb;
-  memset(&cb, 0, sizeof cb);
-  cb.begin_request = relay_request;
-  cb.log_message = civetweb_log;
-  cb.init_thread = worker_init;
-  cb.exit_thread = worker_exit;
-  char error_text[256] = "";
-  struct mg_init_data init = {&cb, p, options};
-  struct mg_error_data err = {NULL, error_text, sizeof error_text};
-  p->ctx = mg_start2(&init, &err);
-  if (!p->ctx) {
-    st = st_fail(ST_EIO, "cannot listen on %s: %s", ports, error_text[0] ? error_text : "civetweb failed to start");
-    goto fail;
-  }
-  struct mg_server_port sp[4];
-  int n = mg_get_server_ports(p->ctx, 4, sp);
-  p->port = n > 0 ? sp[0].port : 0;
+  capture_http_options ho;
+  capture_http_options_init(&ho);
   char host[sizeof ports];
   snprintf(host, sizeof host, "%s", ports);
-  *strrchr(host, ':') = 0;
+  char *colon = strrchr(host, ':');
+  *colon = 0;
+  ho.host = host;
+  ho.port = atoi(colon + 1);
+  ho.threads = c.threads;
+  ho.max_body_bytes = c.max_request_bytes;
+  if (c.max_client_connections > 0) ho.max_client_connections = c.max_client_connections;
+  if (c.head_timeout_ms > 0) ho.head_timeout_ms = c.head_timeout_ms;
+  if (c.body_timeout_ms > 0) ho.body_timeout_ms = c.body_timeout_ms;
+  ho.handler = relay_request;
+  ho.free_slot = free_slot;
+  ho.log = listener_log;
+  ho.user = p;
+  if ((st = capture_http_start(&ho, &p->http))) {
+    st_fail_context(st, "--listen %s: ", c.listen);
+    goto fail;
+  }
+  p->port = capture_http_port(p->http);
   snprintf(p->url, sizeof p->url, "http://%s:%d", host, p->port);
   proxy_log(p, "listening on %s, relaying to %s, recording into %s/%s", p->url, p->upstream_display,
             c.store_dir, ST_INDEX_FILE);
@@ -755,15 +707,15 @@ st_status st_capture_shutdown(st_capture *p, int grace_ms) {
   if (in_flight)
     proxy_log(p, "stopping: %llu exchange(s) in flight, waiting up to %d ms for them",
               (unsigned long long)in_flight, grace_ms);
-  /* Drain before mg_stop(): once civetweb's stop flag is up its writes fail, so exchanges must
+  /* Drain before capture_http_stop(): from then on writes fail, so exchanges must
   ** finish (or be cut, with their error event written) while it is still down. New requests
   ** meanwhile get a 503. A worker stuck writing to a client that stopped reading is released
-  ** by mg_stop() after a further 3 s; it then records a client_aborted exchange. */
+  ** by capture_http_stop() after a further 3 s; it then records a client_aborted exchange. */
   while (atomic_load(&p->in_flight) > 0 && capture_now_ns() < atomic_load(&p->deadline_ns))
     usleep(10000);
   for (int waited = 0; atomic_load(&p->in_flight) > 0 && waited < 3000; waited += 10) usleep(10000);
-  if (p->ctx) mg_stop(p->ctx); /* returns once every worker has finished its exchange */
-  p->ctx = NULL;
+  if (p->http) capture_http_stop(p->http); /* returns once every worker has finished */
+  p->http = NULL;
   st_status st = capture_store_close(p->store);
   p->store = NULL;
   proxy_log(p, "stopped: %llu accepted, %llu complete, %llu other; all recorded%s",
@@ -777,7 +729,7 @@ void st_capture_cut_now(st_capture *p) { atomic_store(&p->deadline_ns, capture_n
 
 void st_capture_free(st_capture *p) {
   if (!p) return;
-  if (p->ctx || p->store) st_capture_shutdown(p, 0);
+  if (p->http || p->store) st_capture_shutdown(p, 0);
   capture_upstream_free(p->upstream);
   free(p->upstream_display);
   free(p->store_dir);

@@ -13,9 +13,14 @@
 ** for a core with the relay a few hundred times a second at most. WAL with synchronous=NORMAL
 ** (set by recorder/index.c) keeps a commit at a write() without fsync.
 **
-** Two jobs per exchange. 'open' inserts the row as soon as the request is read, before it goes
-** upstream: a proxy that dies mid-stream still leaves the request in the store. 'finish' is an
-** upsert of the whole row (so a finish whose open failed still lands) plus the SSE events.
+** Jobs per exchange. 'open' inserts the row as soon as the request is read, before it goes
+** upstream: a proxy that dies mid-stream still leaves the request in the store. 'progress'
+** (every CAPTURE_PROGRESS_MS or CAPTURE_PROGRESS_BYTES while relaying) appends the response
+** bytes and SSE events relayed since the last one to the open row, so that a proxy killed with
+** kill -9 leaves what its clients had received (up to inline_max bytes of body; every event).
+** 'finish' is an upsert of the whole row (so a finish whose open failed still lands) plus the
+** SSE events. At start, rows a dead proxy left open are marked 'interrupted'
+** (reconcile_open_rows).
 ** Closing the store drains the queue first; st_capture_stop() closes it only after every worker
 ** has finished its exchange, so nothing accepted is dropped.
 **
@@ -30,11 +35,13 @@
 */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,11 +55,33 @@
 
 #define CAPTURE_STORE_LINGER_MS 5
 
+/* What a worker hands over mid-exchange (capture_store_submit_progress): copies, already masked,
+** because the worker goes on appending to the exchange while the writer runs. */
+typedef struct progress_event {
+  double t_ms;
+  size_t offset, length;
+  char *name;
+} progress_event;
+
+typedef struct progress {
+  char *body;          /* response bytes to append to the row's response_body, or NULL */
+  size_t body_len;
+  char *headers;       /* response headers JSON (the first time), or NULL */
+  int status, stream;
+  size_t response_bytes;
+  double headers_ms, ttfb_ms; /* < 0: not yet */
+  size_t first_event, n_events; /* events[] are seq first_event.. */
+  progress_event *events;
+} progress;
+
+enum job_kind { JOB_OPEN, JOB_PROGRESS, JOB_FINISH };
+
 typedef struct job {
   struct job *next;
-  int finish; /* 0: open row, 1: finishing upsert */
+  int finish; /* JOB_OPEN: open row, JOB_PROGRESS: relayed so far, JOB_FINISH: finishing upsert */
   capture_exchange *x;
   capture_summary summary;
+  progress pg;
 } job;
 
 struct capture_store {
@@ -68,6 +97,7 @@ struct capture_store {
   job *head, *tail;
   int stopping;
   atomic_uint_least64_t recorded, errors;
+  int lock_fd; /* <store>/.capture.lock, held shared while this proxy runs */
   st_status first_error;
   char first_error_msg[512];
 };
@@ -227,8 +257,20 @@ static st_status bind_request(capture_store *s, sqlite3_stmt *st, const capture_
   bind_text(st, 1, x->id);
   bind_text(st, 2, x->received_at);
   bind_text(st, 3, x->method);
-  bind_text(st, 4, x->path ? x->path : "");
-  bind_text(st, 5, x->query);
+  /* Path and query by value too: a key seen elsewhere in the request may sit in either. */
+  char *path = capture_secrets_scrub(&x->secrets, x->path ? x->path : "");
+  char *query = x->query ? capture_secrets_scrub(&x->secrets, x->query) : NULL;
+  if (!path || (x->query && !query)) {
+    free(path);
+    free(query);
+    free(headers);
+    body_bind_free(body);
+    memset(body, 0, sizeof *body);
+    return st_fail(ST_ENOMEM, "request path");
+  }
+  sqlite3_bind_text(st, 4, path, -1, free);
+  if (query) sqlite3_bind_text(st, 5, query, -1, free);
+  else sqlite3_bind_null(st, 5);
   bind_text(st, 6, capture_api_name(x->api));
   bind_text(st, 7, x->upstream);
   bind_text(st, 8, x->client_addr);
@@ -372,7 +414,64 @@ out:
   return rc;
 }
 
+/* Appends what the worker relayed since its last progress job to the open row: response bytes,
+** head, counters and events, so that a proxy killed mid-stream leaves them in the store. */
+static st_status write_progress(capture_store *s, sqlite3 *db, job *j) {
+  capture_exchange *x = j->x;
+  progress *pg = &j->pg;
+  sqlite3_stmt *st = NULL;
+  st_status rc = ST_OK;
+  static const char *sql =
+    "UPDATE requests SET status = coalesce(?1, status), stream = max(stream, ?2), "
+    "response_headers = coalesce(?3, response_headers), "
+    "response_body = CASE WHEN ?4 IS NULL THEN response_body "
+    "                ELSE CAST(coalesce(response_body, X'') || ?4 AS BLOB) END, "
+    "response_bytes = ?5, n_events = CASE WHEN ?6 > 0 THEN ?6 ELSE n_events END, "
+    "headers_ms = coalesce(?7, headers_ms), ttfb_ms = coalesce(?8, ttfb_ms) "
+    "WHERE id = ?9 AND state = 'open'";
+  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+    return st_fail(ST_ESQLITE, "preparing progress update: %s", sqlite3_errmsg(db));
+  if (pg->status > 0) sqlite3_bind_int(st, 1, pg->status);
+  sqlite3_bind_int(st, 2, pg->stream);
+  if (pg->headers) sqlite3_bind_text(st, 3, pg->headers, -1, SQLITE_STATIC);
+  if (pg->body) sqlite3_bind_blob64(st, 4, pg->body, pg->body_len, SQLITE_STATIC);
+  sqlite3_bind_int64(st, 5, (sqlite3_int64)pg->response_bytes);
+  sqlite3_bind_int64(st, 6, (sqlite3_int64)(pg->first_event + pg->n_events));
+  if (pg->headers_ms >= 0) sqlite3_bind_double(st, 7, pg->headers_ms);
+  if (pg->ttfb_ms >= 0) sqlite3_bind_double(st, 8, pg->ttfb_ms);
+  bind_text(st, 9, x->id);
+  rc = step_done(db, st, "recording relayed bytes");
+  sqlite3_finalize(st);
+  st = NULL;
+  if (rc || pg->n_events == 0) return rc;
+  if (sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO request_events (request_id, seq, t_ms, "
+                             "byte_offset, byte_length, event) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                         -1, &st, NULL) != SQLITE_OK)
+    return st_fail(ST_ESQLITE, "preparing event insert: %s", sqlite3_errmsg(db));
+  for (size_t i = 0; i < pg->n_events && !rc; i++) {
+    const progress_event *ev = &pg->events[i];
+    sqlite3_reset(st);
+    bind_text(st, 1, x->id);
+    sqlite3_bind_int64(st, 2, (sqlite3_int64)(pg->first_event + i));
+    sqlite3_bind_double(st, 3, ev->t_ms);
+    sqlite3_bind_int64(st, 4, (sqlite3_int64)ev->offset);
+    sqlite3_bind_int64(st, 5, (sqlite3_int64)ev->length);
+    sqlite3_bind_text(st, 6, ev->name ? ev->name : "message", -1, SQLITE_STATIC);
+    rc = step_done(db, st, "inserting an event");
+  }
+  sqlite3_finalize(st);
+  return rc;
+}
+
+static void progress_free(progress *pg) {
+  free(pg->body);
+  free(pg->headers);
+  for (size_t i = 0; i < pg->n_events; i++) free(pg->events[i].name);
+  free(pg->events);
+}
+
 static void job_free(job *j) {
+  progress_free(&j->pg);
   capture_summary_free(&j->summary);
   capture_exchange_unref(j->x);
   free(j);
@@ -384,7 +483,7 @@ static void run_batch(capture_store *s, job *batch) {
   /* Parsing and reassembly happen outside the write transaction, so other writers to the
   ** index (recorders, other proxies) wait only for the inserts. */
   for (job *j = batch; j; j = j->next)
-    if (j->finish) capture_summarize(j->x, &j->summary);
+    if (j->finish == JOB_FINISH) capture_summarize(j->x, &j->summary);
   int in_txn = st_index_begin(s->ix) == ST_OK;
   if (!in_txn) store_log(s, "store: %s (writing each request on its own)", st_errmsg());
   int committed_any = 0;
@@ -392,13 +491,17 @@ static void run_batch(capture_store *s, job *batch) {
   for (job *j = batch; j;) {
     job *next = j->next;
     sqlite3_exec(db, "SAVEPOINT capture_job", NULL, NULL, NULL);
-    st_status rc = j->finish ? write_finish(s, db, j) : write_open(s, db, j);
+    st_status rc = j->finish == JOB_FINISH     ? write_finish(s, db, j)
+                   : j->finish == JOB_PROGRESS ? write_progress(s, db, j)
+                                               : write_open(s, db, j);
     if (rc) {
       sqlite3_exec(db, "ROLLBACK TO capture_job", NULL, NULL, NULL);
-      store_error(s, j->x, j->finish ? "recording the finished exchange" : "recording the request");
+      store_error(s, j->x, j->finish == JOB_FINISH     ? "recording the finished exchange"
+                           : j->finish == JOB_PROGRESS ? "recording relayed bytes"
+                                                       : "recording the request");
     }
     sqlite3_exec(db, "RELEASE capture_job", NULL, NULL, NULL);
-    if (!rc && j->finish) committed_any++;
+    if (!rc && j->finish == JOB_FINISH) committed_any++;
     j->next = done_list;
     done_list = j;
     j = next;
@@ -476,8 +579,120 @@ void capture_store_submit_finish(capture_store *s, capture_exchange *x) {
   }
   capture_exchange_ref(x);
   j->x = x;
-  j->finish = 1;
+  j->finish = JOB_FINISH;
   submit(s, j);
+}
+
+void capture_store_submit_progress(capture_store *s, capture_exchange *x) {
+  size_t have = x->response_body.len;
+  int head_new = x->status > 0 && !x->progress_head;
+  if (have == x->progress_body && x->n_events == x->progress_events && !head_new &&
+      x->response_bytes == x->progress_bytes)
+    return;
+  job *j = calloc(1, sizeof *j);
+  if (!j) return; /* progress is best effort: the finish job records everything */
+  progress *pg = &j->pg;
+  pg->status = x->status;
+  pg->stream = x->stream;
+  pg->response_bytes = x->response_bytes;
+  pg->headers_ms = x->t_headers_ns >= 0 ? (double)(x->t_headers_ns - x->t0_ns) / 1e6 : -1;
+  pg->ttfb_ms = x->t_first_byte_ns >= 0 ? (double)(x->t_first_byte_ns - x->t0_ns) / 1e6 : -1;
+  int oom = 0;
+  if (head_new && !(pg->headers = headers_json(&x->response_headers, &x->secrets))) oom = 1;
+  /* Body bytes, at most inline_max of them (appending to a BLOB rewrites it: past that, the
+  ** finish job spills the body to a file anyway). A credential may straddle the end of what is
+  ** flushed now: the last (longest secret - 1) bytes are held back until more has arrived, and
+  ** each flush is masked with that much context before it, so no flushed byte belongs to an
+  ** occurrence not wholly inside a masked copy. */
+  size_t hold = 1;
+  for (size_t i = 0; i < x->secrets.n; i++) {
+    size_t n = strlen(x->secrets.values[i]);
+    if (n >= CAPTURE_SECRET_MIN && n > hold) hold = n;
+  }
+  hold -= 1;
+  size_t cap = have < s->inline_max ? have : s->inline_max;
+  size_t upto = have > hold ? have - hold : 0;
+  if (upto > cap) upto = cap;
+  size_t from = x->progress_body;
+  if (!oom && upto > from) {
+    size_t ctx = from > hold ? from - hold : 0;
+    char *copy = malloc(have - ctx);
+    if (copy) {
+      memcpy(copy, x->response_body.data + ctx, have - ctx);
+      capture_secrets_mask(&x->secrets, copy, have - ctx);
+      pg->body = malloc(upto - from);
+      if (pg->body) {
+        memcpy(pg->body, copy + (from - ctx), upto - from);
+        pg->body_len = upto - from;
+      }
+      free(copy);
+    }
+    if (!pg->body) oom = 1;
+  }
+  size_t ne = x->n_events - x->progress_events;
+  if (!oom && ne > 0) {
+    pg->events = calloc(ne, sizeof *pg->events);
+    for (size_t i = 0; pg->events && i < ne; i++) {
+      const capture_event *ev = &x->events[x->progress_events + i];
+      char scratch[128];
+      pg->events[i].t_ms = (double)ev->t_ns / 1e6;
+      pg->events[i].offset = ev->offset;
+      pg->events[i].length = ev->length;
+      pg->events[i].name = capture_secrets_scrub(&x->secrets, capture_event_name(ev, scratch, sizeof scratch));
+      pg->n_events = i + 1;
+    }
+    if (!pg->events) oom = 1;
+    pg->first_event = x->progress_events;
+  }
+  if (oom) {
+    progress_free(pg);
+    free(j);
+    return;
+  }
+  if (pg->body) x->progress_body = upto;
+  x->progress_events += pg->n_events;
+  x->progress_head |= head_new;
+  x->progress_bytes = x->response_bytes;
+  x->progress_ns = capture_now_ns();
+  capture_exchange_ref(x);
+  j->x = x;
+  j->finish = JOB_PROGRESS;
+  submit(s, j);
+}
+
+/* Rows a proxy left 'open' are of one that died (kill -9, a crash, a power cut) unless that
+** proxy is still running. Every running proxy holds <store>/.capture.lock shared; one that gets
+** it exclusively at start is alone, so every open row is a dead one's: marked 'interrupted',
+** keeping what was recorded of it (bytes relayed, events). Then it holds the lock shared like
+** the others. With another proxy running the rows are left for a later start. */
+static void reconcile_open_rows(capture_store *s) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/.capture.lock", s->dir);
+  s->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (s->lock_fd < 0) {
+    store_log(s, "store: cannot open %s (%s): rows left open by a dead proxy are not reconciled",
+              path, strerror(errno));
+    return;
+  }
+  if (flock(s->lock_fd, LOCK_EX | LOCK_NB) == 0) {
+    sqlite3 *db = st_index_db(s->ix);
+    char *err = NULL;
+    if (sqlite3_exec(db, "UPDATE requests SET state = 'interrupted', upstream_error = "
+                         "coalesce(upstream_error, 'interrupted: the proxy relaying this exchange "
+                         "ended without finishing its record (killed or crashed); what it had "
+                         "recorded by then is kept') WHERE state = 'open'",
+                     NULL, NULL, &err) != SQLITE_OK) {
+      store_log(s, "store: reconciling rows left open: %s", err ? err : "?");
+    } else if (sqlite3_changes(db) > 0) {
+      store_log(s, "store: %d request(s) left open by a proxy that did not stop cleanly marked "
+                   "'interrupted' (what was relayed before it died is kept)", sqlite3_changes(db));
+    }
+    sqlite3_free(err);
+  } else {
+    store_log(s, "store: another capture proxy is running on this store; rows it has open are "
+                 "left as they are");
+  }
+  flock(s->lock_fd, LOCK_SH); /* from exclusive: a conversion; else waits out a reconciling one */
 }
 
 st_status capture_store_open(const capture_store_options *o, capture_store **out) {
@@ -492,9 +707,12 @@ st_status capture_store_open(const capture_store_options *o, capture_store **out
   pthread_cond_init(&s->cv, NULL);
   st_status st = s->dir ? st_index_open(o->dir, ST_INDEX_READ_WRITE, &s->ix)
                         : st_fail(ST_ENOMEM, "store path");
+  s->lock_fd = -1;
+  if (!st) reconcile_open_rows(s);
   if (!st && pthread_create(&s->thread, NULL, writer_main, s) != 0)
     st = st_fail(ST_EIO, "starting the capture store writer: %s", strerror(errno));
   if (st) {
+    if (s->lock_fd >= 0) close(s->lock_fd);
     st_index_close(s->ix);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
@@ -517,6 +735,7 @@ st_status capture_store_close(capture_store *s) {
     pthread_join(s->thread, NULL);
   }
   st_index_close(s->ix);
+  if (s->lock_fd >= 0) close(s->lock_fd); /* releases the shared lock */
   st_status st = s->first_error;
   if (st) st_fail(st, "capture store %s: %s", s->dir, s->first_error_msg);
   pthread_mutex_destroy(&s->mu);

@@ -34,8 +34,11 @@
 #include "capture_internal.h"
 
 struct capture_upstream {
-  char *base;    /* as given, trailing '/' removed; may hold credentials: never printed */
-  char *display; /* base without credentials */
+  char *base;    /* as given up to its query, trailing '/' removed; may hold credentials: never
+                    printed. Request paths are appended to it. */
+  char *base_query; /* the upstream URL's own query string (may hold a key), or NULL: it goes
+                       after the request path, before the client's query */
+  char *display; /* base without credentials (in messages, followed by the request path) */
   char *proxy;   /* NULL: curl's default; "" none */
   int connect_timeout_ms, idle_timeout_ms;
   CURLSH *share;
@@ -59,14 +62,22 @@ st_status capture_upstream_new(const capture_upstream_options *o, capture_upstre
                    scheme_end ? (int)(scheme_end - o->base_url) : 8, o->base_url);
   capture_upstream *u = calloc(1, sizeof *u);
   if (!u) return st_fail(ST_ENOMEM, "upstream");
-  u->base = strdup(o->base_url);
-  u->display = capture_url_without_credentials(o->base_url);
+  /* "http://h/api?key=K#x" -> base "http://h/api", base_query "key=K" (fragments are never
+  ** sent). */
+  size_t base_len = strcspn(o->base_url, "?#");
+  u->base = strndup(o->base_url, base_len);
+  if (o->base_url[base_len] == '?') {
+    const char *q = o->base_url + base_len + 1;
+    u->base_query = strndup(q, strcspn(q, "#"));
+  }
+  u->display = u->base ? capture_url_without_credentials(u->base) : NULL;
   u->proxy = o->proxy ? strdup(o->proxy) : NULL;
   u->connect_timeout_ms = o->connect_timeout_ms;
   u->idle_timeout_ms = o->idle_timeout_ms;
   for (int i = 0; i < CURL_LOCK_DATA_LAST; i++) pthread_mutex_init(&u->locks[i], NULL);
   u->share = curl_share_init();
-  if (!u->base || !u->display || (o->proxy && !u->proxy) || !u->share) {
+  if (!u->base || !u->display || (o->proxy && !u->proxy) || !u->share ||
+      (o->base_url[base_len] == '?' && !u->base_query)) {
     capture_upstream_free(u);
     return st_fail(ST_ENOMEM, "upstream");
   }
@@ -88,7 +99,9 @@ void capture_upstream_free(capture_upstream *u) {
   if (u->share) curl_share_cleanup(u->share);
   for (int i = 0; i < CURL_LOCK_DATA_LAST; i++) pthread_mutex_destroy(&u->locks[i]);
   if (u->base) memset(u->base, 0, strlen(u->base)); /* may hold credentials */
+  if (u->base_query) memset(u->base_query, 0, strlen(u->base_query));
   free(u->base);
+  free(u->base_query);
   free(u->display);
   free(u->proxy);
   free(u);
@@ -114,9 +127,21 @@ static char *percent_decode(const char *s, size_t n) {
 
 /* Adds a URL's userinfo to s: as written ("user:pa%40ss"), the password alone, and the
 ** "Basic" credential curl derives from it (base64 of the decoded "user:pa@ss"), which an
-** upstream that echoes headers would otherwise hand back into a recorded body. */
+** upstream that echoes headers would otherwise hand back into a recorded body; and the values
+** of its secret-looking query parameters (?key=...). */
 static int add_url_secrets(const char *url, capture_secrets *s) {
   if (!url) return 0;
+  const char *query = strchr(url, '?');
+  if (query) {
+    char *q = strndup(query + 1, strcspn(query + 1, "#"));
+    int oom = 0;
+    char *redacted = q ? capture_redact_query(s, q, &oom) : NULL; /* remembers the values */
+    int fail = !q || oom;
+    if (q) memset(q, 0, strlen(q));
+    free(q);
+    free(redacted);
+    if (fail) return -1;
+  }
   const char *scheme_end = strstr(url, "://");
   const char *authority = scheme_end ? scheme_end + 3 : url;
   size_t auth_len = strcspn(authority, "/?#");
@@ -144,6 +169,11 @@ static int add_url_secrets(const char *url, capture_secrets *s) {
 
 int capture_upstream_add_secrets(const capture_upstream *u, capture_secrets *s) {
   if (add_url_secrets(u->base, s) < 0) return -1;
+  if (u->base_query) {
+    int oom = 0;
+    free(capture_redact_query(s, u->base_query, &oom));
+    if (oom) return -1;
+  }
   return add_url_secrets(u->proxy, s);
 }
 
@@ -280,7 +310,11 @@ capture_upstream_outcome capture_upstream_perform(capture_upstream *u, void **ha
   if (h) curl_easy_reset(h); /* options back to defaults; live connections stay */
   else *handle = h = curl_easy_init();
   int have_accept = 0, have_type = 0, oom = !h;
-  if (!oom && asprintf(&url, "%s%s%s%s", u->base, path, query ? "?" : "", query ? query : "") < 0) {
+  /* base + path, then the query: the upstream URL's own parameters first, the client's after. */
+  const char *bq = u->base_query && u->base_query[0] ? u->base_query : NULL;
+  const char *cq = query && query[0] ? query : NULL;
+  if (!oom && asprintf(&url, "%s%s%s%s%s%s", u->base, path, bq || cq ? "?" : "", bq ? bq : "",
+                       bq && cq ? "&" : "", cq ? cq : "") < 0) {
     url = NULL;
     oom = 1;
   }
@@ -381,6 +415,7 @@ out:
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
   }
   curl_slist_free_all(list); /* (header lines may hold credentials; curl copies are its own) */
+  if (url) memset(url, 0, strlen(url)); /* may hold the upstream's key */
   free(url);
   capture_headers_free(&t.headers);
   return outcome;
