@@ -86,7 +86,9 @@ static double matmul_peak(void) {
   return 2.0 * n * in * out / best / 1e9;
 }
 
-typedef struct result { double seconds, peak_mib; } result;
+typedef struct result { double seconds, peak_mib, weight_mib, backend_mib; } result;
+
+static const char *backend_name = "cpu-ref";
 
 static int measure(const char *model_dir, int64_t T, const st_settings *settings, const char *tap,
                    const char *store, result *out) {
@@ -99,7 +101,9 @@ static int measure(const char *model_dir, int64_t T, const st_settings *settings
     st_session *s = NULL;
     st_taps taps = {0};
     st_recorder *rec = NULL;
+    st_backend be;
     if (st_model_open(model_dir, &m) || st_model_load_all(m)) goto fail;
+    if (st_backend_open(backend_name, &be)) goto fail;
     int32_t *tokens = malloc(sizeof(int32_t) * (size_t)T);
     unsigned seed = 99;
     for (int64_t i = 0; i < T; i++) {
@@ -110,7 +114,7 @@ static int measure(const char *model_dir, int64_t T, const st_settings *settings
       const char *globs[] = {tap};
       if (st_taps_arm(&taps, m->cfg->num_hidden_layers, globs, 1)) goto fail;
       st_run_meta meta = {.model_dir = model_dir, .model_name = "bench", .settings_json = "{}",
-                          .config_json = "{}", .backend = "cpu-ref", .kernel_mode = "deterministic",
+                          .config_json = "{}", .backend = be.ops->name, .kernel_mode = be.ops->kernel_mode,
                           .threads = 1, .command_line = "bench_prefill", .positions = "all",
                           .n_layers = m->cfg->num_hidden_layers};
       st_run_id_new(&meta);
@@ -119,13 +123,15 @@ static int measure(const char *model_dir, int64_t T, const st_settings *settings
       if (st_recorder_open(path, store, &meta, T, &rec)) goto fail;
       taps.sink = st_recorder_sink(rec);
     }
-    st_session_options opt = {.max_tokens = T, .settings = *settings, .taps = tap ? &taps : NULL};
+    st_session_options opt = {.max_tokens = T, .settings = *settings, .taps = tap ? &taps : NULL,
+                              .backend = &be};
     if (st_session_create(m, &opt, &s)) goto fail;
     float *logits = malloc(sizeof(float) * (size_t)m->cfg->vocab_size);
     double t0 = now();
     if (st_session_forward(s, tokens, (int)T, logits, NULL)) goto fail;
     if (rec && st_recorder_finish(rec, tokens, T, T)) goto fail; /* the writer drains: counted */
-    result r = {.seconds = now() - t0};
+    result r = {.seconds = now() - t0, .weight_mib = st_model_weight_bytes(m) / 1048576.0,
+                .backend_mib = st_session_backend_bytes(s) / 1048576.0};
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     r.peak_mib = (double)ru.ru_maxrss / 1024.0;
@@ -145,7 +151,7 @@ static int measure(const char *model_dir, int64_t T, const st_settings *settings
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: bench_prefill MODEL_DIR TOKENS[,TOKENS...] [--set K=V]... [--tap GLOB --store DIR]\n");
+    fprintf(stderr, "usage: bench_prefill MODEL_DIR TOKENS[,TOKENS...] [--set K=V]... [--tap GLOB --store DIR] [--backend NAME]\n");
     return 2;
   }
   const char *model_dir = argv[1], *tap = NULL, *store = "/tmp/sparsetrace-bench";
@@ -158,6 +164,7 @@ int main(int argc, char **argv) {
       strcat(strcat(settings_text, " "), argv[i]);
     } else if (!strcmp(argv[i], "--tap") && i + 1 < argc) tap = argv[++i];
     else if (!strcmp(argv[i], "--store") && i + 1 < argc) store = argv[++i];
+    else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend_name = argv[++i];
     else { fprintf(stderr, "bench_prefill: unknown argument %s\n", argv[i]); return 2; }
   }
   st_model *m = NULL;
@@ -184,9 +191,10 @@ int main(int argc, char **argv) {
   double peak = peak_and_threads[0];
   int threads = (int)peak_and_threads[1];
   printf("machine peak of the cpu-ref matmul (%d threads): %.2f GFLOP/s\n", threads, peak);
-  printf("settings:%s   taps: %s\n\n", settings_text[0] ? settings_text : " (defaults)", tap ? tap : "none");
-  printf("| tokens | seconds | tokens/s | peak MiB | GFLOP | GFLOP/s | of peak | attention GFLOP | indexer GFLOP | dense-attention GFLOP | sparse/dense attention |\n");
-  printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  printf("backend: %s   settings:%s   taps: %s\n\n", backend_name,
+         settings_text[0] ? settings_text : " (defaults)", tap ? tap : "none");
+  printf("| tokens | seconds | tokens/s | peak MiB | weights MiB | session MiB | GFLOP | GFLOP/s | of peak | attention GFLOP | indexer GFLOP | dense-attention GFLOP | sparse/dense attention |\n");
+  printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   char *list = strdup(argv[2]);
   for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
     int64_t T = strtoll(tok, NULL, 10);
@@ -195,8 +203,8 @@ int main(int argc, char **argv) {
     if (measure(model_dir, T, &settings, tap, store, &r)) { printf("| %lld | failed |\n", (long long)T); continue; }
     cost c = cost_model(m->cfg, &resolved, T);
     double total = c.linear + c.attention + c.indexer;
-    printf("| %lld | %.2f | %.0f | %.0f | %.1f | %.2f | %.0f%% | %.1f | %.1f | %.1f | %.3f |\n",
-           (long long)T, r.seconds, (double)T / r.seconds, r.peak_mib, total / 1e9,
+    printf("| %lld | %.2f | %.0f | %.0f | %.1f | %.1f | %.1f | %.2f | %.0f%% | %.1f | %.1f | %.1f | %.3f |\n",
+           (long long)T, r.seconds, (double)T / r.seconds, r.peak_mib, r.weight_mib, r.backend_mib, total / 1e9,
            total / 1e9 / r.seconds, 100 * total / 1e9 / r.seconds / peak, c.attention / 1e9,
            c.indexer / 1e9, c.dense_attention / 1e9, c.attention / c.dense_attention);
     fflush(stdout);

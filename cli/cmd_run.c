@@ -490,6 +490,7 @@ int st_cmd_run(int argc, char **argv) {
                             .alt_layers = a.n_layer_sets ? alt_layers : NULL, .alt_settings = alt,
                             .backend = &backend};
   if (st_session_create(model, &opt, &session)) goto out;
+  size_t session_bytes = st_session_backend_bytes(session);
   if (st_generate_greedy(session, tokens, n_prompt, a.max_new, !a.ignore_eos, tokens + n_prompt,
                          &n_generated))
     goto out;
@@ -513,6 +514,15 @@ int st_cmd_run(int argc, char **argv) {
     printf("],");
     if (text) printf("\"text\":%s,", text);
     printf("\"settings\":%s,\"threads\":%d,\"seconds\":%.3f", settings_json, threads, seconds);
+    uint64_t checkpoint_bytes = 0; /* the checkpoint's own size: every tensor as stored */
+    for (size_t k = 0; k < st_checkpoint_count(model->checkpoint); k++) {
+      st_checkpoint_tensor_info info;
+      if (st_checkpoint_info(model->checkpoint, st_checkpoint_name_at(model->checkpoint, k), &info) == ST_OK)
+        checkpoint_bytes += info.n_bytes;
+    }
+    printf(",\"backend\":\"%s\",\"kernel_mode\":\"%s\",\"memory\":{\"weights\":%zu,\"checkpoint\":%llu,"
+           "\"session\":%zu}", backend.ops->name, backend.ops->kernel_mode, st_model_weight_bytes(model),
+           (unsigned long long)checkpoint_bytes, session_bytes);
     if (request_id[0]) {
       printf(",\"request_id\":\"%s\",\"server_prompt_tokens\":", request_id);
       if (server_count >= 0) printf("%lld,\"token_count_agrees\":%s", (long long)server_count, server_count == n_prompt ? "true" : "false");
@@ -534,7 +544,7 @@ int st_cmd_run(int argc, char **argv) {
       for (int i = 0; i < n_generated; i++) printf("%s%d", i ? " " : "", tokens[n_prompt + i]);
       printf("]");
     }
-    printf(" in %.2f s (%d threads)\n", seconds, threads);
+    printf(" in %.2f s (%s, %d threads)\n", seconds, backend.ops->name, threads);
     if (text) printf("text %s\n", text);
     printf("settings %s\ntrace: %s\nindex: %s/index.sqlite\n", settings_json, trace_path, a.store);
   }

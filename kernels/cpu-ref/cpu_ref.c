@@ -13,6 +13,7 @@
 ** uses -ffp-contract=off: no fused multiply-add changes a rounding behind our back.
 */
 #include <float.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,11 +43,42 @@ static inline float dot(const float *a, const float *b, int n) {
 
 static inline float sum_squares(const float *a, int n) { return dot(a, a, n); }
 
-/* Row r of W as fp32: in place for f32 weights, else decoded into buf [cols]. */
+/* Decoding tables of the 8- and 4-bit codes (the values of kernels/lowp.h's conversions). */
+static float fp8_table[256], fp4_table[16];
+
+static void build_tables(void) {
+  for (int i = 0; i < 256; i++) fp8_table[i] = st_fp8_e4m3fn_to_f32((uint8_t)i);
+  for (int i = 0; i < 16; i++) fp4_table[i] = st_fp4_e2m1_to_f32((uint8_t)i);
+}
+
+/* Row r of W as fp32: in place for f32 weights, else decoded into buf [cols] (the same values
+** as st_weight_decode, through the tables for the 8- and 4-bit codes). */
 static inline const float *weight_row(const st_weight *w, int64_t r, float *buf) {
-  if (w->dtype == ST_W_F32) return (const float *)w->data + r * w->cols;
-  st_weight_decode(w, r, 0, (int)w->cols, buf);
-  return buf;
+  const unsigned char *p = w->data;
+  int64_t cols = w->cols;
+  switch (w->dtype) {
+  case ST_W_F32: return (const float *)w->data + r * cols;
+  case ST_W_FP8_E4M3:
+    for (int64_t c0 = 0; c0 < cols; c0 += w->block[1]) {
+      int64_t c1 = ST_MIN(c0 + w->block[1], cols);
+      float scale = st_wscale_at(w, r, c0);
+      for (int64_t c = c0; c < c1; c++) buf[c] = fp8_table[p[r * cols + c]] * scale;
+    }
+    return buf;
+  case ST_W_FP4_E2M1:
+    for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+      float scale = st_wscale_at(w, r, c0);
+      const unsigned char *q = p + r * (cols / 2) + c0 / 2;
+      for (int k = 0; k < 16; k++) {
+        buf[c0 + 2 * k] = fp4_table[q[k] & 0xf] * scale;
+        buf[c0 + 2 * k + 1] = fp4_table[q[k] >> 4] * scale;
+      }
+    }
+    return buf;
+  default:
+    st_weight_decode(w, r, 0, (int)cols, buf);
+    return buf;
+  }
 }
 
 /* The largest row a matmul decodes on the stack (V4-Pro's widest input is 16384). */
@@ -561,6 +593,8 @@ const st_backend_ops st_backend_cpu_ref_ops = {
 };
 
 st_status st_backend_cpu_ref_open(st_backend *out) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, build_tables);
   cpu_ref_ctx *c = calloc(1, sizeof *c);
   if (!c) return st_fail(ST_ENOMEM, "cpu-ref context");
 #ifdef _OPENMP
