@@ -48,7 +48,7 @@ size_t st_weight_scale_bytes(const st_weight *w) {
 
 /* Each backend's constructor (its own folder). */
 st_status st_backend_cpu_ref_open(st_backend *out);
-st_status st_backend_cpu_open(st_backend *out) __attribute__((weak));
+st_status st_backend_cpu_open(st_backend *out);
 #ifdef ST_WITH_CUDA
 st_status st_backend_cuda_open(st_backend *out);
 #endif
@@ -62,9 +62,7 @@ st_status st_backend_open(const char *name, st_backend *out) {
   memset(out, 0, sizeof *out);
   if (!name) name = ST_BACKEND_DEFAULT;
   if (!strcmp(name, "cpu-ref")) return st_backend_cpu_ref_open(out);
-  if (!strcmp(name, "cpu"))
-    return st_backend_cpu_open ? st_backend_cpu_open(out)
-                               : st_fail(ST_EUNSUPPORTED, "backend cpu is not built into this binary");
+  if (!strcmp(name, "cpu")) return st_backend_cpu_open(out);
   if (!strcmp(name, "cuda")) {
 #ifdef ST_WITH_CUDA
     return st_backend_cuda_open(out);
