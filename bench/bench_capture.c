@@ -38,7 +38,7 @@
 #include <curl/curl.h>
 #include <jansson.h>
 
-#include "recorder/capture.h"
+#include "recorder/capture/capture.h"
 
 static int64_t now_ns(void) {
   struct timespec ts;

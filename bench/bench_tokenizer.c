@@ -21,8 +21,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/pyjson.h"
-#include "engine/tokenizer.h"
+#include "engine/text/pyjson.h"
+#include "engine/text/tokenizer.h"
 
 static double now(void) {
   struct timespec t;

@@ -2,19 +2,32 @@
 ** cmd_bisect.c — `sparsetrace bisect`: which single setting change flips the needle verdict, and
 ** the first layer where it flips (replayer/bisect.c).
 */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "commands.h"
+#include "options.h"
 #include "replayer/bisect.h"
 #include "replayer/needle.h"
 
-static const char bisect_help[] =
-  "usage: sparsetrace bisect --trace T.h5 --model DIR --good K=V,... --bad K=V,...\n"
-  "                         (--needle TEXT | --needle-tokens A:B) [--json]\n"
-  "\n"
+static const st_opt_use bisect_options[] = {
+  {ST_OPT_TRACE, NULL, "the recorded run (run --tap 'layers.*.indexer.*')"},
+  {ST_OPT_MODEL, NULL, "its checkpoint directory (config.json; tokenizer.json for --needle)"},
+  {ST_OPT_GOOD, NULL, "the settings that keep the needle, over the recorded ones"},
+  {ST_OPT_BAD, NULL, "the settings that lose it"},
+  {ST_OPT_NEEDLE, NULL, "the needle's text, found in the trace's tokens with the model's\n"
+                        "tokenizer (tokenizer.json)"},
+  {ST_OPT_NEEDLE_TOKENS, NULL, "the needle's token span [A, B)"},
+  {ST_OPT_BACKEND, NULL, "compute backend of the replays: cpu-ref, cpu, cuda, hip (default: the\n"
+                         "one that recorded the trace)"},
+  {ST_OPT_JSON, NULL, "one JSON object: layers with both verdicts, changes, minimal set"},
+  {0}};
+
+static const st_cmd_spec bisect_spec = {
+  "bisect",
+  "sparsetrace bisect --trace T.h5 --model DIR --good K=V,... --bad K=V,...\n"
+  "                         (--needle TEXT | --needle-tokens A:B) [--json]\n",
   "Explains a lost needle by settings. For every CSA layer it counts the answer positions at which\n"
   "the needle's best compressed row is in the indexer's top-k: the last prompt position (its query\n"
   "emits the answer's first token) and the generated ones after it, as many positions in all as\n"
@@ -26,48 +39,46 @@ static const char bisect_help[] =
   "does under bad, which brings it back), tries every differing setting alone, and prints the\n"
   "minimal explanation, e.g.\n"
   "  rotate=q alone loses the needle at layer 5 (...); removing q (rotate=none) restores it\n"
-  "The trace must hold layers.N.indexer.{q,k,weights} of every CSA layer (run --tap 'layers.*.indexer.*').\n"
-  "\n"
-  "Exit status: 0 when a flip was explained, 1 on error or when no layer flips, 2 usage.\n";
+  "The trace must hold layers.N.indexer.{q,k,weights} of every CSA layer (run --tap 'layers.*.indexer.*').\n",
+  bisect_options,
+  "Exit status: 0 when a flip was explained, 1 on error or when no layer flips, 2 usage.\n"};
 
 int st_cmd_bisect(int argc, char **argv) {
-  enum { O_TRACE = 256, O_MODEL, O_GOOD, O_BAD, O_NEEDLE, O_JSON, O_HELP, O_NEEDLE_TEXT };
-  static const struct option options[] = {
-    {"trace", required_argument, 0, O_TRACE}, {"model", required_argument, 0, O_MODEL},
-    {"good", required_argument, 0, O_GOOD}, {"bad", required_argument, 0, O_BAD},
-    {"needle-tokens", required_argument, 0, O_NEEDLE}, {"json", no_argument, 0, O_JSON},
-    {"help", no_argument, 0, O_HELP}, {"needle", required_argument, 0, O_NEEDLE_TEXT}, {0, 0, 0, 0}};
   const char *needle_text = NULL;
-  const char *trace = NULL, *model = NULL, *good = NULL, *bad = NULL;
-  int64_t a = 0, b = 0;
-  int json = 0;
-  optind = 1;
-  opterr = 0;
+  st_bisect_request req = {0};
   int c;
-  while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
+  st_opts o;
+  st_opts_init(&o, &bisect_spec, argc, argv);
+  while ((c = st_opts_next(&o)) > 0) {
     switch (c) {
-    case O_TRACE: trace = optarg; break;
-    case O_MODEL: model = optarg; break;
-    case O_GOOD: good = optarg; break;
-    case O_BAD: bad = optarg; break;
-    case O_NEEDLE:
-      if (st_cli_parse_span(optarg, &a, &b)) { fprintf(stderr, "sparsetrace bisect: --needle-tokens '%s': expected A:B\n", optarg); return 2; }
+    case ST_OPT_TRACE: req.trace_path = o.arg; break;
+    case ST_OPT_GOOD: req.good = o.arg; break;
+    case ST_OPT_BAD: req.bad = o.arg; break;
+    case ST_OPT_NEEDLE_TOKENS:
+      if (st_opt_span(o.name, o.arg, &req.needle_start, &req.needle_end)) st_opts_fail(&o), c = ST_OPTS_EXIT;
       break;
-    case O_NEEDLE_TEXT: needle_text = optarg; break;
-    case O_JSON: json = 1; break;
-    case 'h': case O_HELP: printf("%s", bisect_help); return 0;
-    default: fprintf(stderr, "sparsetrace bisect: unknown or incomplete option '%s'\n\n%s", argv[optind - 1], bisect_help); return 2;
+    case ST_OPT_NEEDLE: needle_text = o.arg; break;
+    default: st_opts_error(&o, "unexpected argument '%s'", o.arg), c = ST_OPTS_EXIT;
     }
+    if (c == ST_OPTS_EXIT) break;
   }
-  if (needle_text && trace && model && st_needle_locate_in_trace(model, trace, needle_text, &a, &b))
-    return st_cli_report_error("bisect");
-  if (!trace || !model || !good || !bad || b <= a || optind < argc) {
-    fprintf(stderr, "sparsetrace bisect: --trace, --model, --good, --bad and --needle-tokens are required\n\n%s", bisect_help);
+  req.model_dir = o.model;
+  req.backend = o.backend;
+  int json = o.json;
+  st_opts_free(&o);
+  if (c == ST_OPTS_EXIT) return o.exit_code;
+  if (!req.trace_path || !req.model_dir || !req.good || !req.bad || (!needle_text && req.needle_end <= req.needle_start)) {
+    fprintf(stderr, "sparsetrace bisect: --trace, --model, --good, --bad and --needle or --needle-tokens are required\n"
+                    "(sparsetrace bisect --help lists the options)\n");
     return 2;
   }
+  if (st_opts_backend_available(req.backend)) return st_cli_report_error("bisect");
+  if (needle_text &&
+      st_needle_locate_in_trace(req.model_dir, req.trace_path, needle_text, &req.needle_start, &req.needle_end))
+    return st_cli_report_error("bisect");
   st_bisect_report *r = calloc(1, sizeof *r);
   if (!r) return 1;
-  if (st_bisect_run(trace, model, good, bad, a, b, r)) {
+  if (st_bisect_run(&req, r)) {
     free(r);
     return st_cli_report_error("bisect");
   }

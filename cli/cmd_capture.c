@@ -12,7 +12,6 @@
 */
 #include <curl/curl.h>
 #include <errno.h>
-#include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -21,53 +20,55 @@
 #include <time.h>
 
 #include "commands.h"
+#include "options.h"
 #include "common/base.h"
-#include "recorder/capture.h"
+#include "recorder/capture/capture.h"
 #include "recorder/recorder.h"
 
-static const char *usage_text =
-  "usage: sparsetrace capture --upstream URL [--listen HOST:PORT] [--store DIR] [options]\n"
-  "\n"
+static const st_opt_use capture_options[] = {
+  {ST_OPT_UPSTREAM, NULL, "the real server, e.g. https://api.anthropic.com or http://gpu:30000"},
+  {ST_OPT_LISTEN, NULL, "where to listen (default 127.0.0.1:8787; port 0 picks a free one).\n"
+                        "Binds to loopback unless given another address."},
+  {ST_OPT_STORE, NULL, "trace store (default ./" ST_DEFAULT_STORE "); requests go to DIR/index.sqlite"},
+  {ST_OPT_UPSTREAM_PROXY, NULL, "reach the upstream through this HTTP proxy; 'none' for no proxy\n"
+                                "(default: curl's http_proxy/https_proxy/no_proxy environment)"},
+  {ST_OPT_THREADS, NULL, "most exchanges at once, 1..1024 (default 256); more wait in a queue"},
+  {ST_OPT_MAX_BODY, NULL, "larger request bodies get 413 (default 32M)"},
+  {ST_OPT_RECORD_MAX, NULL, "response bytes recorded per request; relaying goes on (default 256M)"},
+  {ST_OPT_INLINE_MAX, NULL, "bodies above this are stored in files beside the index (default 1M)"},
+  {ST_OPT_CONNECT_TIMEOUT, NULL, "upstream connect timeout in seconds (default 10)"},
+  {ST_OPT_IDLE_TIMEOUT, NULL, "upstream silent this long -> 504 or stream error event (default 600)"},
+  {ST_OPT_GRACE, NULL, "on SIGINT/SIGTERM, let in-flight exchanges finish for S seconds\n"
+                       "before cutting them (default 5); a second signal cuts at once"},
+  {ST_OPT_ASK_PROMPT_IDS, NULL,
+   "sglang | vllm (default: off). CHANGES THE FORWARDED REQUEST BODY: adds\n"
+   "the engine's own field that makes it return the prompt token ids it\n"
+   "ran -- sglang: \"return_prompt_token_ids\": true on /v1/chat/completions\n"
+   "(not on streaming ones, which sglang refuses), \"return_token_ids\": true\n"
+   "on /v1/completions; vllm: \"return_token_ids\": true on both. The server\n"
+   "then also adds token id fields to its answer, which the client gets\n"
+   "unchanged. The record keeps the body as the client sent it, notes the\n"
+   "added field (request.modified) and stores the ids (prompt_token_ids),\n"
+   "which `sparsetrace run --request` then replays verbatim. /v1/messages\n"
+   "and /v1/responses are forwarded unchanged (no engine returns ids there)."},
+  {ST_OPT_READY_FILE, NULL, "once listening, write the proxy's URL to FILE (for scripts)"},
+  {ST_OPT_QUIET, NULL, "no per-request log lines"},
+  {0}};
+
+static const st_cmd_spec capture_spec = {
+  "capture", "sparsetrace capture --upstream URL [--listen HOST:PORT] [--store DIR] [options]\n",
   "An HTTP proxy between an LLM client and its server that records every request and response\n"
   "(streams included, credentials redacted) into the trace store. Point the client at it:\n"
   "  ANTHROPIC_BASE_URL=http://127.0.0.1:8787        (Claude-Code-style clients, /v1/messages)\n"
   "  OPENAI_BASE_URL=http://127.0.0.1:8787/v1        (OpenAI SDKs: chat, completions, responses)\n"
-  "then browse what it saw with `sparsetrace requests list`.\n"
-  "\n"
-  "options:\n"
-  "  --upstream URL        the real server, e.g. https://api.anthropic.com or http://gpu:30000\n"
-  "  --listen HOST:PORT    where to listen (default 127.0.0.1:8787; port 0 picks a free one).\n"
-  "                        Binds to loopback unless given another address.\n"
-  "  --store DIR           trace store (default ./" ST_DEFAULT_STORE "); requests go to DIR/index.sqlite\n"
-  "  --upstream-proxy URL  reach the upstream through this HTTP proxy; 'none' for no proxy\n"
-  "                        (default: curl's http_proxy/https_proxy/no_proxy environment)\n"
-  "  --threads N           most exchanges at once (default 256); more wait in a queue\n"
-  "  --max-body SIZE       larger request bodies get 413 (default 32M)\n"
-  "  --record-max SIZE     response bytes recorded per request; relaying goes on (default 256M)\n"
-  "  --inline-max SIZE     bodies above this are stored in files beside the index (default 1M)\n"
-  "  --connect-timeout S   upstream connect timeout in seconds (default 10)\n"
-  "  --idle-timeout S      upstream silent this long -> 504 or stream error event (default 600)\n"
-  "  --grace S             on SIGINT/SIGTERM, let in-flight exchanges finish for S seconds\n"
-  "                        before cutting them (default 5); a second signal cuts at once\n"
-  "  --ask-prompt-ids ENGINE\n"
-  "                        sglang | vllm (default: off). CHANGES THE FORWARDED REQUEST BODY: adds\n"
-  "                        the engine's own field that makes it return the prompt token ids it\n"
-  "                        ran -- sglang: \"return_prompt_token_ids\": true on /v1/chat/completions\n"
-  "                        (not on streaming ones, which sglang refuses), \"return_token_ids\": true\n"
-  "                        on /v1/completions; vllm: \"return_token_ids\": true on both. The server\n"
-  "                        then also adds token id fields to its answer, which the client gets\n"
-  "                        unchanged. The record keeps the body as the client sent it, notes the\n"
-  "                        added field (request.modified) and stores the ids (prompt_token_ids),\n"
-  "                        which `sparsetrace run --request` then replays verbatim. /v1/messages\n"
-  "                        and /v1/responses are forwarded unchanged (no engine returns ids there).\n"
-  "  --ready-file FILE     once listening, write the proxy's URL to FILE (for scripts)\n"
-  "  -q, --quiet           no per-request log lines\n"
-  "  -h, --help            this text\n"
-  "\n"
+  "then browse what it saw with `sparsetrace requests list`.\n",
+  capture_options,
   "SIZE takes K, M or G suffixes (powers of 1024). Credentials (Authorization, x-api-key,\n"
   "api-key, cookies, proxy credentials, key=/token= query parameters) are forwarded to the\n"
   "upstream and never written to the store or the log. Accept-Encoding is sent upstream as\n"
-  "'identity' so that streams are recorded as plaintext.\n";
+  "'identity' so that streams are recorded as plaintext.\n"
+  "\n"
+  "Exit status: 0 after a clean shutdown, 1 on failure, 2 usage error.\n"};
 
 static int quiet;
 
@@ -88,7 +89,7 @@ static int parse_size(const char *s, size_t *out) {
   else if (*end == 'M' || *end == 'm') mul = 1024.0 * 1024, end++;
   else if (*end == 'G' || *end == 'g') mul = 1024.0 * 1024 * 1024, end++;
   if (*end == 'B' || *end == 'b') end++;
-  if (*end) return -1;
+  if (*end || v * mul > 1e15) return -1; /* a petabyte: past any body, and exact in a double */
   *out = (size_t)(v * mul);
   return 0;
 }
@@ -118,64 +119,49 @@ static void *stop_main(void *arg) {
 }
 
 int st_cmd_capture(int argc, char **argv) {
-  static const struct option options[] = {
-    {"upstream", required_argument, NULL, 'u'},
-    {"listen", required_argument, NULL, 'l'},
-    {"store", required_argument, NULL, 's'},
-    {"upstream-proxy", required_argument, NULL, 'P'},
-    {"threads", required_argument, NULL, 't'},
-    {"max-body", required_argument, NULL, 'B'},
-    {"record-max", required_argument, NULL, 'R'},
-    {"inline-max", required_argument, NULL, 'I'},
-    {"connect-timeout", required_argument, NULL, 'C'},
-    {"idle-timeout", required_argument, NULL, 'T'},
-    {"grace", required_argument, NULL, 'g'},
-    {"ready-file", required_argument, NULL, 'r'},
-    {"ask-prompt-ids", required_argument, NULL, 'A'},
-    {"quiet", no_argument, NULL, 'q'},
-    {"help", no_argument, NULL, 'h'},
-    {NULL, 0, NULL, 0},
-  };
   st_capture_config cfg;
   st_capture_config_init(&cfg);
   cfg.log = log_line;
-  int grace_ms = 5000, opt, index = 0;
+  int grace_ms = 5000, c;
   const char *ready_file = NULL;
-  quiet = 0;
-  optind = 0;
-  while ((opt = getopt_long(argc, argv, "+qh", options, &index)) != -1) {
+  st_opts o;
+  st_opts_init(&o, &capture_spec, argc, argv);
+  while ((c = st_opts_next(&o)) > 0) {
     int bad = 0;
-    switch (opt) {
-    case 'u': cfg.upstream = optarg; break;
-    case 'l': cfg.listen = optarg; break;
-    case 's': cfg.store_dir = optarg; break;
-    case 'P': cfg.upstream_proxy = !strcmp(optarg, "none") ? "" : optarg; break;
-    case 't': cfg.threads = atoi(optarg); bad = cfg.threads <= 0 || cfg.threads > 10000; break;
-    case 'B': bad = parse_size(optarg, &cfg.max_request_bytes) || !cfg.max_request_bytes; break;
-    case 'R': bad = parse_size(optarg, &cfg.max_record_bytes) || !cfg.max_record_bytes; break;
-    case 'I': bad = parse_size(optarg, &cfg.inline_max_bytes) || !cfg.inline_max_bytes; break;
-    case 'C': bad = parse_seconds_ms(optarg, &cfg.connect_timeout_ms) || !cfg.connect_timeout_ms; break;
-    case 'T': bad = parse_seconds_ms(optarg, &cfg.idle_timeout_ms) || !cfg.idle_timeout_ms; break;
-    case 'g': bad = parse_seconds_ms(optarg, &grace_ms); break;
-    case 'r': ready_file = optarg; break;
-    case 'A':
-      if (st_capture_prompt_ids_parse(optarg, &cfg.ask_prompt_ids)) return st_cli_report_error("capture") + 1;
+    switch (c) {
+    case ST_OPT_UPSTREAM: cfg.upstream = o.arg; break;
+    case ST_OPT_LISTEN: cfg.listen = o.arg; break;
+    case ST_OPT_UPSTREAM_PROXY: cfg.upstream_proxy = !strcmp(o.arg, "none") ? "" : o.arg; break;
+    case ST_OPT_MAX_BODY: bad = parse_size(o.arg, &cfg.max_request_bytes) || !cfg.max_request_bytes; break;
+    case ST_OPT_RECORD_MAX: bad = parse_size(o.arg, &cfg.max_record_bytes) || !cfg.max_record_bytes; break;
+    case ST_OPT_INLINE_MAX: bad = parse_size(o.arg, &cfg.inline_max_bytes) || !cfg.inline_max_bytes; break;
+    case ST_OPT_CONNECT_TIMEOUT: bad = parse_seconds_ms(o.arg, &cfg.connect_timeout_ms) || !cfg.connect_timeout_ms; break;
+    case ST_OPT_IDLE_TIMEOUT: bad = parse_seconds_ms(o.arg, &cfg.idle_timeout_ms) || !cfg.idle_timeout_ms; break;
+    case ST_OPT_GRACE: bad = parse_seconds_ms(o.arg, &grace_ms); break;
+    case ST_OPT_READY_FILE: ready_file = o.arg; break;
+    case ST_OPT_ASK_PROMPT_IDS:
+      if (st_capture_prompt_ids_parse(o.arg, &cfg.ask_prompt_ids)) {
+        st_opts_fail(&o);
+        c = ST_OPTS_EXIT;
+      }
       break;
-    case 'q': quiet = 1; break;
-    case 'h': fputs(usage_text, stdout); return 0;
-    default: fputs(usage_text, stderr); return 2;
+    default:
+      st_opts_error(&o, "unexpected argument '%s'", o.arg);
+      c = ST_OPTS_EXIT;
     }
     if (bad) {
-      fprintf(stderr, "sparsetrace capture: bad value '%s' for --%s\n", optarg, options[index].name);
-      return 2;
+      st_opts_error(&o, "bad value '%s' for --%s", o.arg, o.name);
+      c = ST_OPTS_EXIT;
     }
+    if (c == ST_OPTS_EXIT) break;
   }
-  if (optind < argc) {
-    fprintf(stderr, "sparsetrace capture: unexpected argument '%s'\n\n%s", argv[optind], usage_text);
-    return 2;
-  }
+  if (o.store) cfg.store_dir = o.store;
+  if (o.threads) cfg.threads = o.threads;
+  quiet = o.quiet;
+  st_opts_free(&o);
+  if (c == ST_OPTS_EXIT) return o.exit_code;
   if (!cfg.upstream) {
-    fprintf(stderr, "sparsetrace capture: --upstream URL is required\n\n%s", usage_text);
+    fprintf(stderr, "sparsetrace capture: --upstream URL is required\n(sparsetrace capture --help lists the options)\n");
     return 2;
   }
 

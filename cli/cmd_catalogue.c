@@ -3,17 +3,33 @@
 #include <string.h>
 
 #include "commands.h"
+#include "options.h"
 #include "schemas/catalogue.h"
 
-static int wants_json(int argc, char **argv, const char *help) {
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--json")) return 1;
-    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      printf("%s", help);
-      return -1;
+static const st_opt_use json_only[] = {{ST_OPT_JSON, NULL, "one JSON array of objects"}, {0}};
+
+static const st_cmd_spec taps_spec = {
+  "taps", "sparsetrace taps [--json]\n",
+  "Lists every tap name (schemas/taps.def) in forward order; <i> is the layer.\n", json_only, NULL};
+
+static const st_cmd_spec settings_spec = {
+  "settings", "sparsetrace settings [--json]\n",
+  "Lists every setting accepted by --set key=value (schemas/settings.def).\n", json_only, NULL};
+
+/* 1 with --json, 0 without, -1 - exit code when the command must stop (help, usage error). */
+static int wants_json(const st_cmd_spec *spec, int argc, char **argv) {
+  st_opts o;
+  int c;
+  st_opts_init(&o, spec, argc, argv);
+  while ((c = st_opts_next(&o)) > 0)
+    if (c == ST_OPT_POSITIONAL) {
+      st_opts_error(&o, "unexpected argument '%s'", o.arg);
+      c = ST_OPTS_EXIT;
+      break;
     }
-  }
-  return 0;
+  int json = c == ST_OPTS_EXIT ? -1 - o.exit_code : o.json;
+  st_opts_free(&o);
+  return json;
 }
 
 static void json_string(const char *s) {
@@ -26,10 +42,8 @@ static void json_string(const char *s) {
 }
 
 int st_cmd_taps(int argc, char **argv) {
-  int json = wants_json(argc, argv,
-                        "usage: sparsetrace taps [--json]\n\nLists every tap name (schemas/taps.def)"
-                        " in forward order; <i> is the layer.\n");
-  if (json < 0) return 0;
+  int json = wants_json(&taps_spec, argc, argv);
+  if (json < 0) return -1 - json;
   if (json) putchar('[');
   for (int i = 0; i < ST_TAP_COUNT; i++) {
     const st_tap_info *t = &st_tap_catalogue[i];
@@ -53,10 +67,8 @@ int st_cmd_taps(int argc, char **argv) {
 }
 
 int st_cmd_settings(int argc, char **argv) {
-  int json = wants_json(argc, argv,
-                        "usage: sparsetrace settings [--json]\n\nLists every setting accepted by "
-                        "--set key=value (schemas/settings.def).\n");
-  if (json < 0) return 0;
+  int json = wants_json(&settings_spec, argc, argv);
+  if (json < 0) return -1 - json;
   if (json) putchar('[');
   for (int i = 0; i < ST_SETTING_COUNT; i++) {
     const st_setting_info *s = &st_setting_catalogue[i];

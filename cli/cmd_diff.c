@@ -11,13 +11,26 @@
 #include <string.h>
 
 #include "commands.h"
+#include "options.h"
 #include "common/base.h"
 #include "recorder/trace_reader.h"
 #include "replayer/diff.h"
 
-static const char *usage_text =
-  "usage: sparsetrace diff A.h5 B.h5 [--tap GLOB]... [--tolerance RULES]... [--json] [--all]\n"
-  "\n"
+static const st_opt_use diff_options[] = {
+  {ST_OPT_TRACE, NULL, "a trace, instead of as an argument (twice: A, then B)"},
+  {ST_OPT_TAP, NULL, "compare only taps whose name or suffix matches (repeatable), e.g.\n"
+                     "--tap 'layers.*.indexer.*' --tap logits"},
+  {ST_OPT_TOLERANCE, NULL, "per-tap rules (repeatable; tried in the order given, first match\n"
+                           "wins, then the defaults), e.g.\n"
+                           "'indexer.topk=jaccard:0.9,indexer.scores=diff:1e-4,*=diff:1e-5'"},
+  {ST_OPT_ALL, NULL, "compare every tap (default: stop after the layer of the first\n"
+                     "divergence; later taps show as 'not compared')"},
+  {ST_OPT_JSON, NULL, "one JSON object: a, b (build, settings), tokens, first_divergence\n"
+                      "(null or {tap, layer, metric, value, threshold, position, ...}), taps"},
+  {0}};
+
+static const st_cmd_spec diff_spec = {
+  "diff", "sparsetrace diff A.h5 B.h5 [--tap GLOB]... [--tolerance RULES]... [--json] [--all]\n",
   "Compares two traces tap by tap in forward order (layer by layer in catalogue order, then\n"
   "logits) and reports the first tap that exceeds its tolerance, then a per-layer table.\n"
   "A and B may come from different builds, backends or settings; both are shown.\n"
@@ -29,20 +42,8 @@ static const char *usage_text =
   "are compared exactly: a prompt difference is the first divergence; a difference in the\n"
   "generated tokens is one when no tap diverges before it. Rows at or after the first\n"
   "differing token (compressed rows pooling such a token) are not compared: their inputs\n"
-  "differ, so they would only echo an earlier divergence.\n"
-  "\n"
-  "options:\n"
-  "  --tap GLOB         compare only taps whose name or suffix matches (repeatable), e.g.\n"
-  "                     --tap 'layers.*.indexer.*' --tap logits\n"
-  "  --tolerance RULES  per-tap rules (repeatable; tried in the order given, first match wins,\n"
-  "                     then the defaults), e.g.\n"
-  "                     'indexer.topk=jaccard:0.9,indexer.scores=diff:1e-4,*=diff:1e-5'\n"
-  "  --all              compare every tap (default: stop after the layer of the first\n"
-  "                     divergence; later taps show as 'not compared')\n"
-  "  --json             one JSON object: a, b (build, settings), tokens, first_divergence\n"
-  "                     (null or {tap, layer, metric, value, threshold, position, ...}), taps\n"
-  "  -h, --help         this text\n"
-  "\n"
+  "differ, so they would only echo an earlier divergence.\n",
+  diff_options,
   "RULES:  RULE[,RULE]...   RULE:  GLOB=METRIC[:THRESHOLD]\n"
   "  GLOB is a shell glob on the tap suffix (indexer.topk) or full name (layers.3.indexer.topk).\n"
   "  A rule applies only to taps its metric can measure (so '*=diff:1e-5' sets float taps).\n"
@@ -59,7 +60,7 @@ static const char *usage_text =
   "  Defaults: float taps diff:1e-6; index sets jaccard:1 (any differing set diverges);\n"
   "  other integer taps exact.\n"
   "\n"
-  "exit status: 0 no divergence, 1 something diverges, 2 usage error or unreadable trace.\n";
+  "exit status: 0 no divergence, 1 something diverges, 2 usage error or unreadable trace.\n"};
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -444,50 +445,38 @@ static int print_json(const st_trace *a, const st_trace *b, const st_diff_report
 
 int st_cmd_diff(int argc, char **argv) {
   const char *paths[2] = {NULL, NULL};
-  int n_paths = 0, json = 0, rc = 2;
+  int n_paths = 0, json = 0, rc = 2, c;
   st_diff_rules rules = {0};
-  const char **globs = calloc((size_t)argc + 1, sizeof *globs);
-  st_diff_options opt = {.tap_globs = globs, .rules = &rules};
+  st_opts o;
+  st_opts_init(&o, &diff_spec, argc, argv);
+  st_diff_options opt = {.tap_globs = o.taps, .rules = &rules};
   st_trace *a = NULL, *b = NULL;
   st_diff_report rep = {0};
-  if (!globs) {
-    fprintf(stderr, "sparsetrace diff: out of memory\n");
-    return 2;
-  }
-  for (int i = 1; i < argc; i++) {
-    const char *arg = argv[i];
-    if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-      fputs(usage_text, stdout);
-      rc = 0;
-      goto out;
-    } else if (!strcmp(arg, "--json")) {
-      json = 1;
-    } else if (!strcmp(arg, "--all")) {
-      opt.all = 1;
-    } else if (!strcmp(arg, "--tap") || !strcmp(arg, "--tolerance")) {
-      if (i + 1 >= argc) {
-        fprintf(stderr, "sparsetrace diff: %s needs a value\n\n%s", arg, usage_text);
+  while ((c = st_opts_next(&o)) > 0) {
+    switch (c) {
+    case ST_OPT_ALL: opt.all = 1; break;
+    case ST_OPT_TOLERANCE:
+      if (st_diff_rules_parse(&rules, o.arg)) {
+        st_opts_fail(&o);
         goto out;
       }
-      const char *v = argv[++i];
-      if (!strcmp(arg, "--tap")) {
-        globs[opt.n_tap_globs++] = v;
-      } else if (st_diff_rules_parse(&rules, v)) {
-        fprintf(stderr, "sparsetrace diff: %s\n", st_errmsg());
+      break;
+    default: /* ST_OPT_POSITIONAL, ST_OPT_TRACE */
+      if (n_paths == 2) {
+        st_opts_error(&o, "two traces, not more ('%s')", o.arg);
         goto out;
       }
-    } else if (arg[0] == '-' && arg[1]) {
-      fprintf(stderr, "sparsetrace diff: unknown option '%s'\n\n%s", arg, usage_text);
-      goto out;
-    } else if (n_paths == 2) {
-      fprintf(stderr, "sparsetrace diff: two traces, not more ('%s')\n", arg);
-      goto out;
-    } else {
-      paths[n_paths++] = arg;
+      paths[n_paths++] = o.arg;
     }
   }
+  if (c == ST_OPTS_EXIT) {
+    rc = o.exit_code;
+    goto out;
+  }
+  json = o.json;
+  opt.n_tap_globs = o.n_taps;
   if (n_paths != 2) {
-    fprintf(stderr, "sparsetrace diff: two traces needed\n\n%s", usage_text);
+    st_opts_error(&o, "two traces needed");
     goto out;
   }
   if (st_trace_open(paths[0], 0, &a) || st_trace_open(paths[1], 0, &b) ||
@@ -507,6 +496,6 @@ out:
   st_trace_close(a);
   st_trace_close(b);
   st_diff_rules_free(&rules);
-  free(globs);
+  st_opts_free(&o);
   return rc;
 }

@@ -16,24 +16,26 @@
 #include <sys/stat.h>
 
 #include "commands.h"
+#include "options.h"
 #include "common/base.h"
 #include "recorder/trace_reader.h"
 
-static const char *usage_text =
-  "usage: sparsetrace inspect TRACE.h5 [--json] [--partial]\n"
-  "\n"
+static const st_opt_use inspect_options[] = {
+  {ST_OPT_TRACE, NULL, "the trace (the same as giving it as the argument)"},
+  {ST_OPT_JSON, NULL, "one JSON object instead of text"},
+  {ST_OPT_PARTIAL, NULL, "open an unfinished recording (a .part file, or one without the complete\n"
+                         "mark) and show what it holds instead of refusing it"},
+  {0}};
+
+static const st_cmd_spec inspect_spec = {
+  "inspect", "sparsetrace inspect TRACE.h5 [--json] [--partial]\n",
   "Shows what a trace holds: run id, model, settings, build, tokens, every tap with its shape,\n"
   "dtype, what axis 0 counts (token position or compressed row) and summary statistics\n"
   "(count, NaN, inf, min, max, mean, rms over finite values; \"-\" where there are none, as in\n"
   "a recording that never finished), whether the file is complete, and per CSA layer whether\n"
   "the trace can feed `replay --stage indexer` (needs indexer.q, indexer.k, indexer.weights)\n"
-  "and `--stage layer|rest` (needs layers.N.input).\n"
-  "\n"
-  "options:\n"
-  "  --json      one JSON object instead of text\n"
-  "  --partial   open an unfinished recording (a .part file, or one without the complete mark)\n"
-  "              and show what it holds instead of refusing it\n"
-  "  -h, --help  this text\n";
+  "and `--stage layer|rest` (needs layers.N.input).\n",
+  inspect_options, "Exit status: 0 shown, 1 unreadable trace, 2 usage error.\n"};
 
 /* ---------------------------------------------------------------- CSA layers */
 
@@ -293,27 +295,25 @@ static int print_json(const st_trace *t, long long file_bytes, const readiness *
 
 int st_cmd_inspect(int argc, char **argv) {
   const char *path = NULL;
-  int json = 0, partial = 0;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      fputs(usage_text, stdout);
-      return 0;
-    } else if (!strcmp(argv[i], "--json")) {
-      json = 1;
-    } else if (!strcmp(argv[i], "--partial")) {
+  int json = 0, partial = 0, c;
+  st_opts o;
+  st_opts_init(&o, &inspect_spec, argc, argv);
+  while ((c = st_opts_next(&o)) > 0) {
+    if (c == ST_OPT_PARTIAL) {
       partial = 1;
-    } else if (argv[i][0] == '-' && argv[i][1]) {
-      fprintf(stderr, "sparsetrace inspect: unknown option '%s'\n\n%s", argv[i], usage_text);
-      return 2;
-    } else if (path) {
-      fprintf(stderr, "sparsetrace inspect: one trace at a time ('%s' and '%s')\n", path, argv[i]);
-      return 2;
+    } else if (path) { /* ST_OPT_POSITIONAL, ST_OPT_TRACE */
+      st_opts_error(&o, "one trace at a time ('%s' and '%s')", path, o.arg);
+      c = ST_OPTS_EXIT;
+      break;
     } else {
-      path = argv[i];
+      path = o.arg;
     }
   }
+  json = o.json;
+  st_opts_free(&o);
+  if (c == ST_OPTS_EXIT) return o.exit_code;
   if (!path) {
-    fprintf(stderr, "sparsetrace inspect: no trace given\n\n%s", usage_text);
+    fprintf(stderr, "sparsetrace inspect: no trace given\n(sparsetrace inspect --help lists the options)\n");
     return 2;
   }
   st_trace *t = NULL;

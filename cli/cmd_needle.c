@@ -3,23 +3,19 @@
 ** `sparsetrace needle sweep` (the recall grid against the engine or a server, with its table).
 */
 #define _GNU_SOURCE
-#include <getopt.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "commands.h"
-#include "engine/needle_prompt.h"
-#include "engine/pyjson.h"
-#include "engine/tokenizer.h"
+#include "options.h"
+#include "needle/needle_prompt.h"
+#include "engine/text/pyjson.h"
+#include "engine/text/tokenizer.h"
 #include "recorder/recorder.h"
-#include "replayer/harness.h"
+#include "needle/harness.h"
 
 static const char needle_help[] =
   "usage: sparsetrace needle make  --tokens N --position P --seed S [options]\n"
@@ -29,34 +25,69 @@ static const char needle_help[] =
   "realistic coding-agent request, and a final question asking for it verbatim.\n"
   "'sparsetrace needle make --help' and 'sparsetrace needle sweep --help' list the options.\n";
 
-static const char make_help[] =
-  "usage: sparsetrace needle make --tokens N --position P --seed S [options]\n"
-  "\n"
+static const st_opt_use make_options[] = {
+  {ST_OPT_TOKENS, NULL, "prompt size in tokens (2048, 2k, 1.5k; k = 1024)"},
+  {ST_OPT_POSITION, NULL, NULL},
+  {ST_OPT_SEED, NULL, "seed (the needle depends on seed and kind only)"},
+  {ST_OPT_KIND, NULL, "path (default: 'Working directory: /home/dev/...'), host, key, number"},
+  {ST_OPT_FORMAT, NULL, "anthropic (default), openai-chat, openai-responses"},
+  {ST_OPT_MODEL, NULL, "directory with tokenizer.json for exact sizes"},
+  {ST_OPT_RENDER, NULL, "rendering used for sizing: reference (default), sglang, vllm, atom"},
+  {ST_OPT_THINKING, NULL, "ask for thinking / chat mode in the request (default: say nothing)"},
+  {ST_OPT_MODEL_NAME, NULL, "the request's \"model\" (default deepseek-v4)"},
+  {ST_OPT_MAX_NEW_TOKENS, NULL, "the request's output limit, 1 to 1000000 (default 256)"},
+  {ST_OPT_OUT, NULL, "write the request there instead of stdout"},
+  {ST_OPT_META, NULL, "write {needle, expected, tokens, position, ...} as JSON there"},
+  {ST_OPT_QUIET, NULL, "no summary on stderr"},
+  {0}};
+
+static const st_cmd_spec make_spec = {
+  "needle make", "sparsetrace needle make --tokens N --position P --seed S [options]\n",
   "Writes a coding-agent request (system prompt with rules and an environment section, tool\n"
   "definitions with JSON schemas, a task, rounds of tool calls and results, a summary) with one\n"
   "needle line at fraction P of the rendered prompt and a final question asking for that line\n"
   "verbatim. Same options, same bytes. The prompt is rendered with the DeepSeek-V4 encoding and\n"
   "sized with the tokenizer of --model DIR (tokenizer.json); without one, 3.25 bytes per token is\n"
-  "assumed (said on stderr). The needle line and its expected answer go to stderr or --meta.\n"
-  "\n"
-  "  --tokens N          prompt size in tokens (2048, 2k, 1.5k; k = 1024)\n"
-  "  --position P        where the needle goes, a fraction of the prompt in [0, 1]\n"
-  "  --seed S            seed (the needle depends on seed and kind only)\n"
-  "  --kind K            path (default: 'Working directory: /home/dev/...'), host, key, number\n"
-  "  --format F          anthropic (default), openai-chat, openai-responses\n"
-  "  --model DIR         directory with tokenizer.json for exact sizes\n"
-  "  --render PROFILE    rendering used for sizing: reference (default), sglang, vllm, atom\n"
-  "  --thinking on|off   ask for thinking / chat mode in the request (default: say nothing)\n"
-  "  --model-name NAME   the request's \"model\" (default deepseek-v4)\n"
-  "  --max-tokens N      the request's output limit (default 256)\n"
-  "  --out FILE          write the request there instead of stdout\n"
-  "  --meta FILE         write {needle, expected, tokens, position, ...} as JSON there\n"
-  "  --quiet             no summary on stderr\n";
+  "assumed (said on stderr). The needle line and its expected answer go to stderr or --meta.\n",
+  make_options, "Exit status: 0 written, 1 on error, 2 usage error.\n"};
 
-static const char sweep_help[] =
-  "usage: sparsetrace needle sweep (--model DIR | --endpoint URL [--api anthropic|openai|responses])\n"
-  "                                [--tokens LIST] [--positions LIST] [--seeds N] [options]\n"
-  "\n"
+static const st_opt_use sweep_options[] = {
+  {ST_OPT_MODEL, NULL, "engine checkpoint; its tokenizer.json renders the prompts"},
+  {ST_OPT_TOKENIZER, NULL, "tokenizer.json to use instead (engine), or for exact sizes (server)"},
+  {ST_OPT_ENDPOINT, NULL, "server base URL (http://host:8000, .../v1, or the full endpoint)"},
+  {ST_OPT_API, NULL, "server API: openai (default, /v1/chat/completions), anthropic\n"
+                     "(/v1/messages), responses (/v1/responses). Key: $ST_API_KEY, else\n"
+                     "$ANTHROPIC_API_KEY / $OPENAI_API_KEY"},
+  {ST_OPT_MODEL_NAME, NULL, "the requests' \"model\" (default: model dir name, or deepseek-v4)"},
+  {ST_OPT_SET, NULL, "engine setting (repeatable; 'sparsetrace settings'); for a server,\n"
+                     "recorded with each attempt as a label (the server is not changed)"},
+  {ST_OPT_TOKENS, "LIST", "context lengths (default 2k,4k,8k; k = 1024)"},
+  {ST_OPT_POSITIONS, "LIST", "needle fractions (default 0.25,0.55,0.8,0.97); the tap positions of\n"
+                             "the engine's runs are --tap-positions"},
+  {ST_OPT_SEEDS, NULL, "seeds per cell, 1 to 10000 (default 3), starting at --first-seed (default 1)"},
+  {ST_OPT_FIRST_SEED, NULL, NULL},
+  {ST_OPT_KIND, NULL, "path (default), host, key, number"},
+  {ST_OPT_FORMAT, NULL, "engine request format: openai-chat (default), anthropic,\n"
+                        "openai-responses (a server gets the format of its --api)"},
+  {ST_OPT_RENDER, NULL, "engine rendering: reference (default), sglang, vllm, atom"},
+  {ST_OPT_THINKING, "on|off|server", "chat mode (off, default), thinking mode (on), or leave it to\n"
+                                     "the server / render profile default (server)"},
+  {ST_OPT_MAX_NEW_TOKENS, NULL, "tokens generated / max_tokens of the request, 1 to 1000000\n"
+                                "(default 64)"},
+  {ST_OPT_TAP_POSITIONS, NULL, "engine: positions recorded for the indexer taps: last (default:\n"
+                               "the last prompt token and every generated one), all, or A:B"},
+  {ST_OPT_THREADS, NULL, "engine OpenMP threads, 1..1024"},
+  {ST_OPT_BACKEND, NULL, "engine compute backend: cpu-ref (default), cpu, cuda, hip"},
+  {ST_OPT_TIMEOUT, NULL, "server: seconds per request (default 600)"},
+  {ST_OPT_STORE, NULL, "trace store (default ./traces)"},
+  {ST_OPT_JSON, NULL, "print the sweep as JSON (cells and attempts)"},
+  {ST_OPT_QUIET, NULL, "no progress lines on stderr"},
+  {0}};
+
+static const st_cmd_spec sweep_spec = {
+  "needle sweep",
+  "sparsetrace needle sweep (--model DIR | --endpoint URL [--api anthropic|openai|responses])\n"
+  "                                [--tokens LIST] [--positions LIST] [--seeds N] [options]\n",
   "Runs the recall grid: for each context length, needle position and seed, a request from\n"
   "'needle make' goes to the reference engine (--model) or to a live server (--endpoint; POST,\n"
   "non-streaming, temperature 0). An attempt passes when the answer contains the needle's value\n"
@@ -64,37 +95,10 @@ static const char sweep_help[] =
   "attempt in STORE/index.sqlite (table needle_attempts, view needle_sweep_cells). Against the\n"
   "engine each attempt is also a recorded run: indexer taps armed, trace in STORE/runs/, the\n"
   "needle's token span and its per-layer verdicts in needles / needle_verdicts, so a failing cell\n"
-  "is one 'sparsetrace replay --trace' away.\n"
-  "\n"
-  "  --model DIR            engine checkpoint; its tokenizer.json renders the prompts\n"
-  "  --tokenizer DIR        tokenizer.json to use instead (engine), or for exact sizes (server)\n"
-  "  --endpoint URL         server base URL (http://host:8000, .../v1, or the full endpoint)\n"
-  "  --api A                server API: openai (default, /v1/chat/completions), anthropic\n"
-  "                         (/v1/messages), responses (/v1/responses). Key: $ST_API_KEY, else\n"
-  "                         $ANTHROPIC_API_KEY / $OPENAI_API_KEY\n"
-  "  --model-name NAME      the requests' \"model\" (default: model dir name, or deepseek-v4)\n"
-  "  --set KEY=VALUE        engine setting (repeatable; 'sparsetrace settings'); for a server,\n"
-  "                         recorded with each attempt as a label (the server is not changed)\n"
-  "  --tokens LIST          context lengths (default 2k,4k,8k; k = 1024)\n"
-  "  --positions LIST       needle fractions (default 0.25,0.55,0.8,0.97)\n"
-  "  --seeds N              seeds per cell (default 3), starting at --first-seed (default 1)\n"
-  "  --kind K               path (default), host, key, number\n"
-  "  --format F             engine request format: openai-chat (default), anthropic,\n"
-  "                         openai-responses (a server gets the format of its --api)\n"
-  "  --render PROFILE       engine rendering: reference (default), sglang, vllm, atom\n"
-  "  --thinking on|off|server  chat mode (off, default), thinking mode (on), or leave it to\n"
-  "                         the server / render profile default (server)\n"
-  "  --max-new-tokens N     tokens generated / max_tokens of the request (default 64)\n"
-  "  --tap-positions SPEC   engine: positions recorded for the indexer taps: last (default:\n"
-  "                         the last prompt token and every generated one), all, or A:B\n"
-  "  --threads N            engine OpenMP threads\n"
-  "  --timeout S            server: seconds per request (default 600)\n"
-  "  --store DIR            trace store (default ./traces)\n"
-  "  --json                 print the sweep as JSON (cells and attempts)\n"
-  "  --quiet                no progress lines on stderr\n"
-  "\n"
+  "is one 'sparsetrace replay --trace' away.\n",
+  sweep_options,
   "Exit status: 0 when every attempt ran (whatever it recalled), 1 when some could not be made\n"
-  "(their error is stored and counted in the table as '*'), 2 for usage errors.\n";
+  "(their error is stored and counted in the table as '*'), 2 for usage errors.\n"};
 
 /* "2048", "2k", "1.5k" (k = 1024, m = 1024^2). */
 static int parse_count(const char *s, int64_t *out) {
@@ -122,13 +126,6 @@ static int on_off(const char *s, int *out) {
   return -1;
 }
 
-static int usage_error(const char *sub, const char *fmt, const char *arg) {
-  fprintf(stderr, "sparsetrace needle %s: ", sub);
-  fprintf(stderr, fmt, arg);
-  fprintf(stderr, "\n");
-  return 2;
-}
-
 /* ---------------------------------------------------------------- make */
 
 static st_status write_text_file(const char *path, const char *text, size_t len) {
@@ -140,71 +137,62 @@ static st_status write_text_file(const char *path, const char *text, size_t len)
 }
 
 static int cmd_make(int argc, char **argv) {
-  enum { O_TOKENS = 256, O_POSITION, O_SEED, O_KIND, O_FORMAT, O_MODEL, O_RENDER, O_THINKING, O_MODEL_NAME,
-         O_MAX_TOKENS, O_OUT, O_META, O_QUIET, O_HELP };
-  static const struct option options[] = {
-    {"tokens", required_argument, 0, O_TOKENS}, {"position", required_argument, 0, O_POSITION},
-    {"seed", required_argument, 0, O_SEED}, {"kind", required_argument, 0, O_KIND},
-    {"format", required_argument, 0, O_FORMAT}, {"model", required_argument, 0, O_MODEL},
-    {"render", required_argument, 0, O_RENDER}, {"thinking", required_argument, 0, O_THINKING},
-    {"model-name", required_argument, 0, O_MODEL_NAME}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
-    {"out", required_argument, 0, O_OUT}, {"meta", required_argument, 0, O_META},
-    {"quiet", no_argument, 0, O_QUIET}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
   st_needle_spec sp;
   st_needle_spec_default(&sp);
-  const char *model = NULL, *out_path = NULL, *meta_path = NULL;
-  int have_tokens = 0, have_position = 0, have_seed = 0, quiet = 0, c;
-  optind = 1;
-  opterr = 0;
-  while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
-    char *end;
+  const char *out_path = NULL, *meta_path = NULL;
+  int have_tokens = 0, have_position = 0, have_seed = 0, c, rc = 2;
+  int64_t v;
+  st_opts o;
+  st_opts_init(&o, &make_spec, argc, argv);
+  while ((c = st_opts_next(&o)) > 0) {
     switch (c) {
-    case O_TOKENS:
-      if (parse_count(optarg, &sp.tokens)) return usage_error("make", "--tokens '%s': expected a count such as 2048 or 2k", optarg);
+    case ST_OPT_TOKENS:
+      if (parse_count(o.arg, &sp.tokens)) { st_opts_error(&o, "--tokens '%s': expected a count such as 2048 or 2k", o.arg); goto usage; }
       have_tokens = 1;
       break;
-    case O_POSITION:
-      if (parse_fraction(optarg, &sp.position)) return usage_error("make", "--position '%s': expected a fraction in [0, 1]", optarg);
+    case ST_OPT_POSITION:
+      if (parse_fraction(o.arg, &sp.position)) { st_opts_error(&o, "--position '%s': expected a fraction in [0, 1]", o.arg); goto usage; }
       have_position = 1;
       break;
-    case O_SEED:
-      sp.seed = strtoull(optarg, &end, 10);
-      if (*end || !*optarg || *optarg == '-') return usage_error("make", "--seed '%s': expected a non-negative integer", optarg);
+    case ST_OPT_SEED:
+      if (st_opt_uint64(o.name, o.arg, &sp.seed)) goto bad_value;
       have_seed = 1;
       break;
-    case O_KIND:
-      if (st_needle_kind_parse(optarg, &sp.kind)) return usage_error("make", "%s", st_errmsg());
+    case ST_OPT_KIND:
+      if (st_needle_kind_parse(o.arg, &sp.kind)) goto bad_value;
       break;
-    case O_FORMAT:
-      if (st_needle_format_parse(optarg, &sp.format)) return usage_error("make", "%s", st_errmsg());
+    case ST_OPT_FORMAT:
+      if (st_needle_format_parse(o.arg, &sp.format)) goto bad_value;
       break;
-    case O_MODEL: model = optarg; break;
-    case O_RENDER:
-      if (st_render_profile_parse(optarg, &sp.render.profile)) return usage_error("make", "%s", st_errmsg());
+    case ST_OPT_RENDER:
+      if (st_render_profile_parse(o.arg, &sp.render.profile)) goto bad_value;
       break;
-    case O_THINKING:
-      if (on_off(optarg, &sp.thinking)) return usage_error("make", "--thinking '%s': on or off", optarg);
+    case ST_OPT_THINKING:
+      if (on_off(o.arg, &sp.thinking)) { st_opts_error(&o, "--thinking '%s': on or off", o.arg); goto usage; }
       sp.render.thinking = sp.thinking;
       break;
-    case O_MODEL_NAME: sp.model_name = optarg; break;
-    case O_MAX_TOKENS:
-      sp.max_tokens = (int)strtol(optarg, &end, 10);
-      if (*end || sp.max_tokens < 1) return usage_error("make", "--max-tokens '%s': expected a positive count", optarg);
+    case ST_OPT_MODEL_NAME: sp.model_name = o.arg; break;
+    case ST_OPT_MAX_NEW_TOKENS:
+      if (st_opt_int(o.name, o.arg, 1, 1000000, &v)) goto bad_value;
+      sp.max_tokens = (int)v;
       break;
-    case O_OUT: out_path = optarg; break;
-    case O_META: meta_path = optarg; break;
-    case O_QUIET: quiet = 1; break;
-    case 'h': case O_HELP: fputs(make_help, stdout); return 0;
-    default:
-      fprintf(stderr, "sparsetrace needle make: unknown or incomplete option '%s'\n\n%s", argv[optind - 1], make_help);
-      return 2;
+    case ST_OPT_OUT: out_path = o.arg; break;
+    case ST_OPT_META: meta_path = o.arg; break;
+    default: st_opts_error(&o, "unexpected argument '%s'", o.arg); goto usage;
     }
   }
-  if (optind < argc) return usage_error("make", "unexpected argument '%s'", argv[optind]);
-  if (!have_tokens || !have_position || !have_seed) {
-    fprintf(stderr, "sparsetrace needle make: --tokens, --position and --seed are required\n\n%s", make_help);
-    return 2;
+  if (c == ST_OPTS_EXIT) {
+    rc = o.exit_code;
+    goto usage;
   }
+  const char *model = o.model;
+  int quiet = o.quiet;
+  if (!have_tokens || !have_position || !have_seed) {
+    st_opts_error(&o, "--tokens, --position and --seed are required");
+    goto usage;
+  }
+  st_opts_free(&o);
+  if (out_path && !strcmp(out_path, "-")) out_path = NULL;
   st_tokenizer *tok = NULL;
   if (model && st_cli_open_tokenizer(model, &tok)) return st_cli_report_error("needle make");
   sp.tok = tok;
@@ -213,7 +201,7 @@ static int cmd_make(int argc, char **argv) {
     st_tokenizer_close(tok);
     return st_cli_report_error("needle make");
   }
-  int rc = 0;
+  rc = 0;
   char *body = json_dumps(np.request, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
   if (!body) {
     st_fail(ST_ENOMEM, "request text");
@@ -272,6 +260,11 @@ out:
   free(body);
   st_needle_prompt_free(&np);
   st_tokenizer_close(tok);
+  return rc;
+bad_value:
+  st_opts_fail(&o);
+usage:
+  st_opts_free(&o);
   return rc;
 }
 
@@ -421,21 +414,6 @@ static void print_table(const st_harness_options *o, const st_harness_result *r,
 }
 
 static int cmd_sweep(int argc, char **argv) {
-  enum { O_MODEL = 256, O_TOKENIZER, O_ENDPOINT, O_API, O_MODEL_NAME, O_SET, O_TOKENS, O_POSITIONS, O_SEEDS,
-         O_FIRST_SEED, O_KIND, O_FORMAT, O_RENDER, O_THINKING, O_MAX_NEW, O_TAP_POSITIONS, O_THREADS, O_TIMEOUT,
-         O_STORE, O_JSON, O_QUIET, O_HELP };
-  static const struct option options[] = {
-    {"model", required_argument, 0, O_MODEL}, {"tokenizer", required_argument, 0, O_TOKENIZER},
-    {"endpoint", required_argument, 0, O_ENDPOINT}, {"api", required_argument, 0, O_API},
-    {"model-name", required_argument, 0, O_MODEL_NAME}, {"set", required_argument, 0, O_SET},
-    {"tokens", required_argument, 0, O_TOKENS}, {"positions", required_argument, 0, O_POSITIONS},
-    {"seeds", required_argument, 0, O_SEEDS}, {"first-seed", required_argument, 0, O_FIRST_SEED},
-    {"kind", required_argument, 0, O_KIND}, {"format", required_argument, 0, O_FORMAT},
-    {"render", required_argument, 0, O_RENDER}, {"thinking", required_argument, 0, O_THINKING},
-    {"max-new-tokens", required_argument, 0, O_MAX_NEW}, {"tap-positions", required_argument, 0, O_TAP_POSITIONS},
-    {"threads", required_argument, 0, O_THREADS}, {"timeout", required_argument, 0, O_TIMEOUT},
-    {"store", required_argument, 0, O_STORE}, {"json", no_argument, 0, O_JSON}, {"quiet", no_argument, 0, O_QUIET},
-    {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
   st_harness_options o;
   st_harness_options_default(&o);
   int64_t tokens[64] = {2048, 4096, 8192};
@@ -444,35 +422,28 @@ static int cmd_sweep(int argc, char **argv) {
   char *labels_copy = NULL;
   o.n_tokens = 3;
   o.n_positions = 4;
-  const char **sets = calloc((size_t)argc + 1, sizeof(char *));
-  int n_sets = 0, threads = 0, have_api = 0, c, rc = 2;
+  int have_api = 0, c, rc = 2;
+  int64_t v;
   sweep_cli cli = {0};
   char *command_line = NULL;
   st_harness_result res = {0};
-  if (!sets) return st_cli_report_error("needle sweep");
-  optind = 1;
-  opterr = 0;
-  while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
-    char *end;
+  st_opts op;
+  st_opts_init(&op, &sweep_spec, argc, argv);
+  while ((c = st_opts_next(&op)) > 0) {
     switch (c) {
-    case O_MODEL: o.model_dir = optarg; break;
-    case O_TOKENIZER: o.tokenizer_dir = optarg; break;
-    case O_ENDPOINT: o.endpoint = optarg; break;
-    case O_API:
-      if (st_harness_api_parse(optarg, &o.api)) { rc = usage_error("sweep", "%s", st_errmsg()); goto out; }
+    case ST_OPT_TOKENIZER: o.tokenizer_dir = op.arg; break;
+    case ST_OPT_ENDPOINT: o.endpoint = op.arg; break;
+    case ST_OPT_API:
+      if (st_harness_api_parse(op.arg, &o.api)) goto bad_value;
       have_api = 1;
       break;
-    case O_MODEL_NAME: o.model_name = optarg; break;
-    case O_SET:
-      if (st_settings_set(&o.settings, optarg) && !strchr(optarg, '=')) { rc = usage_error("sweep", "%s", st_errmsg()); goto out; }
-      sets[n_sets++] = optarg;
-      break;
-    case O_TOKENS:
-      o.n_tokens = split_list(optarg, tokens, sizeof tokens[0], 64, parse_count_v);
-      if (o.n_tokens < 1) { rc = usage_error("sweep", "--tokens '%s': expected counts such as 2k,4k,8k", optarg); goto out; }
+    case ST_OPT_MODEL_NAME: o.model_name = op.arg; break;
+    case ST_OPT_TOKENS:
+      o.n_tokens = split_list(op.arg, tokens, sizeof tokens[0], 64, parse_count_v);
+      if (o.n_tokens < 1) { st_opts_error(&op, "--tokens '%s': expected counts such as 2k,4k,8k", op.arg); goto out; }
       free(labels_copy);
-      labels_copy = strdup(optarg);
-      if (!labels_copy) goto out;
+      labels_copy = strdup(op.arg);
+      if (!labels_copy) { rc = 1; goto out; }
       {
         int n = 0;
         char *save = NULL;
@@ -480,75 +451,79 @@ static int cmd_sweep(int argc, char **argv) {
           token_labels[n++] = tok + strspn(tok, " ");
       }
       break;
-    case O_POSITIONS:
-      o.n_positions = split_list(optarg, positions, sizeof positions[0], 64, parse_fraction_v);
-      if (o.n_positions < 1) { rc = usage_error("sweep", "--positions '%s': expected fractions such as 0.25,0.55,0.8,0.97", optarg); goto out; }
+    case ST_OPT_SEEDS:
+      if (st_opt_int(op.name, op.arg, 1, 10000, &v)) goto bad_value;
+      o.n_seeds = (int)v;
       break;
-    case O_SEEDS:
-      o.n_seeds = (int)strtol(optarg, &end, 10);
-      if (*end || o.n_seeds < 1 || o.n_seeds > 10000) { rc = usage_error("sweep", "--seeds '%s': expected a positive count", optarg); goto out; }
+    case ST_OPT_FIRST_SEED:
+      if (st_opt_uint64(op.name, op.arg, &o.first_seed)) goto bad_value;
       break;
-    case O_FIRST_SEED:
-      o.first_seed = strtoull(optarg, &end, 10);
-      if (*end || !*optarg || *optarg == '-') { rc = usage_error("sweep", "--first-seed '%s': expected a non-negative integer", optarg); goto out; }
+    case ST_OPT_KIND:
+      if (st_needle_kind_parse(op.arg, &o.kind)) goto bad_value;
       break;
-    case O_KIND:
-      if (st_needle_kind_parse(optarg, &o.kind)) { rc = usage_error("sweep", "%s", st_errmsg()); goto out; }
+    case ST_OPT_FORMAT:
+      if (st_needle_format_parse(op.arg, &o.format)) goto bad_value;
       break;
-    case O_FORMAT:
-      if (st_needle_format_parse(optarg, &o.format)) { rc = usage_error("sweep", "%s", st_errmsg()); goto out; }
+    case ST_OPT_RENDER:
+      if (st_render_profile_parse(op.arg, &o.render.profile)) goto bad_value;
       break;
-    case O_RENDER:
-      if (st_render_profile_parse(optarg, &o.render.profile)) { rc = usage_error("sweep", "%s", st_errmsg()); goto out; }
+    case ST_OPT_THINKING:
+      if (!strcmp(op.arg, "server") || !strcmp(op.arg, "default")) o.thinking = -1;
+      else if (on_off(op.arg, &o.thinking)) { st_opts_error(&op, "--thinking '%s': on, off or server", op.arg); goto out; }
       break;
-    case O_THINKING:
-      if (!strcmp(optarg, "server") || !strcmp(optarg, "default")) o.thinking = -1;
-      else if (on_off(optarg, &o.thinking)) { rc = usage_error("sweep", "--thinking '%s': on, off or server", optarg); goto out; }
+    case ST_OPT_MAX_NEW_TOKENS:
+      if (st_opt_int(op.name, op.arg, 1, 1000000, &v)) goto bad_value;
+      o.max_new = (int)v;
       break;
-    case O_MAX_NEW:
-      o.max_new = (int)strtol(optarg, &end, 10);
-      if (*end || o.max_new < 1 || o.max_new > 1000000) { rc = usage_error("sweep", "--max-new-tokens '%s': expected a positive count", optarg); goto out; }
+    case ST_OPT_TAP_POSITIONS: o.tap_positions = op.arg; break;
+    case ST_OPT_TIMEOUT:
+      if (st_opt_double(op.name, op.arg, 1e-3, 86400.0 * 365, &o.timeout_s)) goto bad_value;
       break;
-    case O_TAP_POSITIONS: o.tap_positions = optarg; break;
-    case O_THREADS:
-      threads = (int)strtol(optarg, &end, 10);
-      if (*end || threads < 1) { rc = usage_error("sweep", "--threads '%s': expected a positive count", optarg); goto out; }
-      break;
-    case O_TIMEOUT:
-      o.timeout_s = strtod(optarg, &end);
-      if (*end || !(o.timeout_s > 0)) { rc = usage_error("sweep", "--timeout '%s': expected seconds", optarg); goto out; }
-      break;
-    case O_STORE: o.store = optarg; break;
-    case O_JSON: cli.json = 1; break;
-    case O_QUIET: cli.quiet = 1; break;
-    case 'h': case O_HELP: fputs(sweep_help, stdout); rc = 0; goto out;
-    default:
-      fprintf(stderr, "sparsetrace needle sweep: unknown or incomplete option '%s'\n\n%s", argv[optind - 1], sweep_help);
+    default: st_opts_error(&op, "unexpected argument '%s'", op.arg); goto out;
+    }
+  }
+  if (c == ST_OPTS_EXIT) {
+    rc = op.exit_code;
+    goto out;
+  }
+  o.model_dir = op.model;
+  o.backend = op.backend;
+  if (op.store) o.store = op.store;
+  cli.json = op.json;
+  cli.quiet = op.quiet;
+  if (op.positions) {
+    o.n_positions = split_list(op.positions, positions, sizeof positions[0], 64, parse_fraction_v);
+    if (o.n_positions < 1) {
+      st_opts_error(&op, "--positions '%s': expected fractions such as 0.25,0.55,0.8,0.97", op.positions);
       goto out;
     }
   }
-  if (optind < argc) { rc = usage_error("sweep", "unexpected argument '%s'", argv[optind]); goto out; }
+  /* a server's --set pairs are labels; the settings they name are recorded when they parse */
+  for (int i = 0; i < op.n_sets; i++)
+    if (st_settings_set(&o.settings, op.sets[i])) st_clear_error();
   if (!!o.model_dir == !!o.endpoint) {
-    fprintf(stderr, "sparsetrace needle sweep: give either --model DIR (the engine) or --endpoint URL (a server)\n\n%s", sweep_help);
+    st_opts_error(&op, "give either --model DIR (the engine) or --endpoint URL (a server)");
     goto out;
   }
   if (o.model_dir) {
-    if (have_api) { rc = usage_error("sweep", "%s", "--api is for --endpoint; the engine takes --format"); goto out; }
+    if (have_api) { st_opts_error(&op, "--api is for --endpoint; the engine takes --format"); goto out; }
     o.api = ST_HARNESS_ENGINE;
     /* with the engine every --set must be a real setting */
     st_settings_default(&o.settings);
-    for (int i = 0; i < n_sets; i++)
-      if (st_settings_set(&o.settings, sets[i])) { rc = usage_error("sweep", "%s", st_errmsg()); goto out; }
+    for (int i = 0; i < op.n_sets; i++)
+      if (st_settings_set(&o.settings, op.sets[i])) goto bad_value;
+    if (st_opts_backend_available(o.backend)) {
+      rc = st_cli_report_error("needle sweep");
+      goto out;
+    }
   } else if (!have_api) {
     o.api = ST_HARNESS_OPENAI;
   }
-  o.set_args = sets;
-  o.n_set = n_sets;
+  o.set_args = op.sets;
+  o.n_set = op.n_sets;
   o.tokens = tokens;
   o.positions = positions;
-#ifdef _OPENMP
-  if (threads) omp_set_num_threads(threads);
-#endif
+  st_opts_apply_threads(op.threads);
   command_line = st_cli_join_args("sparsetrace needle", argc, argv);
   o.command_line = command_line;
   o.progress = progress;
@@ -568,9 +543,12 @@ static int cmd_sweep(int argc, char **argv) {
             res.n_attempts, first);
     rc = 1;
   }
+  goto out;
+bad_value:
+  st_opts_fail(&op);
 out:
+  st_opts_free(&op);
   st_harness_result_free(&res);
-  free(sets);
   free(labels_copy);
   free(command_line);
   return rc;

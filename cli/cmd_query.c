@@ -6,35 +6,35 @@
 ** statement must satisfy sqlite3_stmt_readonly() before it runs (recorder/index.c). One statement
 ** per call keeps --json a single array and makes "did anything run?" obvious when one fails.
 */
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "commands.h"
+#include "options.h"
 #include "common/base.h"
 #include "recorder/index.h"
 #include "recorder/recorder.h"
 
 #define CELL_MAX 80 /* table cells longer than this are cut (use --json for full values) */
 
-static const char *usage_text =
-  "usage: sparsetrace query [--store DIR] [--json] \"SQL\"\n"
-  "\n"
+static const st_opt_use query_options[] = {
+  {ST_OPT_STORE, NULL, "the trace store (default ./" ST_DEFAULT_STORE ")"},
+  {ST_OPT_JSON, NULL, "JSON output"},
+  {0}};
+
+static const st_cmd_spec query_spec = {
+  "query", "sparsetrace query [--store DIR] [--json] \"SQL\"\n",
   "Runs one read-only SQL statement against DIR/index.sqlite and prints the result as an\n"
   "aligned table (cells over 80 characters are cut; NULL prints as NULL) or, with --json, as a\n"
-  "JSON array with one object per row (blobs as hex strings, non-finite reals as null).\n"
-  "\n"
-  "options:\n"
-  "  --store DIR   the trace store (default ./" ST_DEFAULT_STORE ")\n"
-  "  --json        JSON output\n"
-  "  -h, --help    this text\n"
-  "\n"
+  "JSON array with one object per row (blobs as hex strings, non-finite reals as null).\n",
+  query_options,
   "The index is opened read-only, and statements that would change it (INSERT, UPDATE, DELETE,\n"
   "CREATE, DROP, writing PRAGMAs, ...) are refused. One statement per call: a trailing ';' or\n"
   "comment is fine, a second statement is refused (nothing runs). SQL given as several\n"
-  "arguments is joined with spaces; \"-\" reads the statement from standard input.\n"
+  "arguments is joined with spaces; \"-\" reads the statement from standard input; options may\n"
+  "come before or after it (after \"--\" everything is SQL).\n"
   "\n"
   "Tables: runs, builds, taps, needles, needle_verdicts, replays, requests (captures).\n"
   "Views: run_summary, tap_summary, needle_rank_by_layer. Schema and column meanings:\n"
@@ -45,7 +45,9 @@ static const char *usage_text =
   "                     ORDER BY created_at DESC LIMIT 5\"\n"
   "  sparsetrace query \"SELECT layer, best_rank, in_topk FROM needle_rank_by_layer\n"
   "                     WHERE run_id = '...' ORDER BY layer\"\n"
-  "  sparsetrace query --json \"SELECT run_id, name, nan_count FROM taps WHERE nan_count > 0\"\n";
+  "  sparsetrace query --json \"SELECT run_id, name, nan_count FROM taps WHERE nan_count > 0\"\n"
+  "\n"
+  "Exit status: 0 answered, 1 the statement failed or was refused, 2 usage error.\n"};
 
 /* ---------------------------------------------------------------- growable text buffer */
 
@@ -284,40 +286,23 @@ static char *read_stdin(void) {
 }
 
 int st_cmd_query(int argc, char **argv) {
-  static const struct option options[] = {
-    {"store", required_argument, NULL, 's'},
-    {"json", no_argument, NULL, 'j'},
-    {"help", no_argument, NULL, 'h'},
-    {NULL, 0, NULL, 0},
-  };
-  const char *store = ST_DEFAULT_STORE;
-  int json = 0, opt;
-  optind = 0; /* reset getopt for a subcommand's argv */
-  while ((opt = getopt_long(argc, argv, "+h", options, NULL)) != -1) {
-    switch (opt) {
-    case 's': store = optarg; break;
-    case 'j': json = 1; break;
-    case 'h': fputs(usage_text, stdout); return 0;
-    default: fputs(usage_text, stderr); return 2;
-    }
-  }
-  /* Options may also follow the SQL: gather positionals, honour --json/--store after them. */
   text_buf sql = {0};
-  int n_sql = 0;
-  for (int i = optind; i < argc; i++) {
-    if (!strcmp(argv[i], "--json")) {
-      json = 1;
-    } else if (!strcmp(argv[i], "--store") && i + 1 < argc) {
-      store = argv[++i];
-    } else if (!strncmp(argv[i], "--store=", 8)) {
-      store = argv[i] + 8;
-    } else {
-      if (n_sql++) buf_add(&sql, " ", 1);
-      buf_str(&sql, argv[i]);
-    }
+  int n_sql = 0, c;
+  st_opts o;
+  st_opts_init(&o, &query_spec, argc, argv);
+  while ((c = st_opts_next(&o)) == ST_OPT_POSITIONAL) {
+    if (n_sql++) buf_add(&sql, " ", 1);
+    buf_str(&sql, o.arg);
+  }
+  const char *store = o.store ? o.store : ST_DEFAULT_STORE;
+  int json = o.json;
+  st_opts_free(&o);
+  if (c == ST_OPTS_EXIT) {
+    free(sql.data);
+    return o.exit_code;
   }
   if (n_sql == 0) {
-    fprintf(stderr, "sparsetrace query: no SQL given\n\n%s", usage_text);
+    fprintf(stderr, "sparsetrace query: no SQL given\n(sparsetrace query --help lists the options)\n");
     free(sql.data);
     return 2;
   }

@@ -3,48 +3,49 @@
 ** token ids) that a given serving engine builds from it, to diff against what the server logged.
 */
 #define _GNU_SOURCE
-#include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "commands.h"
+#include "options.h"
 #include "common/base.h"
-#include "engine/chat.h"
-#include "engine/pyjson.h"
-#include "engine/tokenizer.h"
+#include "engine/text/chat.h"
+#include "engine/text/pyjson.h"
+#include "engine/text/tokenizer.h"
 
-static const char *usage_text =
-  "usage: sparsetrace render --request FILE.json [--model DIR] [--render PROFILE] [--ids]\n"
+static const st_opt_use render_options[] = {
+  {ST_OPT_REQUEST, "FILE", "the request body (JSON), or a record written by `sparsetrace requests\n"
+                           "export` (its body and API are used); \"-\" reads standard input"},
+  {ST_OPT_MODEL, NULL, "tokenizer.json (+ tokenizer_config.json) for --ids and --json"},
+  {ST_OPT_RENDER, NULL, "reference (default), sglang, vllm or atom: how that engine maps the\n"
+                        "request (tools placement, tool-schema key order, content-part joining,\n"
+                        "thinking default, effort mapping); see engine/chat_requests.c"},
+  {ST_OPT_IDS, NULL, "print the prompt's token ids as one JSON array (needs --model)"},
+  {ST_OPT_JSON, NULL, "print {\"api\", \"render\", \"thinking\", \"reasoning_effort\", \"prompt\",\n"
+                      "\"n_tokens\", \"ids\"} (ids and n_tokens when --model is given)"},
+  {ST_OPT_API, NULL, "read the body as this API: auto (default: guessed from its shape), chat,\n"
+                     "anthropic, responses"},
+  {ST_OPT_THINKING, NULL, "force thinking or chat mode (default: the request, then the profile)"},
+  {ST_OPT_EFFORT, NULL, "force reasoning_effort (none, low, high, max, ...)"},
+  {ST_OPT_EFFORT_TABLE, NULL, "legacy (V4-Flash/-Pro, default) or 0731 (V4-Flash-0731): which\n"
+                              "checkpoint's effort prompts; the config files cannot tell them apart"},
+  {ST_OPT_DROP_THINKING, NULL, "the encoder's drop_thinking (default: the request, else on)"},
+  {0}};
+
+static const st_cmd_spec render_spec = {
+  "render",
+  "sparsetrace render --request FILE.json [--model DIR] [--render PROFILE] [--ids]\n"
   "                          [--api auto|chat|anthropic|responses] [--thinking on|off]\n"
   "                          [--effort E] [--effort-table legacy|0731] [--drop-thinking on|off]\n"
-  "                          [--json]\n"
-  "\n"
+  "                          [--json]\n",
   "Prints the DeepSeek-V4 prompt a serving engine renders from an API request body (OpenAI\n"
   "/v1/chat/completions, Anthropic /v1/messages or OpenAI /v1/responses), byte for byte, or with\n"
   "--ids its token ids, so it can be compared with what the server logged or returned\n"
-  "(sglang return_prompt_token_ids, vLLM return_token_ids, usage.prompt_tokens).\n"
-  "\n"
-  "options:\n"
-  "  --request FILE     the request body (JSON), or a record written by `sparsetrace requests\n"
-  "                     export` (its body and API are used); \"-\" reads standard input\n"
-  "  --model DIR        tokenizer.json (+ tokenizer_config.json) for --ids and --json\n"
-  "  --render PROFILE   reference (default), sglang, vllm or atom: how that engine maps the\n"
-  "                     request (tools placement, tool-schema key order, content-part joining,\n"
-  "                     thinking default, effort mapping); see engine/chat_requests.c\n"
-  "  --ids              print the prompt's token ids as one JSON array (needs --model)\n"
-  "  --json             print {\"api\", \"render\", \"thinking\", \"reasoning_effort\", \"prompt\",\n"
-  "                     \"n_tokens\", \"ids\"} (ids and n_tokens when --model is given)\n"
-  "  --api A            read the body as this API (default: guessed from its shape)\n"
-  "  --thinking on|off  force thinking or chat mode (default: the request, then the profile)\n"
-  "  --effort E         force reasoning_effort (none, low, high, max, ...)\n"
-  "  --effort-table T   legacy (V4-Flash/-Pro, default) or 0731 (V4-Flash-0731): which\n"
-  "                     checkpoint's effort prompts; the config files cannot tell them apart\n"
-  "  --drop-thinking on|off   the encoder's drop_thinking (default: the request, else on)\n"
-  "  -h, --help         this text\n"
-  "\n"
-  "Without --ids or --json the prompt is written as it is, with no newline added.\n";
+  "(sglang return_prompt_token_ids, vLLM return_token_ids, usage.prompt_tokens).\n",
+  render_options,
+  "Without --ids or --json the prompt is written as it is, with no newline added.\n"};
 
 static int on_off(const char *s, int *out) {
   if (!strcmp(s, "on") || !strcmp(s, "true") || !strcmp(s, "1")) return *out = 1, 0;
@@ -81,48 +82,42 @@ static json_t *load_request(const char *path, st_chat_api *api) {
 }
 
 int st_cmd_render(int argc, char **argv) {
-  static const struct option options[] = {
-    {"request", required_argument, NULL, 'r'},  {"model", required_argument, NULL, 'm'},
-    {"render", required_argument, NULL, 'p'},   {"ids", no_argument, NULL, 'i'},
-    {"json", no_argument, NULL, 'j'},           {"api", required_argument, NULL, 'a'},
-    {"thinking", required_argument, NULL, 't'}, {"effort", required_argument, NULL, 'e'},
-    {"effort-table", required_argument, NULL, 'T'}, {"drop-thinking", required_argument, NULL, 'd'},
-    {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
-  };
-  const char *request_path = NULL, *model = NULL;
-  int ids = 0, json = 0, opt;
+  const char *request_path = NULL;
+  int ids = 0, c;
   st_chat_options o;
   st_chat_options_default(&o);
-  optind = 0;
-  while ((opt = getopt_long(argc, argv, "+h", options, NULL)) != -1) {
+  st_opts op;
+  st_opts_init(&op, &render_spec, argc, argv);
+  while ((c = st_opts_next(&op)) > 0) {
     int bad = 0;
-    switch (opt) {
-    case 'r': request_path = optarg; break;
-    case 'm': model = optarg; break;
-    case 'p': bad = st_render_profile_parse(optarg, &o.profile) != ST_OK; break;
-    case 'i': ids = 1; break;
-    case 'j': json = 1; break;
-    case 'a': bad = st_chat_api_parse(optarg, &o.api) != ST_OK; break;
-    case 't': bad = on_off(optarg, &o.thinking); if (bad) st_fail(ST_EINVAL, "--thinking: on or off"); break;
-    case 'e': o.reasoning_effort = optarg; break;
-    case 'T':
-      if (!strcmp(optarg, "legacy")) o.effort_table = ST_EFFORT_LEGACY;
-      else if (!strcmp(optarg, "0731")) o.effort_table = ST_EFFORT_0731;
+    switch (c) {
+    case ST_OPT_REQUEST: request_path = op.arg; break;
+    case ST_OPT_RENDER: bad = st_render_profile_parse(op.arg, &o.profile) != ST_OK; break;
+    case ST_OPT_IDS: ids = 1; break;
+    case ST_OPT_API: bad = st_chat_api_parse(op.arg, &o.api) != ST_OK; break;
+    case ST_OPT_THINKING: bad = on_off(op.arg, &o.thinking); if (bad) st_fail(ST_EINVAL, "--thinking: on or off"); break;
+    case ST_OPT_EFFORT: o.reasoning_effort = op.arg; break;
+    case ST_OPT_EFFORT_TABLE:
+      if (!strcmp(op.arg, "legacy")) o.effort_table = ST_EFFORT_LEGACY;
+      else if (!strcmp(op.arg, "0731")) o.effort_table = ST_EFFORT_0731;
       else bad = 1, st_fail(ST_EINVAL, "--effort-table: legacy or 0731");
       break;
-    case 'd': bad = on_off(optarg, &o.drop_thinking); if (bad) st_fail(ST_EINVAL, "--drop-thinking: on or off"); break;
-    case 'h': fputs(usage_text, stdout); return 0;
-    default: fputs(usage_text, stderr); return 2;
+    case ST_OPT_DROP_THINKING: bad = on_off(op.arg, &o.drop_thinking); if (bad) st_fail(ST_EINVAL, "--drop-thinking: on or off"); break;
+    default: bad = 1, st_fail(ST_EINVAL, "unexpected argument '%s'", op.arg);
     }
     if (bad) {
-      fprintf(stderr, "sparsetrace render: %s\n", st_errmsg());
-      return 2;
+      st_opts_fail(&op);
+      c = ST_OPTS_EXIT;
+      break;
     }
   }
-  if (!request_path || optind < argc || (ids && !model)) {
-    fprintf(stderr, "sparsetrace render: %s\n\n%s",
-            !request_path ? "--request is required" : optind < argc ? "unexpected argument" : "--ids needs --model",
-            usage_text);
+  const char *model = op.model;
+  int json = op.json;
+  st_opts_free(&op);
+  if (c == ST_OPTS_EXIT) return op.exit_code;
+  if (!request_path || (ids && !model)) {
+    fprintf(stderr, "sparsetrace render: %s\n(sparsetrace render --help lists the options)\n",
+            !request_path ? "--request is required" : "--ids needs --model");
     return 2;
   }
   json_t *req = load_request(request_path, &o.api);

@@ -2,49 +2,51 @@
 ** cmd_replay.c — `sparsetrace replay`: re-execute one layer of a recorded run under alternate
 ** settings, sweep settings, and say where the needle is lost (replayer/replay.c does the work).
 */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "commands.h"
+#include "options.h"
 #include "recorder/recorder.h"
 #include "replayer/replay.h"
 #include "replayer/needle.h"
 #include "replayer/replay_store.h"
 
-static const char replay_help[] =
-  "usage: sparsetrace replay --trace T.h5 --model DIR --layer N [options]\n"
-  "\n"
+static const st_opt_use replay_options[] = {
+  {ST_OPT_TRACE, NULL, "the recorded run"},
+  {ST_OPT_MODEL, NULL, "its checkpoint directory (indexer: config.json only)"},
+  {ST_OPT_LAYER, NULL, "the layer to re-execute (0 to 65535; the model decides which exist)"},
+  {ST_OPT_STAGE, "STAGE", "what to re-execute (default indexer):\n"
+                          "indexer    scores and top-k from layers.N.indexer.{q,k,weights} (no weights needed)\n"
+                          "attention  the attention block from layers.N.input (recorded at every position)\n"
+                          "layer      the whole layer from layers.N.input\n"
+                          "rest       layers N..last and the logits (KL, greedy agreement vs recorded logits)"},
+  {ST_OPT_SET, NULL, "change a setting (repeatable; 'sparsetrace settings')"},
+  {ST_OPT_SWEEP, NULL, "one cell per value; several --sweep give the cross product"},
+  {ST_OPT_NEEDLE, NULL, "the needle's text, found in the trace's tokens with the model's\n"
+                        "tokenizer (tokenizer.json)"},
+  {ST_OPT_NEEDLE_TOKENS, NULL, "the needle's token span [A, B): per query position after it, the best\n"
+                               "rank of a compressed row covering it and whether it is in the top-k"},
+  {ST_OPT_CONTINUE, NULL, "rest: also greedy-generate N tokens (a full run with layer N changed)\n"
+                          "and report whether the continuation contains the needle (0 to 1000000)"},
+  {ST_OPT_STORE, NULL, "index to record replays and needle verdicts in (default ./traces;\n"
+                       "skipped with a note when the run is not in that index)"},
+  {ST_OPT_THREADS, NULL, NULL},
+  {ST_OPT_BACKEND, NULL, "compute backend: cpu-ref, cpu, cuda, hip (default: the one that\n"
+                         "recorded the trace)"},
+  {ST_OPT_JSON, NULL, "one JSON object: recorded settings, cells with metrics, bit_exact"},
+  {0}};
+
+static const st_cmd_spec replay_spec = {
+  "replay", "sparsetrace replay --trace T.h5 --model DIR --layer N [options]\n",
   "Re-executes layer N of a recorded run from the inputs the trace holds, under the recorded\n"
   "settings changed by --set, once per cell of the --sweep cross product, and compares each cell\n"
   "with the recording. A cell with the recorded settings must reproduce the recorded tensors bit\n"
-  "for bit: that is the determinism check (bit_exact). The alternate settings apply to layer N.\n"
-  "\n"
-  "  --stage indexer|attention|layer|rest   what to re-execute (default indexer):\n"
-  "      indexer    scores and top-k from layers.N.indexer.{q,k,weights} (no weights needed)\n"
-  "      attention  the attention block from layers.N.input (recorded at every position)\n"
-  "      layer      the whole layer from layers.N.input\n"
-  "      rest       layers N..last and the logits (KL, greedy agreement vs recorded logits)\n"
-  "  --set KEY=VALUE         change a setting (repeatable; 'sparsetrace settings')\n"
-  "  --sweep KEY=V1,V2,...   one cell per value; several --sweep give the cross product\n"
-  "  --needle TEXT           the needle's text, found in the trace's tokens with the model's\n"
-  "                          tokenizer (tokenizer.json)\n"
-  "  --needle-tokens A:B     the needle's token span [A, B): per query position after it, the best\n"
-  "                          rank of a compressed row covering it and whether it is in the top-k\n"
-  "  --continue N            rest: also greedy-generate N tokens (a full run with layer N changed)\n"
-  "                          and report whether the continuation contains the needle\n"
-  "  --store DIR             index to record replays and needle verdicts in (default ./traces;\n"
-  "                          skipped with a note when the run is not in that index)\n"
-  "  --threads N             OpenMP threads (results identical for any N)\n"
-  "  --json                  one JSON object: recorded settings, cells with metrics, bit_exact\n"
-  "\n"
+  "for bit: that is the determinism check (bit_exact). The alternate settings apply to layer N.\n",
+  replay_options,
   "Exit status: 0 when the replay ran (and every recorded-settings cell was bit-exact), 1 on error\n"
-  "or when a recorded-settings cell was NOT bit-exact, 2 on usage errors.\n";
+  "or when a recorded-settings cell was NOT bit-exact, 2 on usage errors.\n"};
 
 static void print_table(const st_replay_report *r, const char *trace) {
   printf("replay of %s, layer %d, stage %s: %lld positions", trace, r->layer,
@@ -111,75 +113,68 @@ static void print_table(const st_replay_report *r, const char *trace) {
 }
 
 int st_cmd_replay(int argc, char **argv) {
-  enum { O_TRACE = 256, O_MODEL, O_LAYER, O_STAGE, O_SET, O_SWEEP, O_NEEDLE_TOKENS, O_CONTINUE,
-         O_STORE, O_THREADS, O_JSON, O_HELP, O_NEEDLE };
-  static const struct option options[] = {
-    {"trace", required_argument, 0, O_TRACE}, {"model", required_argument, 0, O_MODEL},
-    {"layer", required_argument, 0, O_LAYER}, {"stage", required_argument, 0, O_STAGE},
-    {"set", required_argument, 0, O_SET}, {"sweep", required_argument, 0, O_SWEEP},
-    {"needle-tokens", required_argument, 0, O_NEEDLE_TOKENS}, {"continue", required_argument, 0, O_CONTINUE},
-    {"store", required_argument, 0, O_STORE}, {"threads", required_argument, 0, O_THREADS},
-    {"json", no_argument, 0, O_JSON}, {"help", no_argument, 0, O_HELP},
-    {"needle", required_argument, 0, O_NEEDLE}, {0, 0, 0, 0}};
   const char *needle_text = NULL;
   st_replay_request req = {.layer = -1, .stage = ST_REPLAY_INDEXER};
-  const char **sets = calloc((size_t)argc + 1, sizeof(char *));
   const char **sweeps = calloc((size_t)argc + 1, sizeof(char *));
-  const char *store = ST_DEFAULT_STORE;
-  int json = 0, exit_code = 2;
+  int json = 0, exit_code = 2, c;
   st_replay_report *rep = NULL;
-  optind = 1;
-  opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
-    char *end;
+  int64_t v;
+  st_opts o;
+  st_opts_init(&o, &replay_spec, argc, argv);
+  if (!sweeps) {
+    exit_code = 1;
+    goto done;
+  }
+  while ((c = st_opts_next(&o)) > 0) {
     switch (c) {
-    case O_TRACE: req.trace_path = optarg; break;
-    case O_MODEL: req.model_dir = optarg; break;
-    case O_LAYER:
-      req.layer = (int)strtol(optarg, &end, 10);
-      if (*end || req.layer < 0) { fprintf(stderr, "sparsetrace replay: --layer '%s' is not a layer number\n", optarg); goto done; }
+    case ST_OPT_TRACE: req.trace_path = o.arg; break;
+    case ST_OPT_LAYER:
+      if (st_opt_int(o.name, o.arg, 0, 65535, &v)) goto bad_value;
+      req.layer = (int)v;
       break;
-    case O_STAGE: {
-      int s = st_replay_stage_parse(optarg);
-      if (s < 0) { fprintf(stderr, "sparsetrace replay: --stage '%s': use indexer, attention, layer or rest\n", optarg); goto done; }
+    case ST_OPT_STAGE: {
+      int s = st_replay_stage_parse(o.arg);
+      if (s < 0) {
+        st_opts_error(&o, "--stage '%s': use indexer, attention, layer or rest", o.arg);
+        goto done;
+      }
       req.stage = (st_replay_stage)s;
       break;
     }
-    case O_SET: sets[req.n_sets++] = optarg; break;
-    case O_SWEEP: sweeps[req.n_sweeps++] = optarg; break;
-    case O_NEEDLE_TOKENS:
-      if (st_cli_parse_span(optarg, &req.needle_start, &req.needle_end)) {
-        fprintf(stderr, "sparsetrace replay: --needle-tokens '%s': expected A:B with A < B\n", optarg);
-        goto done;
-      }
+    case ST_OPT_SWEEP: sweeps[req.n_sweeps++] = o.arg; break;
+    case ST_OPT_NEEDLE_TOKENS:
+      if (st_opt_span(o.name, o.arg, &req.needle_start, &req.needle_end)) goto bad_value;
       break;
-    case O_NEEDLE: needle_text = optarg; break;
-    case O_CONTINUE:
-      req.continue_tokens = (int)strtol(optarg, &end, 10);
-      if (*end || req.continue_tokens < 0) { fprintf(stderr, "sparsetrace replay: --continue '%s' is not a count\n", optarg); goto done; }
+    case ST_OPT_NEEDLE: needle_text = o.arg; break;
+    case ST_OPT_CONTINUE:
+      if (st_opt_int(o.name, o.arg, 0, 1000000, &v)) goto bad_value;
+      req.continue_tokens = (int)v;
       break;
-    case O_STORE: store = optarg; break;
-    case O_THREADS: {
-      int n = (int)strtol(optarg, &end, 10);
-      if (*end || n < 1) { fprintf(stderr, "sparsetrace replay: --threads '%s' is not a positive count\n", optarg); goto done; }
-#ifdef _OPENMP
-      omp_set_num_threads(n);
-#endif
-      break;
-    }
-    case O_JSON: json = 1; break;
-    case 'h': case O_HELP: printf("%s", replay_help); exit_code = 0; goto done;
     default:
-      fprintf(stderr, "sparsetrace replay: unknown or incomplete option '%s'\n\n%s", argv[optind - 1], replay_help);
+      st_opts_error(&o, "unexpected argument '%s'", o.arg);
       goto done;
     }
   }
-  if (!req.trace_path || !req.model_dir || req.layer < 0 || optind < argc) {
-    fprintf(stderr, "sparsetrace replay: --trace, --model and --layer are required\n\n%s", replay_help);
+  if (c == ST_OPTS_EXIT) {
+    exit_code = o.exit_code;
     goto done;
   }
-  req.sets = sets;
+  req.model_dir = o.model;
+  req.backend = o.backend;
+  const char *store = o.store ? o.store : ST_DEFAULT_STORE;
+  json = o.json;
+  st_opts_apply_threads(o.threads);
+  if (!req.trace_path || !req.model_dir || req.layer < 0) {
+    fprintf(stderr, "sparsetrace replay: --trace, --model and --layer are required\n"
+                    "(sparsetrace replay --help lists the options)\n");
+    goto done;
+  }
+  if (st_opts_backend_available(req.backend)) {
+    exit_code = st_cli_report_error("replay");
+    goto done;
+  }
+  req.sets = o.sets;
+  req.n_sets = o.n_sets;
   req.sweeps = sweeps;
   if (needle_text &&
       st_needle_locate_in_trace(req.model_dir, req.trace_path, needle_text, &req.needle_start, &req.needle_end)) {
@@ -223,9 +218,12 @@ int st_cmd_replay(int argc, char **argv) {
                rep->cells[i].bit_exact ? "reproduce" : "do NOT reproduce");
   }
   exit_code = all_exact ? 0 : 1;
+  goto done;
+bad_value:
+  st_opts_fail(&o);
 done:
   st_replay_report_free(rep);
-  free(sets);
+  st_opts_free(&o);
   free(sweeps);
   return exit_code;
 }

@@ -10,7 +10,6 @@
 ** Everything is read through recorder/capture.h on a read-only connection.
 */
 #include <errno.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,15 +17,24 @@
 #include <jansson.h>
 
 #include "commands.h"
+#include "options.h"
 #include "common/base.h"
-#include "recorder/capture.h"
+#include "recorder/capture/capture.h"
 #include "recorder/recorder.h"
 
-static const char *usage_text =
-  "usage: sparsetrace requests [--store DIR] list [--limit N] [--json]\n"
+static const st_opt_use requests_options[] = {
+  {ST_OPT_STORE, NULL, "the trace store (default ./" ST_DEFAULT_STORE ")"},
+  {ST_OPT_JSON, NULL, "JSON output (list: array of summaries; show: the full record)"},
+  {ST_OPT_LIMIT, NULL, "list at most N requests (default 50; 0 = all)"},
+  {ST_OPT_OUT, NULL, "export destination (default ./request-<id>.json; '-': standard output)"},
+  {ST_OPT_BODY, NULL, "show: print request and response bodies too"},
+  {0}};
+
+static const st_cmd_spec requests_spec = {
+  "requests",
+  "sparsetrace requests [--store DIR] list [--limit N] [--json]\n"
   "       sparsetrace requests [--store DIR] show ID [--json] [--body]\n"
-  "       sparsetrace requests [--store DIR] export ID [-o FILE|-]\n"
-  "\n"
+  "       sparsetrace requests [--store DIR] export ID [-o FILE|-]\n",
   "Browses the requests recorded by `sparsetrace capture` in DIR/index.sqlite.\n"
   "\n"
   "  list      newest first: id (first 8 characters), time, API, endpoint, model, stream,\n"
@@ -37,17 +45,9 @@ static const char *usage_text =
   "            ./request-<id>.json; '-' for standard output). `sparsetrace run --request\n"
   "            FILE.json` replays such a file through the engine.\n"
   "\n"
-  "ID is a request id, any unique prefix of it (4+ characters), or 'last'.\n"
-  "\n"
-  "options:\n"
-  "  --store DIR   the trace store (default ./" ST_DEFAULT_STORE ")\n"
-  "  --json        JSON output (list: array of summaries; show: the full record)\n"
-  "  --limit N     list at most N requests (default 50; 0 = all)\n"
-  "  -o FILE       export destination\n"
-  "  --body        show: print request and response bodies too\n"
-  "  -h, --help    this text\n"
-  "\n"
-  "SQL over the same data: sparsetrace query \"SELECT * FROM request_summary\"\n";
+  "ID is a request id, any unique prefix of it (4+ characters), or 'last'.\n",
+  requests_options,
+  "SQL over the same data: sparsetrace query \"SELECT * FROM request_summary\"\n"};
 
 static const char *str_or(json_t *o, const char *key, const char *dflt) {
   const char *s = json_string_value(json_object_get(o, key));
@@ -235,49 +235,49 @@ static int cmd_export(st_capture_db *db, const char *ref, const char *out_path) 
 }
 
 int st_cmd_requests(int argc, char **argv) {
-  static const struct option options[] = {
-    {"store", required_argument, NULL, 's'},
-    {"json", no_argument, NULL, 'j'},
-    {"limit", required_argument, NULL, 'n'},
-    {"output", required_argument, NULL, 'o'},
-    {"body", no_argument, NULL, 'b'},
-    {"help", no_argument, NULL, 'h'},
-    {NULL, 0, NULL, 0},
-  };
-  const char *store = ST_DEFAULT_STORE, *out = NULL;
-  int json = 0, limit = 50, bodies = 0, opt;
+  const char *out = NULL;
+  int limit = 50, bodies = 0, c;
   const char *positional[3] = {NULL, NULL, NULL};
   int n_pos = 0;
-  optind = 0;
-  /* Options may come before or after the action: parse in permuting mode. */
-  while (optind < argc) {
-    if ((opt = getopt_long(argc, argv, "-o:h", options, NULL)) == -1) break;
-    switch (opt) {
-    case 1:
+  int64_t v;
+  st_opts o;
+  st_opts_init(&o, &requests_spec, argc, argv);
+  while ((c = st_opts_next(&o)) > 0) {
+    switch (c) {
+    case ST_OPT_POSITIONAL:
       if (n_pos == 3) {
-        fprintf(stderr, "sparsetrace requests: too many arguments\n\n%s", usage_text);
-        return 2;
+        st_opts_error(&o, "too many arguments ('%s')", o.arg);
+        c = ST_OPTS_EXIT;
+        break;
       }
-      positional[n_pos++] = optarg;
+      positional[n_pos++] = o.arg;
       break;
-    case 's': store = optarg; break;
-    case 'j': json = 1; break;
-    case 'n': limit = atoi(optarg); break;
-    case 'o': out = optarg; break;
-    case 'b': bodies = 1; break;
-    case 'h': fputs(usage_text, stdout); return 0;
-    default: fputs(usage_text, stderr); return 2;
+    case ST_OPT_LIMIT:
+      if (st_opt_int(o.name, o.arg, 0, INT32_MAX, &v)) {
+        st_opts_fail(&o);
+        c = ST_OPTS_EXIT;
+      }
+      limit = (int)v;
+      break;
+    case ST_OPT_OUT: out = o.arg; break;
+    case ST_OPT_BODY: bodies = 1; break;
     }
+    if (c == ST_OPTS_EXIT) break;
   }
+  const char *store = o.store ? o.store : ST_DEFAULT_STORE;
+  int json = o.json;
+  st_opts_free(&o);
+  if (c == ST_OPTS_EXIT) return o.exit_code;
   const char *action = positional[0] ? positional[0] : "list";
   int needs_id = !strcmp(action, "show") || !strcmp(action, "export");
   if (strcmp(action, "list") && !needs_id) {
-    fprintf(stderr, "sparsetrace requests: unknown action '%s'\n\n%s", action, usage_text);
+    fprintf(stderr, "sparsetrace requests: unknown action '%s' (list, show or export)\n"
+            "(sparsetrace requests --help lists the options)\n", action);
     return 2;
   }
   if (needs_id != (positional[1] != NULL) || positional[2]) {
-    fprintf(stderr, "sparsetrace requests: %s\n\n%s",
-            needs_id ? "give the request ID (or 'last')" : "list takes no argument", usage_text);
+    fprintf(stderr, "sparsetrace requests: %s\n(sparsetrace requests --help lists the options)\n",
+            needs_id ? "give the request ID (or 'last')" : "list takes no argument");
     return 2;
   }
   st_capture_db *db = NULL;

@@ -3,7 +3,6 @@
 ** one trace (HDF5) plus its row in the store's index.
 */
 #include <errno.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <libgen.h>
 #include <stdio.h>
@@ -11,55 +10,57 @@
 #include <string.h>
 #include <time.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "commands.h"
+#include "options.h"
 #include "engine/model.h"
-#include "engine/chat.h"
-#include "engine/pyjson.h"
-#include "engine/tokenizer.h"
-#include "recorder/capture.h"
+#include "engine/text/chat.h"
+#include "engine/text/pyjson.h"
+#include "engine/text/tokenizer.h"
+#include "recorder/capture/capture.h"
 #include "recorder/recorder.h"
 #include "replayer/needle.h"
 
-static const char run_help[] =
-  "usage: sparsetrace run --model DIR (--prompt-tokens FILE.json | --request ID|FILE.json) [options]\n"
-  "\n"
+static const st_opt_use run_options[] = {
+  {ST_OPT_MODEL, NULL, "checkpoint directory (config.json + safetensors)"},
+  {ST_OPT_PROMPT_TOKENS, NULL, NULL},
+  {ST_OPT_REQUEST, "ID|FILE.json",
+   "a captured request (sparsetrace capture): an id, a unique prefix or\n"
+   "'last' in the store, or a file from 'sparsetrace requests export';\n"
+   "rendered with the model's chat encoding and tokenizer, compared with\n"
+   "the prompt token count the server reported, linked to the trace.\n"
+   "When the record carries the prompt token ids the server returned\n"
+   "(capture --ask-prompt-ids), they are used verbatim and the rendering\n"
+   "is compared with them (first differing position)"},
+  {ST_OPT_RENDER, NULL, "reference | sglang | vllm | atom (default reference)"},
+  {ST_OPT_MAX_NEW_TOKENS, NULL, "greedy tokens to generate after the prompt, 0 to 1000000 (default 0)"},
+  {ST_OPT_IGNORE_EOS, NULL, NULL},
+  {ST_OPT_TAP, NULL, "arm the taps whose names match (repeatable; 'sparsetrace taps'\n"
+                     "lists them), e.g. --tap 'layers.*.indexer.*' --tap logits"},
+  {ST_OPT_POSITIONS, NULL, "token positions kept for armed taps: all | last | A:B (half-open)\n"
+                           "(default all; compressed-row taps are always kept whole)"},
+  {ST_OPT_SET, NULL, NULL},
+  {ST_OPT_LAYER_SET, NULL, "a setting for the listed layers only, e.g. 3:rotate=q plants the\n"
+                           "F1 fault in layer 3 alone (repeatable; recorded in the trace)"},
+  {ST_OPT_NEEDLE, NULL, "the line the prompt must recall (found with the model's tokenizer):\n"
+                        "arms the indexer taps and records, per CSA layer and position after\n"
+                        "it, the needle's best rank and whether it is in the top-k\n"
+                        "(index tables needles / needle_verdicts, view needle_rank_by_layer)"},
+  {ST_OPT_NEEDLE_TOKENS, NULL, "the same by token span [A, B)"},
+  {ST_OPT_OUT, "OUT.h5", "where to write the trace (default STORE/runs/<run id>.h5)"},
+  {ST_OPT_TRACE, "OUT.h5", "the same as --out (the older spelling)"},
+  {ST_OPT_STORE, NULL, NULL},
+  {ST_OPT_THREADS, NULL, NULL},
+  {ST_OPT_CHUNK, NULL, "tokens per internal prefill chunk, 1 to 1048576 (default 256; results\n"
+                       "identical)"},
+  {ST_OPT_BACKEND, NULL, NULL},
+  {ST_OPT_JSON, NULL, "print the result as one JSON object"},
+  {0}};
+
+static const st_cmd_spec run_spec = {
+  "run", "sparsetrace run --model DIR (--prompt-tokens FILE.json | --request ID|FILE.json) [options]\n",
   "Runs the DeepSeek-V4 reference engine (cpu-ref) on a prompt, greedy-generates, and records a\n"
-  "trace: one HDF5 file with the tokens, the run's settings and build, and every armed tap.\n"
-  "\n"
-  "  --model DIR             checkpoint directory (config.json + safetensors)\n"
-  "  --prompt-tokens FILE    JSON array of token ids ('-' reads stdin)\n"
-  "  --request ID|FILE.json  a captured request (sparsetrace capture): an id, a unique prefix or\n"
-  "                          'last' in the store, or a file from 'sparsetrace requests export';\n"
-  "                          rendered with the model's chat encoding and tokenizer, compared with\n"
-  "                          the prompt token count the server reported, linked to the trace.\n"
-  "                          When the record carries the prompt token ids the server returned\n"
-  "                          (capture --ask-prompt-ids), they are used verbatim and the rendering\n"
-  "                          is compared with them (first differing position)\n"
-  "  --render PROFILE        reference | sglang | vllm | atom (default reference)\n"
-  "  --max-new-tokens N      greedy tokens to generate after the prompt (default 0)\n"
-  "  --ignore-eos            keep generating after the end-of-sequence token\n"
-  "  --tap GLOB              arm the taps whose names match (repeatable; 'sparsetrace taps'\n"
-  "                          lists them), e.g. --tap 'layers.*.indexer.*' --tap logits\n"
-  "  --positions SPEC        token positions kept for armed taps: all | last | A:B (half-open)\n"
-  "                          (default all; compressed-row taps are always kept whole)\n"
-  "  --set KEY=VALUE         engine setting (repeatable; 'sparsetrace settings' lists them)\n"
-  "  --layer-set L[,L..]:KEY=VALUE\n"
-  "                          a setting for the listed layers only, e.g. 3:rotate=q plants the\n"
-  "                          F1 fault in layer 3 alone (repeatable; recorded in the trace)\n"
-  "  --needle TEXT           the line the prompt must recall (found with the model's tokenizer):\n"
-  "                          arms the indexer taps and records, per CSA layer and position after\n"
-  "                          it, the needle's best rank and whether it is in the top-k\n"
-  "                          (index tables needles / needle_verdicts, view needle_rank_by_layer)\n"
-  "  --needle-tokens A:B     the same by token span [A, B)\n"
-  "  --trace OUT.h5          where to write the trace (default STORE/runs/<run id>.h5)\n"
-  "  --store DIR             trace store holding index.sqlite (default ./traces)\n"
-  "  --threads N             OpenMP threads (results are identical for any N)\n"
-  "  --chunk N               tokens per internal prefill chunk (default 256; results identical)\n"
-  "  --json                  print the result as one JSON object\n";
+  "trace: one HDF5 file with the tokens, the run's settings and build, and every armed tap.\n",
+  run_options, "Exit status: 0 recorded, 1 on error, 2 usage error.\n"};
 
 typedef struct run_args {
   const char *model, *prompt_path, *trace, *store, *positions;
@@ -267,80 +268,69 @@ static double seconds_since(const struct timespec *t0) {
   return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
 }
 
+/* 0, or the exit code to return now (-1: 0 after --help). */
 static int parse_args(int argc, char **argv, run_args *a) {
-  enum { OPT_MODEL = 256, OPT_PROMPT, OPT_MAX_NEW, OPT_IGNORE_EOS, OPT_TAP, OPT_POSITIONS, OPT_SET,
-         OPT_TRACE, OPT_STORE, OPT_THREADS, OPT_CHUNK, OPT_JSON, OPT_HELP, OPT_LAYER_SET, OPT_NEEDLE, OPT_NEEDLE_TOKENS, OPT_REQUEST, OPT_RENDER };
-  static const struct option options[] = {
-    {"model", required_argument, 0, OPT_MODEL}, {"prompt-tokens", required_argument, 0, OPT_PROMPT},
-    {"max-new-tokens", required_argument, 0, OPT_MAX_NEW}, {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
-    {"tap", required_argument, 0, OPT_TAP}, {"positions", required_argument, 0, OPT_POSITIONS},
-    {"set", required_argument, 0, OPT_SET}, {"trace", required_argument, 0, OPT_TRACE},
-    {"store", required_argument, 0, OPT_STORE}, {"threads", required_argument, 0, OPT_THREADS},
-    {"chunk", required_argument, 0, OPT_CHUNK}, {"json", no_argument, 0, OPT_JSON},
-    {"help", no_argument, 0, OPT_HELP}, {"layer-set", required_argument, 0, OPT_LAYER_SET},
-    {"needle", required_argument, 0, OPT_NEEDLE}, {"needle-tokens", required_argument, 0, OPT_NEEDLE_TOKENS},
-    {"request", required_argument, 0, OPT_REQUEST}, {"render", required_argument, 0, OPT_RENDER},
-    {0, 0, 0, 0}};
   memset(a, 0, sizeof *a);
-  a->store = ST_DEFAULT_STORE;
-  a->positions = "all";
-  a->taps = calloc((size_t)argc + 1, sizeof(char *));
-  a->layer_sets = calloc((size_t)argc, sizeof(char *));
+  a->taps = calloc((size_t)argc + 1, sizeof(char *)); /* the --tap globs, and room for the needle's */
+  a->layer_sets = calloc((size_t)argc + 1, sizeof(char *));
   st_settings_default(&a->settings);
-  optind = 1;
-  opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, "h", options, NULL)) != -1) {
-    char *end;
+  int c, rc = 2;
+  int64_t v;
+  st_opts o;
+  st_opts_init(&o, &run_spec, argc, argv);
+  while ((c = st_opts_next(&o)) > 0) {
     switch (c) {
-    case OPT_MODEL: a->model = optarg; break;
-    case OPT_PROMPT: a->prompt_path = optarg; break;
-    case OPT_MAX_NEW:
-      a->max_new = (int)strtol(optarg, &end, 10);
-      if (*end || a->max_new < 0) { fprintf(stderr, "sparsetrace run: --max-new-tokens '%s' is not a count\n", optarg); return 2; }
+    case ST_OPT_PROMPT_TOKENS: a->prompt_path = o.arg; break;
+    case ST_OPT_MAX_NEW_TOKENS:
+      if (st_opt_int(o.name, o.arg, 0, 1000000, &v)) goto bad_value;
+      a->max_new = (int)v;
       break;
-    case OPT_IGNORE_EOS: a->ignore_eos = 1; break;
-    case OPT_TAP: a->taps[a->n_taps++] = optarg; break;
-    case OPT_LAYER_SET: a->layer_sets[a->n_layer_sets++] = optarg; break;
-    case OPT_NEEDLE: a->needle_text = optarg; break;
-    case OPT_REQUEST: a->request = optarg; break;
-    case OPT_RENDER: a->render = optarg; break;
-    case OPT_NEEDLE_TOKENS:
-      if (st_cli_parse_span(optarg, &a->needle_start, &a->needle_end)) {
-        fprintf(stderr, "sparsetrace run: --needle-tokens '%s': expected A:B with A < B\n", optarg);
-        return 2;
-      }
+    case ST_OPT_IGNORE_EOS: a->ignore_eos = 1; break;
+    case ST_OPT_NEEDLE: a->needle_text = o.arg; break;
+    case ST_OPT_REQUEST: a->request = o.arg; break;
+    case ST_OPT_RENDER: a->render = o.arg; break;
+    case ST_OPT_NEEDLE_TOKENS:
+      if (st_opt_span(o.name, o.arg, &a->needle_start, &a->needle_end)) goto bad_value;
       break;
-    case OPT_POSITIONS: a->positions = optarg; break;
-    case OPT_SET:
-      if (st_settings_set(&a->settings, optarg)) return st_cli_report_error("run") + 1;
+    case ST_OPT_OUT: case ST_OPT_TRACE: a->trace = o.arg; break;
+    case ST_OPT_CHUNK:
+      if (st_opt_int(o.name, o.arg, 1, 1048576, &v)) goto bad_value;
+      a->chunk = (int)v;
       break;
-    case OPT_TRACE: a->trace = optarg; break;
-    case OPT_STORE: a->store = optarg; break;
-    case OPT_THREADS:
-      a->threads = (int)strtol(optarg, &end, 10);
-      if (*end || a->threads < 1) { fprintf(stderr, "sparsetrace run: --threads '%s' is not a positive count\n", optarg); return 2; }
-      break;
-    case OPT_CHUNK:
-      a->chunk = (int)strtol(optarg, &end, 10);
-      if (*end || a->chunk < 1) { fprintf(stderr, "sparsetrace run: --chunk '%s' is not a positive count\n", optarg); return 2; }
-      break;
-    case OPT_JSON: a->json = 1; break;
-    case 'h': case OPT_HELP: printf("%s", run_help); return -1;
     default:
-      fprintf(stderr, "sparsetrace run: unknown or incomplete option '%s'\n\n%s", argv[optind - 1], run_help);
-      return 2;
+      st_opts_error(&o, "unexpected argument '%s'", o.arg);
+      goto out;
     }
   }
-  if (optind < argc) {
-    fprintf(stderr, "sparsetrace run: unexpected argument '%s'\n", argv[optind]);
-    return 2;
+  if (c == ST_OPTS_EXIT) {
+    rc = o.exit_code ? o.exit_code : -1;
+    goto out;
   }
+  if (!a->taps || !a->layer_sets) {
+    rc = 1;
+    goto out;
+  }
+  a->model = o.model;
+  a->store = o.store ? o.store : ST_DEFAULT_STORE;
+  a->positions = o.positions ? o.positions : "all";
+  a->threads = o.threads;
+  a->backend = o.backend;
+  a->json = o.json;
+  for (int i = 0; i < o.n_taps; i++) a->taps[a->n_taps++] = o.taps[i];
+  for (int i = 0; i < o.n_layer_sets; i++) a->layer_sets[a->n_layer_sets++] = o.layer_sets[i];
+  for (int i = 0; i < o.n_sets; i++)
+    if (st_settings_set(&a->settings, o.sets[i])) goto bad_value;
   if (!a->model || !!a->prompt_path == !!a->request) {
-    fprintf(stderr, "sparsetrace run: --model and one of --prompt-tokens or --request are required\n\n%s", run_help);
-    return 2;
+    st_opts_error(&o, "--model and one of --prompt-tokens or --request are required");
+    goto out;
   }
-  return 0;
+  rc = 0;
+  goto out;
+bad_value:
+  st_opts_fail(&o);
+out:
+  st_opts_free(&o);
+  return rc;
 }
 
 int st_cmd_run(int argc, char **argv) {
@@ -351,12 +341,7 @@ int st_cmd_run(int argc, char **argv) {
     free(a.layer_sets);
     return usage < 0 ? 0 : usage;
   }
-#ifdef _OPENMP
-  if (a.threads) omp_set_num_threads(a.threads);
-  int threads = omp_get_max_threads();
-#else
-  int threads = 1;
-#endif
+  int threads = st_opts_apply_threads(a.threads);
   int exit_code = 1;
   int32_t *tokens = NULL;
   int n_prompt = 0, n_generated = 0;
@@ -374,6 +359,7 @@ int st_cmd_run(int argc, char **argv) {
   request_prompt rq = {0};
   char *request_id = rq.id;
   int64_t server_count = -1;
+  if (st_opts_backend_available(a.backend)) goto out;
   if (a.request) {
     if (prompt_from_request(a.request, a.store, a.model, a.render, &tokens, &n_prompt, &rq))
       goto out;

@@ -5,7 +5,6 @@
 ** check one string against what their server's /tokenize endpoint says.
 */
 #define _GNU_SOURCE
-#include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,37 +12,38 @@
 #include <sys/stat.h>
 
 #include "commands.h"
+#include "options.h"
 #include "common/base.h"
-#include "engine/pyjson.h"
-#include "engine/tokenizer.h"
+#include "engine/text/pyjson.h"
+#include "engine/text/tokenizer.h"
 
-static const char *usage_text =
-  "usage: sparsetrace tokenize --model DIR [--json] [--no-special] [--split-special]\n"
-  "       sparsetrace tokenize --model DIR --decode [--json] [--skip-special]\n"
-  "\n"
+static const st_opt_use tokenize_options[] = {
+  {ST_OPT_MODEL, NULL, "the tokenizer (see above)"},
+  {ST_OPT_JSON, NULL, "encode: one JSON array of ids, e.g. [128803, 30594]\n"
+                      "decode: the text as one JSON string\n"
+                      "(default: one line per token: position, id, decoded text as JSON)"},
+  {ST_OPT_NO_SPECIAL, NULL, "do not add BOS/EOS even if tokenizer_config.json asks for them\n"
+                            "(the default follows add_bos_token / add_eos_token, like\n"
+                            "transformers' add_special_tokens=True)"},
+  {ST_OPT_SPLIT_SPECIAL, NULL, "special-token strings in the text are plain text (HF\n"
+                               "split_special_tokens); default: \"<｜User｜>\" in the text is one id"},
+  {ST_OPT_DECODE, NULL, "ids → text"},
+  {ST_OPT_SKIP_SPECIAL, NULL, "decode: leave out special tokens (BOS, EOS, ...)"},
+  {0}};
+
+static const st_cmd_spec tokenize_spec = {
+  "tokenize",
+  "sparsetrace tokenize --model DIR [--json] [--no-special] [--split-special]\n"
+  "       sparsetrace tokenize --model DIR --decode [--json] [--skip-special]\n",
   "Reads UTF-8 text on standard input and prints its token ids; with --decode reads a JSON\n"
   "array of ids and prints the text they stand for.\n"
   "\n"
   "DIR holds tokenizer.json (Hugging Face format, byte-level BPE) and optionally\n"
-  "tokenizer_config.json; DIR may also be the path of a tokenizer.json file.\n"
-  "\n"
-  "options:\n"
-  "  --model DIR       the tokenizer (see above)\n"
-  "  --json            encode: one JSON array of ids, e.g. [128803, 30594]\n"
-  "                    decode: the text as one JSON string\n"
-  "                    (default: one line per token: position, id, decoded text as JSON)\n"
-  "  --no-special      do not add BOS/EOS even if tokenizer_config.json asks for them\n"
-  "                    (the default follows add_bos_token / add_eos_token, like\n"
-  "                    transformers' add_special_tokens=True)\n"
-  "  --split-special   special-token strings in the text are plain text (HF\n"
-  "                    split_special_tokens); default: \"<｜User｜>\" in the text is one id\n"
-  "  --decode          ids → text\n"
-  "  --skip-special    decode: leave out special tokens (BOS, EOS, ...)\n"
-  "  -h, --help        this text\n"
-  "\n"
+  "tokenizer_config.json; DIR may also be the path of a tokenizer.json file.\n",
+  tokenize_options,
   "examples:\n"
   "  printf '<｜User｜>你好<｜Assistant｜>' | sparsetrace tokenize --model M --json\n"
-  "  echo '[128803, 30594]' | sparsetrace tokenize --model M --decode\n";
+  "  echo '[128803, 30594]' | sparsetrace tokenize --model M --decode\n"};
 
 /* Reads all of stdin; NULL on allocation failure (message set). */
 static char *read_all(FILE *f, size_t *len) {
@@ -187,35 +187,25 @@ int st_cli_open_tokenizer(const char *model, st_tokenizer **tok) {
 }
 
 int st_cmd_tokenize(int argc, char **argv) {
-  static const struct option options[] = {
-    {"model", required_argument, NULL, 'm'},
-    {"json", no_argument, NULL, 'j'},
-    {"decode", no_argument, NULL, 'd'},
-    {"no-special", no_argument, NULL, 'n'},
-    {"split-special", no_argument, NULL, 's'},
-    {"skip-special", no_argument, NULL, 'k'},
-    {"help", no_argument, NULL, 'h'},
-    {NULL, 0, NULL, 0},
-  };
-  const char *model = NULL;
-  int json = 0, decode = 0, no_special = 0, split_special = 0, skip_special = 0, opt;
-  optind = 0;
-  while ((opt = getopt_long(argc, argv, "+h", options, NULL)) != -1) {
-    switch (opt) {
-    case 'm': model = optarg; break;
-    case 'j': json = 1; break;
-    case 'd': decode = 1; break;
-    case 'n': no_special = 1; break;
-    case 's': split_special = 1; break;
-    case 'k': skip_special = 1; break;
-    case 'h': fputs(usage_text, stdout); return 0;
-    default: fputs(usage_text, stderr); return 2;
+  int decode = 0, no_special = 0, split_special = 0, skip_special = 0, c;
+  st_opts o;
+  st_opts_init(&o, &tokenize_spec, argc, argv);
+  while ((c = st_opts_next(&o)) > 0) {
+    switch (c) {
+    case ST_OPT_DECODE: decode = 1; break;
+    case ST_OPT_NO_SPECIAL: no_special = 1; break;
+    case ST_OPT_SPLIT_SPECIAL: split_special = 1; break;
+    case ST_OPT_SKIP_SPECIAL: skip_special = 1; break;
+    default: st_opts_error(&o, "unexpected argument '%s' (text comes on standard input)", o.arg); c = ST_OPTS_EXIT;
     }
+    if (c == ST_OPTS_EXIT) break;
   }
-  if (!model || optind < argc) {
-    fprintf(stderr, "sparsetrace tokenize: %s\n\n%s",
-            model ? "unexpected argument (text comes on standard input)" : "--model is required",
-            usage_text);
+  const char *model = o.model;
+  int json = o.json;
+  st_opts_free(&o);
+  if (c == ST_OPTS_EXIT) return o.exit_code;
+  if (!model) {
+    fprintf(stderr, "sparsetrace tokenize: --model is required\n(sparsetrace tokenize --help lists the options)\n");
     return 2;
   }
   st_tokenizer *tok = NULL;

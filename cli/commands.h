@@ -1,7 +1,8 @@
 /*
 ** commands.h — the sparsetrace subcommands. Each takes the arguments after its own name
-** (argv[0] is the subcommand name), prints its own --help, and returns the process exit code:
-** 0 success, 1 failure (message on stderr, from st_errmsg()), 2 usage error.
+** (argv[0] is the subcommand name), parses it with cli/options.h (one convention, one --help
+** format), and returns the process exit code: 0 success, 1 failure (message on stderr, from
+** st_errmsg()), 2 usage error.
 */
 #ifndef ST_COMMANDS_H
 #define ST_COMMANDS_H
@@ -25,9 +26,6 @@ int st_cmd_needle(int argc, char **argv);   /* cli/cmd_needle.c: make, sweep */
 /* Shared by subcommands: "prefix argv[0] ... argv[argc-1]" for provenance (caller frees; NULL
 ** when out of memory). */
 char *st_cli_join_args(const char *prefix, int argc, char **argv);
-
-/* Parses a token span "A:B" (0 <= A < B). Returns 0, or -1 when malformed. */
-int st_cli_parse_span(const char *text, int64_t *start, int64_t *end);
 
 /* Shared by subcommands: prints "sparsetrace <cmd>: <st_errmsg()>" to stderr, returns 1. */
 int st_cli_report_error(const char *cmd);

@@ -48,15 +48,6 @@ char *st_cli_join_args(const char *prefix, int argc, char **argv) {
   return s;
 }
 
-int st_cli_parse_span(const char *text, int64_t *start, int64_t *end) {
-  char *p;
-  *start = strtoll(text, &p, 10);
-  if (p == text || *p != ':') return -1;
-  const char *second = p + 1;
-  *end = strtoll(second, &p, 10);
-  return p == second || *p || *start < 0 || *end <= *start ? -1 : 0;
-}
-
 int st_cli_report_error(const char *cmd) {
   fprintf(stderr, "sparsetrace %s: %s\n", cmd, st_errmsg());
   return 1;
@@ -64,7 +55,7 @@ int st_cli_report_error(const char *cmd) {
 
 int main(int argc, char **argv) {
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
-    usage(stdout);
+    usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
   if (!strcmp(argv[1], "--version")) {

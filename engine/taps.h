@@ -3,17 +3,20 @@
 **
 ** The forward pass asks st_tap_armed() at each tap point (one byte load when disarmed) and, when
 ** armed, calls the sink's emit with a borrowed pointer. The value exists only for the duration of
-** the call: the sink copies what it keeps (recorder/tap_recorder.c does, and hands the copy to the
+** the call: the sink copies what it keeps (recorder/recorder.c does, and hands the copy to the
 ** writer thread). Axis 0 of every value is the token position (pos0 = position of row 0), except
 ** for row taps (st_tap_catalogue[].row_axis), whose axis 0 is the compressed row (pos0 = index of
 ** the first row in the value).
+**
+** recorder/ includes this header and nothing else of engine/, and links none of it: the sink type
+** is the whole contract between the two (st_taps_arm, in taps.c, is the engine's side).
 */
 #ifndef ST_TAPS_H
 #define ST_TAPS_H
 
 #include <stdint.h>
 
-#include "../schemas/catalogue.h"
+#include "schemas/catalogue.h"
 #include "common/base.h"
 
 typedef struct st_tap_sink {

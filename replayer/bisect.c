@@ -65,6 +65,7 @@ static const char *lookup(const kv *list, int n, const char *key) {
 
 typedef struct bisector {
   const char *trace, *model;
+  const char *backend;       /* of every replay; NULL: the one that recorded the trace */
   int64_t needle_start, needle_end;
   const int *layers;
   int n_layers;
@@ -79,7 +80,8 @@ static st_status verdicts(bisector *b, const char *const *sets, int n, st_bisect
   for (int i = 0; i < b->n_layers; i++) {
     st_replay_request req = {.trace_path = b->trace, .model_dir = b->model, .layer = b->layers[i],
                              .stage = ST_REPLAY_INDEXER, .sets = sets, .n_sets = n,
-                             .needle_start = b->needle_start, .needle_end = b->needle_end};
+                             .needle_start = b->needle_start, .needle_end = b->needle_end,
+                             .backend = b->backend};
     st_replay_report *r = NULL;
     st_status rc = st_replay_run(&req, &r);
     if (rc) return rc;
@@ -148,9 +150,9 @@ static void describe_restore(const st_bisect_change *c, const char *verb, char *
   snprintf(buf, size, "setting %s=%s again %s", c->key, c->good, verb);
 }
 
-st_status st_bisect_run(const char *trace_path, const char *model_dir, const char *good,
-                        const char *bad, int64_t needle_start, int64_t needle_end,
-                        st_bisect_report *out) {
+st_status st_bisect_run(const st_bisect_request *req, st_bisect_report *out) {
+  const char *trace_path = req->trace_path, *model_dir = req->model_dir, *good = req->good, *bad = req->bad;
+  int64_t needle_start = req->needle_start, needle_end = req->needle_end;
   memset(out, 0, sizeof *out);
   out->first_flip_layer = -1;
   struct timespec t0;
@@ -174,7 +176,8 @@ st_status st_bisect_run(const char *trace_path, const char *model_dir, const cha
   st_trace_close(t);
   bisector b = {.trace = trace_path, .model = model_dir, .needle_start = needle_start,
                 .needle_end = needle_end, .layers = out->layers, .n_layers = out->n_layers,
-                .judge_from = judge_from, .judge_to = judge_from + (needle_end - needle_start)};
+                .judge_from = judge_from, .judge_to = judge_from + (needle_end - needle_start),
+                .backend = req->backend};
 
   /* the differing settings: a key set on one side only keeps the recorded value on the other */
   for (int side = 0; side < 2; side++) {

@@ -51,9 +51,13 @@ typedef struct st_bisect_report {
   int replays;
 } st_bisect_report;
 
-/* good and bad are comma-separated KEY=VALUE lists applied over the recorded settings. */
-st_status st_bisect_run(const char *trace_path, const char *model_dir, const char *good,
-                        const char *bad, int64_t needle_start, int64_t needle_end,
-                        st_bisect_report *out);
+typedef struct st_bisect_request {
+  const char *trace_path, *model_dir;
+  const char *good, *bad;           /* comma-separated KEY=VALUE lists over the recorded settings */
+  int64_t needle_start, needle_end; /* the needle's token span [start, end) */
+  const char *backend;              /* of the replays; NULL: the backend that recorded the trace */
+} st_bisect_request;
+
+st_status st_bisect_run(const st_bisect_request *req, st_bisect_report *out);
 
 #endif

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "engine/config.h"
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "recorder/trace_reader.h"
 #include "replay_store.h"
 

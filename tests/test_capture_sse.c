@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "recorder/capture_internal.h"
+#include "recorder/capture/capture_internal.h"
 
 /* ---- SSE parser --------------------------------------------------------------------------- */
 

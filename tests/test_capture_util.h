@@ -29,7 +29,7 @@
 #include <cmocka.h>
 #include <curl/curl.h>
 
-#include "recorder/capture_internal.h"
+#include "recorder/capture/capture_internal.h"
 
 /* ---- the fake upstream -------------------------------------------------------------------- */
 

@@ -1,6 +1,6 @@
 /*
-** test_chat.c — engine/chat.c (the DeepSeek-V4 encoder) and engine/chat_requests.c (request
-** mappings and render profiles).
+** test_chat.c — engine/text/chat.c (the DeepSeek-V4 encoder) and engine/text/chat_requests.c
+** (request mappings and render profiles).
 **
 ** The golden vectors are the .json files in tests/data/chat/, one case each: a request body, render options,
 ** and the expected prompt written by hand from ENCODING-dsv4.md (each case cites its section),
@@ -29,9 +29,9 @@
 
 #include <cmocka.h>
 
-#include "engine/chat.h"
-#include "engine/pyjson.h"
-#include "engine/tokenizer.h"
+#include "engine/text/chat.h"
+#include "engine/text/pyjson.h"
+#include "engine/text/tokenizer.h"
 #include "tokenizer_fixture.h"
 
 /* ------------------------------------------------------------------ the format's long strings */

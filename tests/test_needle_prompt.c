@@ -1,5 +1,5 @@
 /*
-** test_needle_prompt.c — engine/needle_prompt.h and the parts of replayer/harness.h that need no
+** test_needle_prompt.c — needle/needle_prompt.h and the parts of needle/harness.h that need no
 ** engine or server: the generator in-process (determinism, the needle once at the requested
 ** fraction for every kind, format and render profile, sizes nesting with the target, spec errors),
 ** the token span of a byte range (against a hand-made byte tokenizer), and reading the answer
@@ -17,8 +17,8 @@
 
 #include <cmocka.h>
 
-#include "engine/needle_prompt.h"
-#include "replayer/harness.h"
+#include "needle/needle_prompt.h"
+#include "needle/harness.h"
 
 static char *dump(const json_t *v) { return json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER); }
 

@@ -1,5 +1,5 @@
 /*
-** test_tokenizer.c — engine/tokenizer*.c and engine/pyjson.c.
+** test_tokenizer.c — engine/text/tokenizer*.c and engine/text/pyjson.c.
 **
 ** Two halves. Synthetic tokenizers written by the test (256 byte tokens plus a handful of merges
 ** and added tokens) pin each rule the loader and encoder implement: merge order by rank, every
@@ -26,9 +26,9 @@
 
 #include <cmocka.h>
 
-#include "engine/pyjson.h"
-#include "engine/tokenizer.h"
-#include "engine/tokenizer_internal.h"
+#include "engine/text/pyjson.h"
+#include "engine/text/tokenizer.h"
+#include "engine/text/tokenizer_internal.h"
 #include "tokenizer_fixture.h"
 
 /* ------------------------------------------------------------------ scratch directories */

@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/tokenizer.h"
+#include "engine/text/tokenizer.h"
 #include "tokenizer_fixture.h"
 
 #define MAX_KINDS 64

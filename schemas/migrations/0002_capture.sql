@@ -1,4 +1,4 @@
--- 0002_capture.sql — requests captured by `sparsetrace capture` (recorder/capture*.c).
+-- 0002_capture.sql — requests captured by `sparsetrace capture` (recorder/capture/*.c).
 --
 -- One row per HTTP exchange the proxy accepted. The row is inserted with state 'open' once the
 -- request has been read and before it is forwarded, and updated when the exchange ends, so a

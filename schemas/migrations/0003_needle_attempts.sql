@@ -1,5 +1,5 @@
 -- 0003_needle_attempts.sql — needle recall attempts made by `sparsetrace needle sweep`
--- (replayer/harness.c; the requests come from engine/needle_prompt.c).
+-- (needle/harness.c; the requests come from needle/needle_prompt.c).
 --
 -- A sweep is a grid: context lengths × needle positions × seeds. Each cell of the grid is one
 -- attempt: a synthetic agentic request of about tokens_requested tokens with one needle line at

@@ -1,7 +1,7 @@
 -- 0004_prompt_ids.sql — the prompt token ids a serving engine returned for a captured request
--- (`sparsetrace capture --ask-prompt-ids sglang|vllm`, recorder/capture_server.c and
--- recorder/capture_message.c), so that `sparsetrace run --request` can replay exactly the ids the
--- server ran instead of re-rendering the chat.
+-- (`sparsetrace capture --ask-prompt-ids sglang|vllm`, recorder/capture/capture_server.c and
+-- recorder/capture/capture_message.c), so that `sparsetrace run --request` can replay exactly the
+-- ids the server ran instead of re-rendering the chat.
 --
 -- With the flag, the proxy adds the engine's own request field to the JSON body it forwards
 -- (sglang /v1/chat/completions: "return_prompt_token_ids": true, non-streaming only; sglang and

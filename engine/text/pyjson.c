@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/pyjson.h"
+#include "engine/text/pyjson.h"
 
 /* ---------------------------------------------------------------- text buffer */
 

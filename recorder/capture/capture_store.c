@@ -42,7 +42,7 @@
 #include <sqlite3.h>
 
 #include "capture_internal.h"
-#include "index.h"
+#include "recorder/index.h"
 
 /* ---- writer ------------------------------------------------------------------------------ */
 

@@ -32,8 +32,8 @@
 #include <stddef.h>
 
 #include "common/base.h"
-#include "engine/pyjson.h"
-#include "engine/tokenizer.h"
+#include "engine/text/pyjson.h"
+#include "engine/text/tokenizer.h"
 
 typedef enum st_render_profile {
   ST_RENDER_REFERENCE = 0, /* the checkpoint's encoder with a plain request mapping */

@@ -61,8 +61,8 @@
 #include <civetweb.h>
 
 #include "capture_internal.h"
-#include "index.h"
-#include "recorder.h"
+#include "recorder/index.h"
+#include "recorder/recorder.h"
 
 struct st_capture {
   struct mg_context *ctx;

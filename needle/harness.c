@@ -17,8 +17,8 @@
 #endif
 
 #include "engine/model.h"
-#include "engine/pyjson.h"
-#include "engine/tokenizer.h"
+#include "engine/text/pyjson.h"
+#include "engine/text/tokenizer.h"
 #include "recorder/index.h"
 #include "recorder/recorder.h"
 #include "replayer/needle.h"

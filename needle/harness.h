@@ -3,7 +3,7 @@
 ** one recall attempt, run through the reference engine or sent to a live OpenAI/Anthropic-style
 ** server; every attempt is stored in the index (table needle_attempts, view needle_sweep_cells).
 **
-** Engine: the request (engine/needle_prompt.h) is rendered with the DeepSeek-V4 encoding and
+** Engine: the request (needle/needle_prompt.h) is rendered with the DeepSeek-V4 encoding and
 ** tokenised with the model's tokenizer, run greedily with the indexer taps armed and recorded as a
 ** trace like `sparsetrace run` does; the needle's token span goes into needles/needle_verdicts, so
 ** a failing cell is one `sparsetrace replay --trace` away. The continuation is decoded and passes
@@ -23,8 +23,8 @@
 #include <stdint.h>
 
 #include "common/base.h"
-#include "engine/chat.h"
-#include "engine/needle_prompt.h"
+#include "engine/text/chat.h"
+#include "needle/needle_prompt.h"
 #include "engine/settings.h"
 
 typedef enum st_harness_api {

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/tokenizer_internal.h"
+#include "engine/text/tokenizer_internal.h"
 
 #define CACHE_SLOTS (1u << 17)
 #define CACHE_MAX_ENTRIES (CACHE_SLOTS / 2)

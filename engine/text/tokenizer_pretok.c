@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/tokenizer_internal.h"
+#include "engine/text/tokenizer_internal.h"
 
 /* ---------------------------------------------------------------- pattern rewriting */
 

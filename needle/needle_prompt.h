@@ -1,6 +1,6 @@
 /*
 ** needle_prompt.h — synthetic agentic requests with one line to recall (the needle harness's
-** generator; `sparsetrace needle make`, replayer/harness.c).
+** generator; `sparsetrace needle make`, needle/harness.c).
 **
 ** A request looks like what a coding agent sends: a system prompt (role, rules, an environment
 ** section), tool definitions with JSON schemas, a task from the user, rounds of tool calls and
@@ -10,7 +10,7 @@
 ** an API key, a ticket number — occurs once, as its own line, at fraction `position` of the
 ** rendered prompt: in the system text, in a tool description, or in a message.
 **
-** Size: the prompt is rendered with the DeepSeek-V4 encoding (engine/chat.h, the given render
+** Size: the prompt is rendered with the DeepSeek-V4 encoding (engine/text/chat.h, the given render
 ** profile) and measured with the tokenizer when one is given, else estimated at 3.25 bytes per
 ** token; filler lines are added until the count is as close to `tokens` as line granularity
 ** allows (normally within 2%). How many tools and rules the request carries scales with the
@@ -27,8 +27,8 @@
 #include <stdint.h>
 
 #include "common/base.h"
-#include "engine/chat.h"
-#include "engine/tokenizer.h"
+#include "engine/text/chat.h"
+#include "engine/text/tokenizer.h"
 
 typedef enum st_needle_kind {
   ST_NEEDLE_PATH = 0,   /* Working directory: /home/dev/projects/<name>/<name> */

@@ -24,8 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/needle_corpus.h"
-#include "engine/pyjson.h"
+#include "needle/needle_corpus.h"
+#include "engine/text/pyjson.h"
 
 /* ---------------------------------------------------------------- names */
 

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/chat.h"
+#include "engine/text/chat.h"
 
 /* ---------------------------------------------------------------- the format's strings */
 
