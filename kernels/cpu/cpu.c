@@ -235,15 +235,16 @@ static void cpu_round_bf16(void *ctx, float *x, size_t count) {
   for (size_t k = 0; k < count; k++) x[k] = st_round_bf16(x[k]);
 }
 
-/* SPEC F2: the writer's e4m3fn scale and bytes, decoded by a reader that assumes e4m3fnuz. */
-static void fn_as_fnuz_blocks(float *x, int len, int block, int ue8m0) {
+/* SPEC F2: the writer's e4m3fn scale (amax / 448, never ue8m0, as cpu-ref) and bytes, decoded by
+** a reader that assumes e4m3fnuz. */
+static void fn_as_fnuz_blocks(float *x, int len, int block) {
   if (block <= 0) block = len;
   for (int b0 = 0; b0 < len; b0 += block) {
     int b1 = len - b0 < block ? len : b0 + block;
     float amax = 0;
     for (int k = b0; k < b1; k++) amax = fmaxf(amax, fabsf(x[k]));
     amax = fmaxf(amax, 1e-4f);
-    float scale = ue8m0 ? st_ue8m0_round_up_scale(amax, 448.0f) : amax / 448.0f;
+    float scale = amax / 448.0f;
     for (int k = b0; k < b1; k++) x[k] = st_fp8_e4m3fnuz_to_f32(st_f32_to_fp8_e4m3fn(x[k] / scale)) * scale;
   }
 }
@@ -257,7 +258,7 @@ static void cpu_quantize(void *ctx, float *x, int rows, int64_t stride, int len,
     case ST_Q_BF16: st_bf16_roundtrip(p, (size_t)len); break;
     case ST_Q_FP8_E4M3FN: st_fp8_roundtrip_blocks(p, len, block, ue8m0, 0); break;
     case ST_Q_FP8_E4M3FNUZ: st_fp8_roundtrip_blocks(p, len, block, ue8m0, 1); break;
-    case ST_Q_FP8_FN_AS_FNUZ: fn_as_fnuz_blocks(p, len, block, ue8m0); break;
+    case ST_Q_FP8_FN_AS_FNUZ: fn_as_fnuz_blocks(p, len, block); break;
     case ST_Q_FP4_E2M1: st_fp4_roundtrip_blocks(p, len, block); break;
     }
   }

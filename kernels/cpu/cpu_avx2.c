@@ -102,6 +102,7 @@ static void pack(float *panel, const st_weight *w, int64_t r0, int cols, int64_t
 INLINE void gemm_tile(float *c, int64_t ldc, const float *a, int64_t lda, int mr, const float *panel,
                       int full, __m256i m0, __m256i m1, int kc, int accumulate) {
   __m256 acc0[MR], acc1[MR];
+  #pragma GCC unroll 16
   for (int i = 0; i < mr; i++) {
     if (!accumulate) acc0[i] = acc1[i] = _mm256_setzero_ps();
     else if (full) acc0[i] = _mm256_loadu_ps(c + i * ldc), acc1[i] = _mm256_loadu_ps(c + i * ldc + 8);
@@ -109,12 +110,14 @@ INLINE void gemm_tile(float *c, int64_t ldc, const float *a, int64_t lda, int mr
   }
   for (int kk = 0; kk < kc; kk++) {
     __m256 b0 = _mm256_load_ps(panel + (size_t)kk * NR), b1 = _mm256_load_ps(panel + (size_t)kk * NR + 8);
+    #pragma GCC unroll 16
     for (int i = 0; i < mr; i++) {
       __m256 x = _mm256_broadcast_ss(a + i * lda + kk);
       acc0[i] = _mm256_fmadd_ps(x, b0, acc0[i]);
       acc1[i] = _mm256_fmadd_ps(x, b1, acc1[i]);
     }
   }
+  #pragma GCC unroll 16
   for (int i = 0; i < mr; i++) {
     if (full) _mm256_storeu_ps(c + i * ldc, acc0[i]), _mm256_storeu_ps(c + i * ldc + 8, acc1[i]);
     else _mm256_maskstore_ps(c + i * ldc, m0, acc0[i]), _mm256_maskstore_ps(c + i * ldc + 8, m1, acc1[i]);
@@ -144,23 +147,31 @@ static void gemm(float *c, int64_t ldc, const float *a, int64_t lda, int m, cons
 INLINE void qk_tile(float *out, const float *qT, int hp, int h0, int hv, const float *const *rows,
                     int mr, int dim, const float *w, float scale) {
   __m256 acc[QK_MR][4];
+  #pragma GCC unroll 16
   for (int r = 0; r < mr; r++)
+    #pragma GCC unroll 16
     for (int v = 0; v < hv; v++) acc[r][v] = _mm256_setzero_ps();
   for (int k = 0; k < dim; k++) {
     const float *qk = qT + (size_t)k * hp + h0;
+    #pragma GCC unroll 16
     for (int r = 0; r < mr; r++) {
       __m256 x = _mm256_broadcast_ss(rows[r] + k);
+      #pragma GCC unroll 16
       for (int v = 0; v < hv; v++) acc[r][v] = _mm256_fmadd_ps(x, _mm256_load_ps(qk + 8 * v), acc[r][v]);
     }
   }
   if (!w) {
     __m256 s = _mm256_set1_ps(scale);
+    #pragma GCC unroll 16
     for (int r = 0; r < mr; r++)
+      #pragma GCC unroll 16
       for (int v = 0; v < hv; v++)
         _mm256_storeu_ps(out + (size_t)r * hp + h0 + 8 * v, _mm256_mul_ps(acc[r][v], s));
   } else {
+    #pragma GCC unroll 16
     for (int r = 0; r < mr; r++) { /* lanes 0-7 take the even registers, lanes 8-15 the odd */
       __m256 lo = _mm256_loadu_ps(out + (size_t)r * 16), hi = _mm256_loadu_ps(out + (size_t)r * 16 + 8);
+      #pragma GCC unroll 4
       for (int v = 0; v < hv; v += 2) {
         lo = _mm256_fmadd_ps(_mm256_loadu_ps(w + h0 + 8 * v), _mm256_max_ps(acc[r][v], _mm256_setzero_ps()), lo);
         hi = _mm256_fmadd_ps(_mm256_loadu_ps(w + h0 + 8 * v + 8), _mm256_max_ps(acc[r][v + 1], _mm256_setzero_ps()), hi);
@@ -198,17 +209,20 @@ static void qk(float *out, const float *qT, int hp, const float *const *rows, in
 INLINE void av_tile(float *out, int64_t ldo, const float *p, int ldp, int mh, const float *const *rows,
                     int ncand, int k0, int full, __m256i m0, __m256i m1) {
   __m256 acc0[AV_MH], acc1[AV_MH];
+  #pragma GCC unroll 16
   for (int h = 0; h < mh; h++) acc0[h] = acc1[h] = _mm256_setzero_ps();
   for (int c = 0; c < ncand; c++) {
     __m256 v0, v1;
     if (full) v0 = _mm256_loadu_ps(rows[c] + k0), v1 = _mm256_loadu_ps(rows[c] + k0 + 8);
     else v0 = _mm256_maskload_ps(rows[c] + k0, m0), v1 = _mm256_maskload_ps(rows[c] + k0 + 8, m1);
+    #pragma GCC unroll 16
     for (int h = 0; h < mh; h++) {
       __m256 x = _mm256_broadcast_ss(p + (size_t)c * ldp + h);
       acc0[h] = _mm256_fmadd_ps(x, v0, acc0[h]);
       acc1[h] = _mm256_fmadd_ps(x, v1, acc1[h]);
     }
   }
+  #pragma GCC unroll 16
   for (int h = 0; h < mh; h++) {
     if (full) _mm256_storeu_ps(out + h * ldo + k0, acc0[h]), _mm256_storeu_ps(out + h * ldo + k0 + 8, acc1[h]);
     else _mm256_maskstore_ps(out + h * ldo + k0, m0, acc0[h]), _mm256_maskstore_ps(out + h * ldo + k0 + 8, m1, acc1[h]);

@@ -97,18 +97,21 @@ static void pack(float *panel, const st_weight *w, int64_t r0, int cols, int64_t
 INLINE void gemm_tile(float *c, int64_t ldc, const float *a, int64_t lda, int mr, const float *panel,
                       __mmask16 m0, __mmask16 m1, int kc, int accumulate) {
   __m512 acc0[MR], acc1[MR];
+  #pragma GCC unroll 16
   for (int i = 0; i < mr; i++) {
     acc0[i] = accumulate ? _mm512_maskz_loadu_ps(m0, c + i * ldc) : _mm512_setzero_ps();
     acc1[i] = accumulate ? _mm512_maskz_loadu_ps(m1, c + i * ldc + 16) : _mm512_setzero_ps();
   }
   for (int kk = 0; kk < kc; kk++) {
     __m512 b0 = _mm512_load_ps(panel + (size_t)kk * NR), b1 = _mm512_load_ps(panel + (size_t)kk * NR + 16);
+    #pragma GCC unroll 16
     for (int i = 0; i < mr; i++) {
       __m512 x = _mm512_set1_ps(a[i * lda + kk]);
       acc0[i] = _mm512_fmadd_ps(x, b0, acc0[i]);
       acc1[i] = _mm512_fmadd_ps(x, b1, acc1[i]);
     }
   }
+  #pragma GCC unroll 16
   for (int i = 0; i < mr; i++) {
     _mm512_mask_storeu_ps(c + i * ldc, m0, acc0[i]);
     _mm512_mask_storeu_ps(c + i * ldc + 16, m1, acc1[i]);
@@ -136,23 +139,32 @@ static void gemm(float *c, int64_t ldc, const float *a, int64_t lda, int m, cons
 INLINE void qk_tile(float *out, const float *qT, int hp, int hv, const float *const *rows, int mr,
                     int dim, const float *w, float scale) {
   __m512 acc[QK_MR][4];
+  #pragma GCC unroll 16
   for (int r = 0; r < mr; r++)
+    #pragma GCC unroll 16
     for (int v = 0; v < hv; v++) acc[r][v] = _mm512_setzero_ps();
   for (int k = 0; k < dim; k++) {
     __m512 q[4];
+    #pragma GCC unroll 16
     for (int v = 0; v < hv; v++) q[v] = _mm512_load_ps(qT + (size_t)k * hp + 16 * v);
+    #pragma GCC unroll 16
     for (int r = 0; r < mr; r++) {
       __m512 x = _mm512_set1_ps(rows[r][k]);
+      #pragma GCC unroll 16
       for (int v = 0; v < hv; v++) acc[r][v] = _mm512_fmadd_ps(x, q[v], acc[r][v]);
     }
   }
   if (!w) {
     __m512 s = _mm512_set1_ps(scale);
+    #pragma GCC unroll 16
     for (int r = 0; r < mr; r++)
+      #pragma GCC unroll 16
       for (int v = 0; v < hv; v++) _mm512_storeu_ps(out + (size_t)r * hp + 16 * v, _mm512_mul_ps(acc[r][v], s));
   } else {
+    #pragma GCC unroll 16
     for (int r = 0; r < mr; r++) {
       __m512 lane = _mm512_loadu_ps(out + (size_t)r * 16);
+      #pragma GCC unroll 16
       for (int v = 0; v < hv; v++)
         lane = _mm512_fmadd_ps(_mm512_loadu_ps(w + 16 * v), _mm512_max_ps(acc[r][v], _mm512_setzero_ps()), lane);
       _mm512_storeu_ps(out + (size_t)r * 16, lane);
@@ -189,15 +201,18 @@ static void qk(float *out, const float *qT, int hp, const float *const *rows, in
 INLINE void av_tile(float *out, int64_t ldo, const float *p, int ldp, int mh, const float *const *rows,
                     int ncand, int k0, __mmask16 m0, __mmask16 m1) {
   __m512 acc0[AV_MH], acc1[AV_MH];
+  #pragma GCC unroll 16
   for (int h = 0; h < mh; h++) acc0[h] = acc1[h] = _mm512_setzero_ps();
   for (int c = 0; c < ncand; c++) {
     __m512 v0 = _mm512_maskz_loadu_ps(m0, rows[c] + k0), v1 = _mm512_maskz_loadu_ps(m1, rows[c] + k0 + 16);
+    #pragma GCC unroll 16
     for (int h = 0; h < mh; h++) {
       __m512 x = _mm512_set1_ps(p[(size_t)c * ldp + h]);
       acc0[h] = _mm512_fmadd_ps(x, v0, acc0[h]);
       acc1[h] = _mm512_fmadd_ps(x, v1, acc1[h]);
     }
   }
+  #pragma GCC unroll 16
   for (int h = 0; h < mh; h++) {
     _mm512_mask_storeu_ps(out + h * ldo + k0, m0, acc0[h]);
     _mm512_mask_storeu_ps(out + h * ldo + k0 + 16, m1, acc1[h]);
