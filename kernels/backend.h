@@ -158,7 +158,8 @@ typedef struct st_backend_ops {
   /* Round trip through a storage format: for each row r < rows, the first len values at
   ** x + r * stride, in blocks of `block` values (block <= 0: the whole len), each block with its
   ** own scale from its amax (ue8m0 1: the power of two at or above amax / qmax; 0: amax / qmax;
-  ** FP4 always ue8m0). The arithmetic is kernels/lowp.h's st_fp8/fp4_roundtrip_blocks. */
+  ** FP4 always ue8m0; FN_AS_FNUZ always the writer's max(amax, 1e-4) / 448). The arithmetic is
+  ** kernels/lowp.h's st_fp8/fp4_roundtrip_blocks. */
   void (*quantize)(void *ctx, float *x, int rows, int64_t stride, int len, int block,
                    st_qformat format, int ue8m0);
   void (*add)(void *ctx, float *y, const float *a, const float *b, size_t count); /* y = a + b */
@@ -197,8 +198,8 @@ typedef struct st_backend_ops {
   ** visible[i] <= j < rows. */
   void (*indexer_scores)(void *ctx, float *scores, const float *q, const float *w, const float *k,
                          int n, int rows, int heads, int dim, const int *visible);
-  /* Per query: the min(k, visible[i]) largest of scores[i, 0..visible[i]) (NaN lowest; ties to
-  ** the lower index), ascending, into idx[i, 0..width), padded with -1. */
+  /* Per query: the min(k, visible[i]) largest of scores[i, 0..visible[i]) (NaN ranks as -inf;
+  ** ties to the lower index), ascending, into idx[i, 0..width), padded with -1. */
   void (*topk)(void *ctx, int32_t *idx, const float *scores, int n, int rows, const int *visible,
                int k, int width, void *work);
   /* Optional: indexer_scores then topk without the [n, rows] score matrix; same bits as the

@@ -78,7 +78,7 @@
 ** exact ties (equal inputs) must still go to the lower index; near-ties may go either way.
 ** Selections must also have the right count, no duplicates, -1 padding, ascending order (topk).
 ** topk takes its scores as inputs, so there is no rounding: it is compared exactly (NaN ranks
-** below everything, -inf included; ties to the lower index). moe_route's expert order within a
+** as -inf; ties to the lower index). moe_route's expert order within a
 ** token is not part of the contract: experts are compared as (expert, weight) pairs in any order.
 **
 ** Optional entries (indexer_topk, moe_experts) that a backend leaves NULL or declines through
@@ -1282,7 +1282,9 @@ static void q_ref_block(float *x, int n, st_qformat fmt, int ue8m0) {
     else if (fabsf(x[i]) > amax) amax = fabsf(x[i]);
   }
   if (nan) amax = NAN;
-  float s = (fp4 || ue8m0) ? ref_pow2_scale(amax, qmax) : (float)((double)amax / qmax);
+  /* F2 keeps the writer's amax / 448 scale whatever ue8m0 says (backend.h) */
+  int pow2 = fp4 || (ue8m0 && fmt != ST_Q_FP8_FN_AS_FNUZ);
+  float s = pow2 ? ref_pow2_scale(amax, qmax) : (float)((double)amax / qmax);
   for (int i = 0; i < n; i++) {
     float y = x[i] / s;
     if (fp4 && y != y) {
@@ -1787,11 +1789,11 @@ static int tk_call(rctx *r, const void *cv, int r0, int r1, outs *o) {
   r->b->ops->topk(r->b->ctx, idx, s, n, c->rows, vis, c->k, c->width, work);
   return 0;
 }
-/* a ranks above b: higher score, NaN below everything (-inf included), ties to the lower index */
+/* a ranks above b: higher score, NaN ranking as -inf, ties to the lower index */
 static int tk_better(double sa, int a, double sb, int b) {
-  int na = sa != sa, nb = sb != sb;
-  if (na != nb) return nb;
-  if (!na && sa != sb) return sa > sb;
+  if (sa != sa) sa = -INFINITY;
+  if (sb != sb) sb = -INFINITY;
+  if (sa != sb) return sa > sb;
   return a < b;
 }
 static int cmp_i32(const void *a, const void *b) {
@@ -1844,7 +1846,7 @@ static void t_topk(void) {
     }
     if (c.n > 3) for (int j = 0; j < c.rows; j++) c.scores[(size_t)3 * c.rows + j] = 0.5f; /* all tied */
     if (sh[4] == 2 && c.n > 4) for (int j = 0; j < c.rows; j++) c.scores[(size_t)4 * c.rows + j] = NAN;
-    if (sh[4] == 4) { /* NaN ranks below -inf: [NaN, -inf, 1, NaN, -inf, 2] */
+    if (sh[4] == 4) { /* NaN ranks as -inf: [NaN, -inf, 1, NaN, -inf, 2] keeps 1, 2 and then 0, 1 */
       static const float row[6] = {NAN, -INFINITY, 1.0f, NAN, -INFINITY, 2.0f};
       for (int i = 0; i < c.n; i++) {
         memcpy(c.scores + (size_t)i * c.rows, row, sizeof row);
@@ -1931,10 +1933,8 @@ static int check_selection(const int32_t *got, int count, int width, const doubl
     int32_t e = got[c];
     for (int u = 0; u < n_all && !bad; u++) {
       if (in[u]) continue;
-      double su = s[u], se = s[e];
-      int su_nan = su != su, se_nan = se != se, beats;
-      if (su_nan || se_nan) beats = se_nan && !su_nan ? 1 : (su_nan && se_nan && u < e);
-      else beats = su > se + fmax(tol[u], tol[e]) || (su == se && u < e);
+      double su = s[u] != s[u] ? -INFINITY : s[u], se = s[e] != s[e] ? -INFINITY : s[e]; /* NaN as -inf */
+      int beats = su > se + fmax(tol[u], tol[e]) || (su == se && u < e);
       if (beats) snprintf(why, 200, "%d (ref %.9g) selected over %d (ref %.9g)", e, se, u, su), bad = 1;
     }
   }

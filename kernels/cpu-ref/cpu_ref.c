@@ -66,10 +66,11 @@ static inline const float *weight_row(const st_weight *w, int64_t r, float *buf)
     }
     return buf;
   case ST_W_FP4_E2M1:
-    for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+    for (int64_t c0 = 0; c0 < cols; c0 += 32) { /* the last block may be partial (cols even) */
       float scale = st_wscale_at(w, r, c0);
       const unsigned char *q = p + r * (cols / 2) + c0 / 2;
-      for (int k = 0; k < 16; k++) {
+      int pairs = (int)(ST_MIN(32, cols - c0) / 2);
+      for (int k = 0; k < pairs; k++) {
         buf[c0 + 2 * k] = fp4_table[q[k] & 0xf] * scale;
         buf[c0 + 2 * k + 1] = fp4_table[q[k] >> 4] * scale;
       }
