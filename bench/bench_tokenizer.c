@@ -42,7 +42,7 @@ static char *build_prompt(const char *corpus_path, size_t target, size_t *len) {
     return NULL;
   }
   static const char *const kinds[] = {"agentic", "schema", "code", "path", "prompt", "whitespace"};
-  st_text t = {0};
+  st_buf t = {0};
   char *line = NULL;
   size_t cap = 0;
   while (t.len < target && getline(&line, &cap, f) > 0) {
@@ -52,8 +52,8 @@ static char *build_prompt(const char *corpus_path, size_t target, size_t *len) {
     json_t *text = json_object_get(rec, "text");
     for (size_t k = 0; kind && k < sizeof kinds / sizeof kinds[0]; k++)
       if (!strcmp(kind, kinds[k])) {
-        if (t.len) st_text_add(&t, "\n\n", 2);
-        st_text_add(&t, json_string_value(text), json_string_length(text));
+        if (t.len) st_buf_add(&t, "\n\n", 2);
+        st_buf_add(&t, json_string_value(text), json_string_length(text));
       }
     json_decref(rec);
   }
@@ -62,7 +62,7 @@ static char *build_prompt(const char *corpus_path, size_t target, size_t *len) {
   if (t.len > target) t.len = target;
   /* Do not end inside a UTF-8 sequence. */
   while (t.len && ((unsigned char)t.data[t.len] & 0xC0) == 0x80) t.len--;
-  return st_text_take(&t, len);
+  return st_buf_take(&t, len);
 }
 
 int main(int argc, char **argv) {

@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "options.h"
 #include "common/base.h"
+#include "common/buf.h"
 #include "recorder/index.h"
 #include "recorder/recorder.h"
 
@@ -48,34 +49,6 @@ static const st_cmd_spec query_spec = {
   "  sparsetrace query --json \"SELECT run_id, name, nan_count FROM taps WHERE nan_count > 0\"\n"
   "\n"
   "Exit status: 0 answered, 1 the statement failed or was refused, 2 usage error.\n"};
-
-/* ---------------------------------------------------------------- growable text buffer */
-
-typedef struct text_buf {
-  char *data;
-  size_t len, cap;
-  int failed;
-} text_buf;
-
-static void buf_add(text_buf *b, const char *s, size_t n) {
-  if (b->failed) return;
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap * 2 : 256;
-    while (cap < b->len + n + 1) cap *= 2;
-    char *grown = realloc(b->data, cap);
-    if (!grown) {
-      b->failed = 1;
-      return;
-    }
-    b->data = grown;
-    b->cap = cap;
-  }
-  memcpy(b->data + b->len, s, n);
-  b->len += n;
-  b->data[b->len] = 0;
-}
-
-static void buf_str(text_buf *b, const char *s) { buf_add(b, s, strlen(s)); }
 
 /* ---------------------------------------------------------------- JSON output */
 
@@ -152,21 +125,21 @@ static size_t text_width(const char *s) {
 }
 
 /* The cell text of one value: one line, at most CELL_MAX code points. */
-static void cell_text(sqlite3_stmt *s, int col, text_buf *out) {
+static void cell_text(sqlite3_stmt *s, int col, st_buf *out) {
   char num[64];
   switch (sqlite3_column_type(s, col)) {
-  case SQLITE_NULL: buf_str(out, "NULL"); return;
+  case SQLITE_NULL: st_buf_str(out, "NULL"); return;
   case SQLITE_INTEGER:
     snprintf(num, sizeof num, "%lld", (long long)sqlite3_column_int64(s, col));
-    buf_str(out, num);
+    st_buf_str(out, num);
     return;
   case SQLITE_FLOAT:
     snprintf(num, sizeof num, "%.10g", sqlite3_column_double(s, col));
-    buf_str(out, num);
+    st_buf_str(out, num);
     return;
   case SQLITE_BLOB:
     snprintf(num, sizeof num, "<blob %d bytes>", sqlite3_column_bytes(s, col));
-    buf_str(out, num);
+    st_buf_str(out, num);
     return;
   default: break;
   }
@@ -175,12 +148,12 @@ static void cell_text(sqlite3_stmt *s, int col, text_buf *out) {
   for (size_t i = 0; t && t[i]; i++) {
     unsigned char c = (unsigned char)t[i];
     if ((c & 0xC0) != 0x80 && ++width > CELL_MAX - 3) {
-      buf_str(out, "...");
+      st_buf_str(out, "...");
       return;
     }
-    if (c == '\n' || c == '\r' || c == '\t') buf_add(out, " ", 1);
-    else if (c < 0x20) buf_add(out, "?", 1);
-    else buf_add(out, (const char *)&t[i], 1);
+    if (c == '\n' || c == '\r' || c == '\t') st_buf_add(out, " ", 1);
+    else if (c < 0x20) st_buf_add(out, "?", 1);
+    else st_buf_add(out, (const char *)&t[i], 1);
   }
 }
 
@@ -193,7 +166,7 @@ static st_status print_table(sqlite3_stmt *s, sqlite3 *db, FILE *out) {
     return ST_OK;
   }
   /* Cells are kept as NUL-separated strings in one buffer; offsets index them. */
-  text_buf cells = {0};
+  st_buf cells = {0};
   size_t *offsets = NULL, n_cells = 0, cap_cells = 0;
   size_t *width = calloc((size_t)cols, sizeof *width);
   int *numeric = calloc((size_t)cols, sizeof *numeric);
@@ -225,7 +198,7 @@ static st_status print_table(sqlite3_stmt *s, sqlite3 *db, FILE *out) {
       if (type != SQLITE_INTEGER && type != SQLITE_FLOAT && type != SQLITE_NULL) numeric[c] = 0;
       offsets[n_cells++] = cells.len;
       cell_text(s, c, &cells);
-      buf_add(&cells, "", 1); /* the NUL that ends this cell */
+      st_buf_add(&cells, "", 1); /* the NUL that ends this cell */
     }
     if (cells.failed) {
       st = st_fail(ST_ENOMEM, "query result");
@@ -273,10 +246,10 @@ out:
 /* ---------------------------------------------------------------- command */
 
 static char *read_stdin(void) {
-  text_buf b = {0};
+  st_buf b = {0};
   char chunk[4096];
   size_t n;
-  while ((n = fread(chunk, 1, sizeof chunk, stdin)) > 0) buf_add(&b, chunk, n);
+  while ((n = fread(chunk, 1, sizeof chunk, stdin)) > 0) st_buf_add(&b, chunk, n);
   if (b.failed) {
     free(b.data);
     return NULL;
@@ -286,13 +259,13 @@ static char *read_stdin(void) {
 }
 
 int st_cmd_query(int argc, char **argv) {
-  text_buf sql = {0};
+  st_buf sql = {0};
   int n_sql = 0, c;
   st_opts o;
   st_opts_init(&o, &query_spec, argc, argv);
   while ((c = st_opts_next(&o)) == ST_OPT_POSITIONAL) {
-    if (n_sql++) buf_add(&sql, " ", 1);
-    buf_str(&sql, o.arg);
+    if (n_sql++) st_buf_add(&sql, " ", 1);
+    st_buf_str(&sql, o.arg);
   }
   const char *store = o.store ? o.store : ST_DEFAULT_STORE;
   int json = o.json;

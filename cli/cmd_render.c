@@ -138,31 +138,31 @@ int st_cmd_render(int argc, char **argv) {
       return st_cli_report_error("render");
     }
   }
-  st_text out = {0};
+  st_buf out = {0};
   if (json) {
-    st_text_printf(&out, "{\"api\": \"%s\", \"render\": \"%s\", \"thinking\": %s, \"reasoning_effort\": ",
+    st_buf_printf(&out, "{\"api\": \"%s\", \"render\": \"%s\", \"thinking\": %s, \"reasoning_effort\": ",
                    st_chat_api_name(prompt.api), st_render_profile_name(o.profile), prompt.thinking ? "true" : "false");
     if (prompt.effort[0]) st_pyjson_string(&out, prompt.effort, strlen(prompt.effort), 0);
-    else st_text_str(&out, "null");
-    st_text_str(&out, ", \"prompt\": ");
+    else st_buf_str(&out, "null");
+    st_buf_str(&out, ", \"prompt\": ");
     st_pyjson_string(&out, prompt.text, prompt.len, 0);
     if (tok) {
-      st_text_printf(&out, ", \"n_tokens\": %zu, \"ids\": [", tids.n);
-      for (size_t i = 0; i < tids.n; i++) st_text_printf(&out, i ? ", %d" : "%d", tids.ids[i]);
-      st_text_str(&out, "]");
+      st_buf_printf(&out, ", \"n_tokens\": %zu, \"ids\": [", tids.n);
+      for (size_t i = 0; i < tids.n; i++) st_buf_printf(&out, i ? ", %d" : "%d", tids.ids[i]);
+      st_buf_str(&out, "]");
     }
-    st_text_str(&out, "}\n");
+    st_buf_str(&out, "}\n");
   } else if (ids) {
-    st_text_str(&out, "[");
-    for (size_t i = 0; i < tids.n; i++) st_text_printf(&out, i ? ", %d" : "%d", tids.ids[i]);
-    st_text_str(&out, "]\n");
+    st_buf_str(&out, "[");
+    for (size_t i = 0; i < tids.n; i++) st_buf_printf(&out, i ? ", %d" : "%d", tids.ids[i]);
+    st_buf_str(&out, "]\n");
   } else {
-    st_text_add(&out, prompt.text, prompt.len);
+    st_buf_add(&out, prompt.text, prompt.len);
   }
   int rc = 0;
-  if (st_text_status(&out, "render")) rc = st_cli_report_error("render");
+  if (st_buf_status(&out, "render")) rc = st_cli_report_error("render");
   else fwrite(out.data ? out.data : "", 1, out.len, stdout);
-  st_text_free(&out);
+  st_buf_free(&out);
   st_token_ids_free(&tids);
   st_tokenizer_close(tok);
   st_chat_prompt_free(&prompt);

@@ -139,10 +139,10 @@ static char *generated_text_json(const char *model_dir, const int32_t *ids, int 
   char *text = NULL, *out = NULL;
   size_t len = 0;
   if (!st_tokenizer_open(model_dir, &tok) && !st_tokenizer_decode(tok, ids, (size_t)n, 0, &text, &len)) {
-    st_text t = {0};
+    st_buf t = {0};
     st_pyjson_string(&t, text, len, 0);
-    if (!st_text_status(&t, "text")) out = st_text_take(&t, NULL);
-    st_text_free(&t);
+    if (!st_buf_status(&t, "text")) out = st_buf_take(&t, NULL);
+    st_buf_free(&t);
   }
   st_clear_error();
   free(text);

@@ -47,21 +47,21 @@ static const st_cmd_spec tokenize_spec = {
 
 /* Reads all of stdin; NULL on allocation failure (message set). */
 static char *read_all(FILE *f, size_t *len) {
-  st_text t = {0};
+  st_buf t = {0};
   char buf[65536];
   size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) st_text_add(&t, buf, n);
-  if (st_text_status(&t, "reading standard input")) {
-    st_text_free(&t);
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) st_buf_add(&t, buf, n);
+  if (st_buf_status(&t, "reading standard input")) {
+    st_buf_free(&t);
     return NULL;
   }
-  return st_text_take(&t, len);
+  return st_buf_take(&t, len);
 }
 
 /* Decoded bytes may end inside a character; as JSON they go through U+FFFD like Python's
 ** bytes.decode(errors="replace") would show them. */
-static void json_text(st_text *out, const char *s, size_t n) {
-  st_text clean = {0};
+static void json_text(st_buf *out, const char *s, size_t n) {
+  st_buf clean = {0};
   const unsigned char *p = (const unsigned char *)s;
   for (size_t i = 0; i < n;) {
     size_t need = p[i] < 0x80 ? 0 : p[i] >= 0xC2 && p[i] <= 0xDF ? 1 : p[i] >= 0xE0 && p[i] <= 0xEF ? 2
@@ -77,15 +77,15 @@ static void json_text(st_text *out, const char *s, size_t n) {
       ok = cp >= 0x10000 && cp <= 0x10FFFF;
     }
     if (ok) {
-      st_text_add(&clean, s + i, need + 1);
+      st_buf_add(&clean, s + i, need + 1);
       i += need + 1;
     } else {
-      st_text_str(&clean, "\xEF\xBF\xBD");
+      st_buf_str(&clean, "\xEF\xBF\xBD");
       i++;
     }
   }
   st_pyjson_string(out, clean.data ? clean.data : "", clean.len, 0);
-  st_text_free(&clean);
+  st_buf_free(&clean);
 }
 
 static int do_encode(st_tokenizer *tok, int json, unsigned flags) {
@@ -96,28 +96,28 @@ static int do_encode(st_tokenizer *tok, int json, unsigned flags) {
   st_status st = st_tokenizer_encode(tok, text, len, flags, &ids);
   free(text);
   if (st) return st_cli_report_error("tokenize");
-  st_text out = {0};
+  st_buf out = {0};
   if (json) {
-    st_text_add(&out, "[", 1);
-    for (size_t i = 0; i < ids.n; i++) st_text_printf(&out, i ? ", %d" : "%d", ids.ids[i]);
-    st_text_add(&out, "]\n", 2);
+    st_buf_add(&out, "[", 1);
+    for (size_t i = 0; i < ids.n; i++) st_buf_printf(&out, i ? ", %d" : "%d", ids.ids[i]);
+    st_buf_add(&out, "]\n", 2);
   } else {
     for (size_t i = 0; i < ids.n; i++) {
       size_t blen = 0;
       const char *b = st_tokenizer_token_bytes(tok, ids.ids[i], &blen);
-      st_text_printf(&out, "%6zu %7d ", i, ids.ids[i]);
+      st_buf_printf(&out, "%6zu %7d ", i, ids.ids[i]);
       json_text(&out, b, blen);
-      st_text_add(&out, "\n", 1);
+      st_buf_add(&out, "\n", 1);
     }
-    st_text_printf(&out, "%zu tokens\n", ids.n);
+    st_buf_printf(&out, "%zu tokens\n", ids.n);
   }
   st_token_ids_free(&ids);
-  if ((st = st_text_status(&out, "tokenize"))) {
-    st_text_free(&out);
+  if ((st = st_buf_status(&out, "tokenize"))) {
+    st_buf_free(&out);
     return st_cli_report_error("tokenize");
   }
   fwrite(out.data, 1, out.len, stdout);
-  st_text_free(&out);
+  st_buf_free(&out);
   return 0;
 }
 
@@ -158,11 +158,11 @@ static int do_decode(st_tokenizer *tok, int json, unsigned flags) {
   free(ids);
   if (st) return st_cli_report_error("tokenize");
   if (json) {
-    st_text t = {0};
+    st_buf t = {0};
     json_text(&t, out, out_len);
-    st_text_add(&t, "\n", 1);
-    if (!st_text_status(&t, "tokenize")) fwrite(t.data, 1, t.len, stdout);
-    st_text_free(&t);
+    st_buf_add(&t, "\n", 1);
+    if (!st_buf_status(&t, "tokenize")) fwrite(t.data, 1, t.len, stdout);
+    st_buf_free(&t);
   } else {
     fwrite(out, 1, out_len, stdout);
   }

@@ -25,6 +25,7 @@ const char *st_strerror(st_status s) {
   case ST_EMISMATCH: return "mismatch";
   case ST_ETIMEOUT: return "timed out";
   case ST_ENOTFOUND: return "not found";
+  case ST_ETOOBIG: return "too large";
   }
   return "unknown status";
 }

@@ -26,6 +26,7 @@ typedef enum st_status {
   ST_EMISMATCH = 11,   /* comparison found a difference */
   ST_ETIMEOUT = 12,    /* operation timed out */
   ST_ENOTFOUND = 13,   /* named thing (tensor, run, tap) does not exist */
+  ST_ETOOBIG = 14,     /* a size limit was reached (st_buf's maximum) */
 } st_status;
 
 /* Short fixed name of a status ("invalid argument"); never NULL. */

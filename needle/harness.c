@@ -64,7 +64,7 @@ static double seconds_since(const struct timespec *t0) {
 /* A copy of n bytes with invalid UTF-8 replaced by U+FFFD and NUL by U+2400, so that answers
 ** can go to SQLite text and JSON output. */
 static char *utf8_clean(const char *s, size_t n) {
-  st_text t = {0};
+  st_buf t = {0};
   const unsigned char *p = (const unsigned char *)s, *end = p + n;
   while (p < end) {
     unsigned c = *p;
@@ -74,21 +74,21 @@ static char *utf8_clean(const char *s, size_t n) {
     if (ok && len == 3 && ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] >= 0xA0))) ok = 0;
     if (ok && len == 4 && ((c == 0xF0 && p[1] < 0x90) || c > 0xF4 || (c == 0xF4 && p[1] >= 0x90))) ok = 0;
     if (!ok) {
-      st_text_str(&t, "\xEF\xBF\xBD");
+      st_buf_str(&t, "\xEF\xBF\xBD");
       p++;
     } else if (c == 0) {
-      st_text_str(&t, "\xE2\x90\x80");
+      st_buf_str(&t, "\xE2\x90\x80");
       p++;
     } else {
-      st_text_add(&t, (const char *)p, len);
+      st_buf_add(&t, (const char *)p, len);
       p += len;
     }
   }
   if (t.failed) {
-    st_text_free(&t);
+    st_buf_free(&t);
     return NULL;
   }
-  return st_text_take(&t, NULL);
+  return st_buf_take(&t, NULL);
 }
 
 static char *errdup(void) {
@@ -110,7 +110,7 @@ st_status st_harness_answer_text(st_harness_api api, const char *body, size_t le
   json_error_t e;
   json_t *root = json_loadb(body, len, 0, &e);
   if (!root) return st_fail(ST_EFORMAT, "the answer is not JSON (line %d: %s)", e.line, e.text);
-  st_text t = {0};
+  st_buf t = {0};
   int found = 0;
   size_t i, k;
   json_t *item, *part;
@@ -120,7 +120,7 @@ st_status st_harness_answer_text(st_harness_api api, const char *body, size_t le
     json_array_foreach(content, i, part) {
       const char *type = json_string_value(json_object_get(part, "type"));
       json_t *s = json_object_get(part, "text");
-      if (type && !strcmp(type, "text") && json_is_string(s)) st_text_add(&t, json_string_value(s), json_string_length(s));
+      if (type && !strcmp(type, "text") && json_is_string(s)) st_buf_add(&t, json_string_value(s), json_string_length(s));
     }
     json_t *u = json_object_get(root, "usage");
     if (json_is_integer(json_object_get(u, "input_tokens")))
@@ -131,11 +131,11 @@ st_status st_harness_answer_text(st_harness_api api, const char *body, size_t le
     json_t *msg = json_object_get(json_array_get(json_object_get(root, "choices"), 0), "message");
     json_t *c = json_object_get(msg, "content");
     found = json_is_object(msg);
-    if (json_is_string(c)) st_text_add(&t, json_string_value(c), json_string_length(c));
+    if (json_is_string(c)) st_buf_add(&t, json_string_value(c), json_string_length(c));
     else if (json_is_array(c)) /* content parts */
       json_array_foreach(c, i, part) {
         json_t *s = json_object_get(part, "text");
-        if (json_is_string(s)) st_text_add(&t, json_string_value(s), json_string_length(s));
+        if (json_is_string(s)) st_buf_add(&t, json_string_value(s), json_string_length(s));
       }
     json_t *pt = get_path(root, "usage", "prompt_tokens");
     if (json_is_integer(pt)) *prompt_tokens = json_integer_value(pt);
@@ -143,7 +143,7 @@ st_status st_harness_answer_text(st_harness_api api, const char *body, size_t le
     json_t *ot = json_object_get(root, "output_text");
     if (json_is_string(ot)) {
       found = 1;
-      st_text_add(&t, json_string_value(ot), json_string_length(ot));
+      st_buf_add(&t, json_string_value(ot), json_string_length(ot));
     } else {
       json_t *output = json_object_get(root, "output");
       found = json_is_array(output);
@@ -153,7 +153,7 @@ st_status st_harness_answer_text(st_harness_api api, const char *body, size_t le
         json_array_foreach(json_object_get(item, "content"), k, part) {
           const char *pt = json_string_value(json_object_get(part, "type"));
           json_t *s = json_object_get(part, "text");
-          if (pt && !strcmp(pt, "output_text") && json_is_string(s)) st_text_add(&t, json_string_value(s), json_string_length(s));
+          if (pt && !strcmp(pt, "output_text") && json_is_string(s)) st_buf_add(&t, json_string_value(s), json_string_length(s));
         }
       }
     }
@@ -162,13 +162,13 @@ st_status st_harness_answer_text(st_harness_api api, const char *body, size_t le
   }
   json_decref(root);
   if (!found) {
-    st_text_free(&t);
+    st_buf_free(&t);
     return st_fail(ST_EFORMAT, "the answer holds no %s", api == ST_HARNESS_ANTHROPIC ? "content list"
                    : api == ST_HARNESS_OPENAI ? "choices[0].message" : "output");
   }
-  st_status rc = st_text_status(&t, "answer");
+  st_status rc = st_buf_status(&t, "answer");
   if (rc) return rc;
-  *text = st_text_take(&t, NULL);
+  *text = st_buf_take(&t, NULL);
   return ST_OK;
 }
 
@@ -354,8 +354,8 @@ done:
 }
 
 static size_t collect(char *data, size_t size, size_t nmemb, void *ctx) {
-  st_text *t = ctx;
-  st_text_add(t, data, size * nmemb);
+  st_buf *t = ctx;
+  st_buf_add(t, data, size * nmemb);
   return t->failed ? 0 : size * nmemb;
 }
 
@@ -366,7 +366,7 @@ static void server_attempt(sweep *w, st_harness_attempt *a) {
   st_needle_prompt np;
   st_needle_spec sp;
   char *body = NULL, *text = NULL;
-  st_text reply = {0};
+  st_buf reply = {0};
   CURL *curl = NULL;
   struct curl_slist *headers = NULL;
   spec_for(w, a, format, &sp);
@@ -426,7 +426,7 @@ done:
   if (curl) curl_easy_cleanup(curl);
   free(body);
   free(text);
-  st_text_free(&reply);
+  st_buf_free(&reply);
   st_needle_prompt_free(&np);
 }
 

@@ -674,21 +674,21 @@ static void list_slots(const gen *g, int64_t F, slots *S) {
 
 /* Lines [0, n) of L joined with "\n", the needle inserted before line `at` (at < 0: none). */
 static char *join(const gen *g, char *const *v, int n, int at) {
-  st_text t = {0};
+  st_buf t = {0};
   int first = 1;
   for (int i = 0; i <= n; i++) {
     if (i == at) {
-      if (!first) st_text_str(&t, "\n");
-      st_text_str(&t, g->line);
+      if (!first) st_buf_str(&t, "\n");
+      st_buf_str(&t, g->line);
       first = 0;
     }
     if (i == n) break;
-    if (!first) st_text_str(&t, "\n");
-    st_text_str(&t, v[i]);
+    if (!first) st_buf_str(&t, "\n");
+    st_buf_str(&t, v[i]);
     first = 0;
   }
   if (t.failed) oom_flag = 1;
-  char *s = st_text_take(&t, NULL);
+  char *s = st_buf_take(&t, NULL);
   if (!s) oom_flag = 1;
   return s;
 }
@@ -708,28 +708,28 @@ static int sentence_count(const char *s) {
 /* A paragraph with the needle on its own line before sentence `at` (at < 0: none). */
 static char *join_sentences(const gen *g, const char *s, int at) {
   if (at < 0) return join1(g, s, -1);
-  st_text t = {0};
+  st_buf t = {0};
   int i = 0;
   const char *p = s;
   for (;;) {
     if (i == at) {
-      if (t.len) st_text_str(&t, "\n");
-      st_text_str(&t, g->line);
-      if (*p) st_text_str(&t, "\n");
+      if (t.len) st_buf_str(&t, "\n");
+      st_buf_str(&t, g->line);
+      if (*p) st_buf_str(&t, "\n");
     }
     if (!*p) break;
     const char *end = strstr(p, ". ");
     size_t len = end ? (size_t)(end - p) + 1 : strlen(p);
-    st_text_add(&t, p, len);
+    st_buf_add(&t, p, len);
     p += len;
     if (*p == ' ') {
       p++;
-      if (i + 1 != at) st_text_str(&t, " ");
+      if (i + 1 != at) st_buf_str(&t, " ");
     }
     i++;
   }
   if (t.failed) oom_flag = 1;
-  char *r = st_text_take(&t, NULL);
+  char *r = st_buf_take(&t, NULL);
   if (!r) oom_flag = 1;
   return r;
 }

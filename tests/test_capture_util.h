@@ -76,12 +76,12 @@ static inline int stop_fake(void **state) {
 /* ---- proxy under test, with its log kept for the redaction grep --------------------------- */
 
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
-static capture_buf log_text;
+static st_buf log_text;
 
 static inline void log_line(void *user, const char *line) {
   pthread_mutex_lock(&log_mu);
-  capture_buf_puts(&log_text, line);
-  capture_buf_puts(&log_text, "\n");
+  st_buf_str(&log_text, line);
+  st_buf_str(&log_text, "\n");
   pthread_mutex_unlock(&log_mu);
 }
 
@@ -191,8 +191,8 @@ static inline json_int_t jint(json_t *o, const char *path) {
 
 typedef struct result {
   long status;
-  capture_buf head; /* header lines of the final response, status line included */
-  capture_buf body;
+  st_buf head;      /* header lines of the final response, status line included */
+  st_buf body;
   int64_t t_start, t_first, t_end;
   int64_t event_t[1024]; /* arrival time of each "\n\n" (end of an SSE event) */
   int n_events;
@@ -207,7 +207,7 @@ typedef struct result {
 static inline size_t on_head(char *b, size_t size, size_t n, void *u) {
   result *r = u;
   if (n >= 5 && !memcmp(b, "HTTP/", 5)) r->head.len = 0; /* 100 Continue, then the real one */
-  capture_buf_append(&r->head, b, n);
+  st_buf_add(&r->head, b, n);
   return n;
 }
 
@@ -219,7 +219,7 @@ static inline size_t on_body(char *b, size_t size, size_t n, void *u) {
     if (b[i] == '\n' && r->last == '\n' && r->n_events < 1024) r->event_t[r->n_events++] = now;
     r->last = b[i];
   }
-  capture_buf_append(&r->body, b, n);
+  st_buf_add(&r->body, b, n);
   if (r->abort_after_events && r->n_events >= r->abort_after_events) return 0;
   return n;
 }
@@ -270,8 +270,8 @@ static inline void finish(result *r, CURL *h, CURLcode rc) {
   curl_easy_cleanup(h);
   curl_slist_free_all(r->list);
   r->list = NULL;
-  if (!r->body.data) capture_buf_append(&r->body, "", 0);
-  if (!r->head.data) capture_buf_append(&r->head, "", 0);
+  if (!r->body.data) st_buf_add(&r->body, "", 0);
+  if (!r->head.data) st_buf_add(&r->head, "", 0);
 }
 
 static inline void request(result *r, const char *base, const char *path, const char *body,
@@ -283,8 +283,8 @@ static inline void request(result *r, const char *base, const char *path, const 
 }
 
 static inline void result_free(result *r) {
-  capture_buf_free(&r->head);
-  capture_buf_free(&r->body);
+  st_buf_free(&r->head);
+  st_buf_free(&r->body);
 }
 
 /* Runs n prepared handles at once. */
@@ -313,7 +313,7 @@ static inline void perform_all(CURL **h, result *r, int n) {
 }
 
 /* Header lines without those a proxy may legitimately change (Connection, Keep-Alive). */
-static inline void comparable_head(const capture_buf *head, char *out, size_t n) {
+static inline void comparable_head(const st_buf *head, char *out, size_t n) {
   out[0] = 0;
   const char *p = head->data ? head->data : "";
   while (*p) {
@@ -343,17 +343,17 @@ static inline int grep_tree(const char *dir, const char *const *needles, char *h
       continue;
     }
     FILE *f = fopen(path, "rb");
-    capture_buf b = {0};
+    st_buf b = {0};
     char chunk[65536];
     size_t n;
-    while (f && (n = fread(chunk, 1, sizeof chunk, f)) > 0) capture_buf_append(&b, chunk, n);
+    while (f && (n = fread(chunk, 1, sizeof chunk, f)) > 0) st_buf_add(&b, chunk, n);
     if (f) fclose(f);
     for (int i = 0; needles[i] && !found; i++)
       if (b.len && memmem(b.data, b.len, needles[i], strlen(needles[i]))) {
         snprintf(hit, hit_len, "%s holds %s", path, needles[i]);
         found = 1;
       }
-    capture_buf_free(&b);
+    st_buf_free(&b);
   }
   closedir(d);
   return found;

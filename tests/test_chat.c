@@ -69,13 +69,13 @@ static const struct {
    "multiple angles and are certain that no assumption remains unchecked and no error remains undiscovered.\n\n"},
 };
 
-static void expand_part(st_text *out, const char *part) {
+static void expand_part(st_buf *out, const char *part) {
   for (size_t i = 0; i < sizeof macros / sizeof macros[0]; i++)
     if (!strcmp(part, macros[i].name)) {
-      st_text_str(out, macros[i].text);
+      st_buf_str(out, macros[i].text);
       return;
     }
-  st_text_str(out, part);
+  st_buf_str(out, part);
 }
 
 /* ------------------------------------------------------------------ golden cases */
@@ -148,14 +148,14 @@ static void test_golden_cases(void **state) {
       if (want_msg && !strstr(st_errmsg(), want_msg)) fail_msg("%s: message \"%s\" lacks \"%s\"", names[k]->d_name, st_errmsg(), want_msg);
     } else {
       if (st) fail_msg("%s: %s", names[k]->d_name, st_errmsg());
-      st_text want = {0};
+      st_buf want = {0};
       size_t i;
       json_t *part;
       json_array_foreach(json_object_get(c, "expected_parts"), i, part) expand_part(&want, json_string_value(part));
       if (p.len != want.len || memcmp(p.text, want.data, want.len)) report_difference(names[k]->d_name, p.text, p.len, want.data, want.len);
       json_int_t segs = json_integer_value(json_object_get(c, "expected_segments"));
       assert_int_equal(p.n_segments, segs ? (size_t)segs : 1);
-      st_text_free(&want);
+      st_buf_free(&want);
       st_chat_prompt_free(&p);
     }
     json_decref(c);
@@ -203,10 +203,10 @@ static void test_detect_api(void **state) {
 
 static void expect_encoded(const char *messages, const st_chat_encoder *enc, const char *want) {
   json_t *m = parse(messages);
-  st_text t = {0};
+  st_buf t = {0};
   if (st_chat_encode_messages(m, enc, &t)) fail_msg("%s", st_errmsg());
   if (strcmp(t.data, want)) fail_msg("encoded\n  %s\nwant\n  %s", t.data, want);
-  st_text_free(&t);
+  st_buf_free(&t);
   json_decref(m);
 }
 
@@ -235,11 +235,11 @@ static void test_encoder_python_semantics(void **state) {
                  "s\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n{\"type\": \"json_object\"}");
   /* A non-object JSON argument is an error (Python calls .items() on it). */
   json_t *m = parse("[{\"role\": \"assistant\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": \"[1]\"}}]}]");
-  st_text t = {0};
+  st_buf t = {0};
   assert_int_equal(st_chat_encode_messages(m, &enc, &t), ST_EINVAL);
   assert_non_null(strstr(st_errmsg(), "messages[0].tool_calls[0].function"));
   json_decref(m);
-  st_text_free(&t);
+  st_buf_free(&t);
   /* An arguments object: the checkpoint's file falls back to one parameter; vLLM's copy takes it. */
   const char *obj = "[{\"role\": \"assistant\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": {\"a\": 1}}}]}]";
   expect_encoded(obj, &enc, "\n\n<" DS "tool_calls>\n<" DS "invoke name=\"f\">\n<" DS "parameter name=\"arguments\" string=\"false\">"
@@ -252,12 +252,12 @@ static void test_encoder_python_semantics(void **state) {
   assert_int_equal(st_chat_encode_messages(m, &enc, &t), ST_EINVAL);
   assert_non_null(strstr(st_errmsg(), "messages[0]"));
   json_decref(m);
-  st_text_free(&t);
+  st_buf_free(&t);
   m = parse("[{\"role\": \"user\", \"content\": \"x\", \"task\": \"dance\"}]");
   assert_int_equal(st_chat_encode_messages(m, &enc, &t), ST_EINVAL);
   assert_non_null(strstr(st_errmsg(), "task"));
   json_decref(m);
-  st_text_free(&t);
+  st_buf_free(&t);
 }
 
 /* ------------------------------------------------------------------ ids of rendered prompts */

@@ -1,5 +1,5 @@
 /*
-** test_lowp.c — engine/lowp.h against references written independently here: formats decoded
+** test_lowp.c — kernels/lowp.h against references written independently here: formats decoded
 ** from their definitions with double arithmetic (ldexp), nearest-value searches instead of bit
 ** tricks, and exhaustive sweeps wherever the domain is small.
 */

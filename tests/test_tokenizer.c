@@ -73,14 +73,14 @@ static void expect_message(const char *first, ...) {
 
 /* Byte-level spelling of a byte string ("a b" → "aĠb"). Caller frees. */
 static char *spell(const char *bytes) {
-  st_text t = {0};
+  st_buf t = {0};
   for (const unsigned char *p = (const unsigned char *)bytes; *p; p++) {
     uint32_t cp = tok_byte_to_cp(*p);
     char u[3];
-    if (cp < 0x80) u[0] = (char)cp, st_text_add(&t, u, 1);
-    else u[0] = (char)(0xC0 | (cp >> 6)), u[1] = (char)(0x80 | (cp & 0x3F)), st_text_add(&t, u, 2);
+    if (cp < 0x80) u[0] = (char)cp, st_buf_add(&t, u, 1);
+    else u[0] = (char)(0xC0 | (cp >> 6)), u[1] = (char)(0x80 | (cp & 0x3F)), st_buf_add(&t, u, 2);
   }
-  return st_text_take(&t, NULL);
+  return st_buf_take(&t, NULL);
 }
 
 /* A tokenizer.json: every byte (ids 0-255, unless skip_bytes lists some), then `merges` (raw
@@ -217,15 +217,15 @@ static void test_split_behaviors(void **state) {
     st_tokenizer *tok = open_dir(dir);
     st_token_ids ids = {0};
     assert_int_equal(st_tokenizer_encode(tok, cases[c].text, strlen(cases[c].text), 0, &ids), ST_OK);
-    st_text got = {0};
+    st_buf got = {0};
     for (size_t i = 0; i < ids.n; i++) {
-      if (i) st_text_add(&got, "|", 1);
-      st_text_str(&got, st_tokenizer_token_text(tok, ids.ids[i]));
+      if (i) st_buf_add(&got, "|", 1);
+      st_buf_str(&got, st_tokenizer_token_text(tok, ids.ids[i]));
     }
     if (strcmp(got.data ? got.data : "", cases[c].want))
       fail_msg("%s%s on \"%s\": got %s, want %s", cases[c].behavior, cases[c].invert ? " (inverted)" : "",
                cases[c].text, got.data ? got.data : "", cases[c].want);
-    st_text_free(&got);
+    st_buf_free(&got);
     st_token_ids_free(&ids);
     st_tokenizer_close(tok);
     drop_dir(dir);
@@ -440,10 +440,10 @@ static void expect_dump(const char *json, const char *want, int ensure_ascii) {
   json_error_t e;
   json_t *v = json_loads(json, JSON_DECODE_ANY | JSON_ALLOW_NUL, &e);
   if (!v) fail_msg("bad test JSON %s: %s", json, e.text);
-  st_text t = {0};
+  st_buf t = {0};
   st_pyjson_dump(&t, v, ensure_ascii);
   if (strcmp(t.data, want)) fail_msg("json.dumps(%s) gave %s, want %s", json, t.data, want);
-  st_text_free(&t);
+  st_buf_free(&t);
   json_decref(v);
 }
 

@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config git
   libhdf5-dev hdf5-tools libsqlite3-dev sqlite3 libcurl4-openssl-dev curl libjansson-dev
-  libpcre2-dev libcivetweb-dev libmicrohttpd-dev libcmocka-dev
+  libpcre2-dev libmicrohttpd-dev libcmocka-dev
   python3-h5py python3-numpy bc
 )
 missing=()

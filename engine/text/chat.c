@@ -114,73 +114,73 @@ static int truthy(const json_t *v) {
   return 0;
 }
 
-static void py_repr(st_text *out, const json_t *v);
+static void py_repr(st_buf *out, const json_t *v);
 
 /* Python repr of a str: single quotes unless the text has ' and no ", escapes as CPython. */
-static void py_repr_string(st_text *out, const char *s, size_t n) {
+static void py_repr_string(st_buf *out, const char *s, size_t n) {
   int has_single = memchr(s, '\'', n) != NULL, has_double = memchr(s, '"', n) != NULL;
   char q = has_single && !has_double ? '"' : '\'';
-  st_text_add(out, &q, 1);
+  st_buf_add(out, &q, 1);
   for (size_t i = 0; i < n; i++) {
     unsigned char c = (unsigned char)s[i];
-    if (c == '\\') st_text_str(out, "\\\\");
-    else if (c == (unsigned char)q) st_text_printf(out, "\\%c", q);
-    else if (c == '\n') st_text_str(out, "\\n");
-    else if (c == '\r') st_text_str(out, "\\r");
-    else if (c == '\t') st_text_str(out, "\\t");
-    else if (c < 0x20 || c == 0x7f) st_text_printf(out, "\\x%02x", c);
+    if (c == '\\') st_buf_str(out, "\\\\");
+    else if (c == (unsigned char)q) st_buf_printf(out, "\\%c", q);
+    else if (c == '\n') st_buf_str(out, "\\n");
+    else if (c == '\r') st_buf_str(out, "\\r");
+    else if (c == '\t') st_buf_str(out, "\\t");
+    else if (c < 0x20 || c == 0x7f) st_buf_printf(out, "\\x%02x", c);
     else if (c == 0xC2 && i + 1 < n && (unsigned char)s[i + 1] >= 0x80 && (unsigned char)s[i + 1] <= 0x9f)
-      st_text_printf(out, "\\x%02x", (unsigned char)s[++i]); /* C1 controls are not printable */
-    else st_text_add(out, s + i, 1);
+      st_buf_printf(out, "\\x%02x", (unsigned char)s[++i]); /* C1 controls are not printable */
+    else st_buf_add(out, s + i, 1);
   }
-  st_text_add(out, &q, 1);
+  st_buf_add(out, &q, 1);
 }
 
-static void py_repr(st_text *out, const json_t *v) {
+static void py_repr(st_buf *out, const json_t *v) {
   switch (json_typeof(v)) {
   case JSON_STRING: py_repr_string(out, json_string_value(v), json_string_length(v)); break;
   case JSON_ARRAY: {
     size_t i;
     json_t *x;
-    st_text_add(out, "[", 1);
+    st_buf_add(out, "[", 1);
     json_array_foreach(v, i, x) {
-      if (i) st_text_add(out, ", ", 2);
+      if (i) st_buf_add(out, ", ", 2);
       py_repr(out, x);
     }
-    st_text_add(out, "]", 1);
+    st_buf_add(out, "]", 1);
     break;
   }
   case JSON_OBJECT: {
     const char *k;
     json_t *x;
     int first = 1;
-    st_text_add(out, "{", 1);
+    st_buf_add(out, "{", 1);
     json_object_foreach((json_t *)v, k, x) {
-      if (!first) st_text_add(out, ", ", 2);
+      if (!first) st_buf_add(out, ", ", 2);
       first = 0;
       py_repr_string(out, k, strlen(k));
-      st_text_add(out, ": ", 2);
+      st_buf_add(out, ": ", 2);
       py_repr(out, x);
     }
-    st_text_add(out, "}", 1);
+    st_buf_add(out, "}", 1);
     break;
   }
-  case JSON_NULL: st_text_str(out, "None"); break;
-  case JSON_TRUE: st_text_str(out, "True"); break;
-  case JSON_FALSE: st_text_str(out, "False"); break;
+  case JSON_NULL: st_buf_str(out, "None"); break;
+  case JSON_TRUE: st_buf_str(out, "True"); break;
+  case JSON_FALSE: st_buf_str(out, "False"); break;
   default: st_pyjson_dump(out, v, 0); break; /* numbers: str() == repr() == json spelling */
   }
 }
 
 /* str(v) as an f-string / str.format inserts it; NULL (a missing key) is None. */
-static void py_str(st_text *out, const json_t *v) {
-  if (v && json_is_string(v)) st_text_add(out, json_string_value(v), json_string_length(v));
-  else if (!v) st_text_str(out, "None");
+static void py_str(st_buf *out, const json_t *v) {
+  if (v && json_is_string(v)) st_buf_add(out, json_string_value(v), json_string_length(v));
+  else if (!v) st_buf_str(out, "None");
   else py_repr(out, v);
 }
 
 /* `x or ""` then str(): None, "", [], {}, 0, false → ""; anything else as str(). */
-static void py_str_or_empty(st_text *out, const json_t *v) {
+static void py_str_or_empty(st_buf *out, const json_t *v) {
   if (truthy(v)) py_str(out, v);
 }
 
@@ -343,28 +343,28 @@ static json_t *drop_thinking_messages(const json_t *messages) {
 
 /* ---------------------------------------------------------------- rendering (§1.4 - §1.6) */
 
-static st_status render_tools(st_text *out, const json_t *tools, size_t msg_index) {
-  st_text_str(out, tools_head);
+static st_status render_tools(st_buf *out, const json_t *tools, size_t msg_index) {
+  st_buf_str(out, tools_head);
   size_t i;
   json_t *t;
   json_array_foreach(tools, i, t) {
     json_t *fn = json_object_get(t, "function");
     if (!fn) return st_fail(ST_EINVAL, "messages[%zu].tools[%zu]: no \"function\" (OpenAI tool format expected)", msg_index, i);
-    if (i) st_text_add(out, "\n", 1);
+    if (i) st_buf_add(out, "\n", 1);
     st_pyjson_dump(out, fn, 0);
   }
-  st_text_str(out, tools_tail);
+  st_buf_str(out, tools_tail);
   return ST_OK;
 }
 
-static void render_response_format(st_text *out, const json_t *rf) {
-  st_text_add(out, "\n\n", 2);
-  st_text_str(out, response_format_head);
+static void render_response_format(st_buf *out, const json_t *rf) {
+  st_buf_add(out, "\n\n", 2);
+  st_buf_str(out, response_format_head);
   st_pyjson_dump(out, rf, 0);
 }
 
 /* encode_arguments_to_dsml: one <｜DSML｜parameter> line per argument, joined by "\n". */
-static st_status render_arguments(st_text *out, const json_t *arguments, const st_chat_encoder *enc,
+static st_status render_arguments(st_buf *out, const json_t *arguments, const st_chat_encoder *enc,
                                   const char *where) {
   json_t *parsed = NULL, *owned = NULL;
   if (json_is_string(arguments)) {
@@ -387,23 +387,23 @@ static st_status render_arguments(st_text *out, const json_t *arguments, const s
   json_t *v;
   int first = 1;
   json_object_foreach(parsed, k, v) {
-    if (!first) st_text_add(out, "\n", 1);
+    if (!first) st_buf_add(out, "\n", 1);
     first = 0;
     int is_str = json_is_string(v);
-    st_text_str(out, "<" DSML "parameter name=\"");
-    st_text_str(out, k);
-    st_text_str(out, is_str ? "\" string=\"true\">" : "\" string=\"false\">");
-    if (is_str) st_text_add(out, json_string_value(v), json_string_length(v));
+    st_buf_str(out, "<" DSML "parameter name=\"");
+    st_buf_str(out, k);
+    st_buf_str(out, is_str ? "\" string=\"true\">" : "\" string=\"false\">");
+    if (is_str) st_buf_add(out, json_string_value(v), json_string_length(v));
     else st_pyjson_dump(out, v, 0);
-    st_text_str(out, "</" DSML "parameter>");
+    st_buf_str(out, "</" DSML "parameter>");
   }
   json_decref(owned);
   return ST_OK;
 }
 
-static st_status render_tool_calls(st_text *out, const json_t *calls, const st_chat_encoder *enc,
+static st_status render_tool_calls(st_buf *out, const json_t *calls, const st_chat_encoder *enc,
                                    size_t msg_index) {
-  st_text_str(out, "\n\n<" DSML "tool_calls>\n");
+  st_buf_str(out, "\n\n<" DSML "tool_calls>\n");
   size_t i;
   json_t *tc;
   json_array_foreach(calls, i, tc) {
@@ -412,55 +412,55 @@ static st_status render_tool_calls(st_text *out, const json_t *calls, const st_c
     json_t *fn = json_object_get(tc, "function");
     if (!json_is_object(fn) || !json_object_get(fn, "name") || !json_object_get(fn, "arguments"))
       return st_fail(ST_EINVAL, "%s: needs \"name\" and \"arguments\"", where);
-    if (i) st_text_add(out, "\n", 1);
-    st_text_str(out, "<" DSML "invoke name=\"");
+    if (i) st_buf_add(out, "\n", 1);
+    st_buf_str(out, "<" DSML "invoke name=\"");
     py_str(out, json_object_get(fn, "name"));
-    st_text_str(out, "\">\n");
+    st_buf_str(out, "\">\n");
     st_status st = render_arguments(out, json_object_get(fn, "arguments"), enc, where);
     if (st) return st;
-    st_text_str(out, "\n</" DSML "invoke>");
+    st_buf_str(out, "\n</" DSML "invoke>");
   }
-  st_text_str(out, "\n</" DSML "tool_calls>");
+  st_buf_str(out, "\n</" DSML "tool_calls>");
   return ST_OK;
 }
 
 /* A user message's content blocks (text, tool_result, anything else), joined by "\n\n". */
-static st_status render_user_blocks(st_text *out, const json_t *blocks, size_t msg_index) {
+static st_status render_user_blocks(st_buf *out, const json_t *blocks, size_t msg_index) {
   size_t i;
   json_t *b;
   json_array_foreach(blocks, i, b) {
-    if (i) st_text_add(out, "\n\n", 2);
+    if (i) st_buf_add(out, "\n\n", 2);
     const char *type = json_string_value(json_object_get(b, "type"));
     if (type && !strcmp(type, "text")) {
       json_t *text = json_object_get(b, "text");
       if (text && !json_is_string(text))
         return st_fail(ST_EINVAL, "messages[%zu]: user content must be a string (got %s; the "
                        "encoder's str.join fails)", msg_index, json_is_null(text) ? "null" : "a JSON value");
-      if (text) st_text_add(out, json_string_value(text), json_string_length(text));
+      if (text) st_buf_add(out, json_string_value(text), json_string_length(text));
     } else if (type && !strcmp(type, "tool_result")) {
       json_t *content = json_object_get(b, "content");
-      st_text_str(out, "<tool_result>");
+      st_buf_str(out, "<tool_result>");
       if (json_is_array(content)) {
         size_t k;
         json_t *part;
         json_array_foreach(content, k, part) {
-          if (k) st_text_add(out, "\n\n", 2);
+          if (k) st_buf_add(out, "\n\n", 2);
           const char *pt = json_string_value(json_object_get(part, "type"));
           if (pt && !strcmp(pt, "text")) py_str_or_empty(out, json_object_get(part, "text"));
           else {
-            st_text_str(out, "[Unsupported ");
+            st_buf_str(out, "[Unsupported ");
             py_str(out, json_object_get(part, "type"));
-            st_text_str(out, "]");
+            st_buf_str(out, "]");
           }
         }
       } else {
         py_str(out, content);
       }
-      st_text_str(out, "</tool_result>");
+      st_buf_str(out, "</tool_result>");
     } else {
-      st_text_str(out, "[Unsupported ");
+      st_buf_str(out, "[Unsupported ");
       py_str(out, json_object_get(b, "type"));
-      st_text_str(out, "]");
+      st_buf_str(out, "]");
     }
   }
   return ST_OK;
@@ -468,10 +468,10 @@ static st_status render_user_blocks(st_text *out, const json_t *blocks, size_t m
 
 /* A content value that must be text: a string, or null/"" (→ ""). Lists are the request
 ** layer's business (each engine joins parts its own way). */
-static st_status text_content(st_text *out, const json_t *content, size_t msg_index, const char *role) {
+static st_status text_content(st_buf *out, const json_t *content, size_t msg_index, const char *role) {
   if (!content || json_is_null(content)) return ST_OK;
   if (json_is_string(content)) {
-    st_text_add(out, json_string_value(content), json_string_length(content));
+    st_buf_add(out, json_string_value(content), json_string_length(content));
     return ST_OK;
   }
   if (!truthy(content)) return ST_OK;
@@ -487,7 +487,7 @@ static const char *effort_text(const st_chat_encoder *enc) {
   return !strcmp(e, "high") ? effort_absolute_max : effort_beyond_max;
 }
 
-static st_status render_message(st_text *out, size_t index, const json_t *messages, int last_user,
+static st_status render_message(st_buf *out, size_t index, const json_t *messages, int last_user,
                                 int drop, const st_chat_encoder *enc) {
   const json_t *msg = json_array_get(messages, index);
   const char *role = role_of(msg);
@@ -496,28 +496,28 @@ static st_status render_message(st_text *out, size_t index, const json_t *messag
   json_t *rf = json_object_get(msg, "response_format");
   st_status st;
 
-  if (index == 0 && enc->thinking) st_text_str(out, effort_text(enc));
+  if (index == 0 && enc->thinking) st_buf_str(out, effort_text(enc));
   if (!role) return st_fail(ST_EINVAL, "messages[%zu]: no role", index);
   if (truthy(tools) && !json_is_array(tools)) return st_fail(ST_EINVAL, "messages[%zu].tools: not a list", index);
 
   if (!strcmp(role, "system")) {
     if ((st = text_content(out, content, index, role))) return st;
     if (truthy(tools)) {
-      st_text_add(out, "\n\n", 2);
+      st_buf_add(out, "\n\n", 2);
       if ((st = render_tools(out, tools, index))) return st;
     }
     if (truthy(rf)) render_response_format(out, rf);
   } else if (!strcmp(role, "developer")) {
     if (!truthy(content)) return st_fail(ST_EINVAL, "messages[%zu]: a developer message needs content (the encoder asserts it)", index);
-    st_text_str(out, USER_TOKEN);
+    st_buf_str(out, USER_TOKEN);
     if ((st = text_content(out, content, index, role))) return st;
     if (truthy(tools)) {
-      st_text_add(out, "\n\n", 2);
+      st_buf_add(out, "\n\n", 2);
       if ((st = render_tools(out, tools, index))) return st;
     }
     if (truthy(rf)) render_response_format(out, rf);
   } else if (!strcmp(role, "user")) {
-    st_text_str(out, USER_TOKEN);
+    st_buf_str(out, USER_TOKEN);
     json_t *blocks = json_object_get(msg, "content_blocks");
     if (truthy(blocks)) {
       if ((st = render_user_blocks(out, blocks, index))) return st;
@@ -525,7 +525,7 @@ static st_status render_message(st_text *out, size_t index, const json_t *messag
       return st;
     }
   } else if (!strcmp(role, "latest_reminder")) {
-    st_text_str(out, LATEST_REMINDER_TOKEN);
+    st_buf_str(out, LATEST_REMINDER_TOKEN);
     py_str(out, content);
   } else if (!strcmp(role, "tool")) {
     return st_fail(ST_EINVAL, "messages[%zu]: a tool message reached rendering (merge failed)", index);
@@ -535,7 +535,7 @@ static st_status render_message(st_text *out, size_t index, const json_t *messag
     int prev_has_task = prev_task && !json_is_null(prev_task);
     if (enc->thinking && !prev_has_task && (!drop || (int)index > last_user)) {
       py_str_or_empty(out, json_object_get(msg, "reasoning_content"));
-      st_text_str(out, THINK_END);
+      st_buf_str(out, THINK_END);
     }
     if ((st = text_content(out, content, index, role))) return st;
     json_t *calls = json_object_get(msg, "tool_calls");
@@ -543,7 +543,7 @@ static st_status render_message(st_text *out, size_t index, const json_t *messag
       if (!json_is_array(calls)) return st_fail(ST_EINVAL, "messages[%zu].tool_calls: not a list", index);
       if ((st = render_tool_calls(out, calls, enc, index))) return st;
     }
-    if (!truthy(json_object_get(msg, "wo_eos"))) st_text_str(out, EOS);
+    if (!truthy(json_object_get(msg, "wo_eos"))) st_buf_str(out, EOS);
   } else {
     return st_fail(ST_EINVAL, "messages[%zu]: unknown role \"%s\"", index, role);
   }
@@ -559,16 +559,16 @@ static st_status render_message(st_text *out, size_t index, const json_t *messag
     if (!token)
       return st_fail(ST_EINVAL, "messages[%zu].task: not one of action, query, authority, domain, title, read_url", index);
     if (strcmp(t, "action")) {
-      st_text_str(out, token);
+      st_buf_str(out, token);
     } else {
-      st_text_str(out, ASSISTANT_TOKEN);
-      st_text_str(out, enc->thinking ? THINK_START : THINK_END);
-      st_text_str(out, token);
+      st_buf_str(out, ASSISTANT_TOKEN);
+      st_buf_str(out, enc->thinking ? THINK_START : THINK_END);
+      st_buf_str(out, token);
     }
   } else if (!strcmp(role, "user") || !strcmp(role, "developer")) {
-    st_text_str(out, ASSISTANT_TOKEN);
+    st_buf_str(out, ASSISTANT_TOKEN);
     int open = enc->thinking && (!drop || (int)index >= last_user);
-    st_text_str(out, open ? THINK_START : THINK_END);
+    st_buf_str(out, open ? THINK_START : THINK_END);
   }
   return ST_OK;
 }
@@ -585,14 +585,14 @@ static st_status check_effort(const st_chat_encoder *enc) {
   return ST_OK;
 }
 
-st_status st_chat_encode_messages(const json_t *messages, const st_chat_encoder *enc, st_text *out) {
+st_status st_chat_encode_messages(const json_t *messages, const st_chat_encoder *enc, st_buf *out) {
   if (!json_is_array(messages)) return st_fail(ST_EINVAL, "messages: not a list");
   st_status st = check_effort(enc);
   if (st) return st;
   json_t *merged = NULL, *full = NULL;
   if ((st = merge_tool_messages(messages, &merged))) return st;
   sort_tool_results(merged);
-  if (enc->add_bos) st_text_str(out, BOS);
+  if (enc->add_bos) st_buf_str(out, BOS);
   int drop = enc->drop_thinking;
   size_t i;
   json_t *m;
@@ -603,6 +603,6 @@ st_status st_chat_encode_messages(const json_t *messages, const st_chat_encoder 
   for (i = 0; i < json_array_size(full) && !st; i++) st = render_message(out, i, full, last_user, drop, enc);
   json_decref(full);
   json_decref(merged);
-  if (!st) st = st_text_status(out, "chat");
+  if (!st) st = st_buf_status(out, "chat");
   return st;
 }

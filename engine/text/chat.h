@@ -82,7 +82,7 @@ void st_chat_encoder_default(st_chat_encoder *e);
 
 /* Appends the encoding of `messages` (a JSON array in the encoder's shape; not modified) to
 ** out. */
-st_status st_chat_encode_messages(const json_t *messages, const st_chat_encoder *enc, st_text *out);
+st_status st_chat_encode_messages(const json_t *messages, const st_chat_encoder *enc, st_buf *out);
 
 /* Options of a request render. Fields left at their defaults (st_chat_options_default) take
 ** the request's own values, then the profile's defaults. */

@@ -86,7 +86,7 @@ static void set_str(json_t *obj, const char *key, const char *s, size_t n) {
 }
 
 /* Text of the text-like parts of a content list (text, input_text, output_text), joined. */
-static void join_text_parts(st_text *out, const json_t *parts, const char *joiner) {
+static void join_text_parts(st_buf *out, const json_t *parts, const char *joiner) {
   size_t i;
   json_t *p;
   int first = 1;
@@ -94,17 +94,17 @@ static void join_text_parts(st_text *out, const json_t *parts, const char *joine
     json_t *text = json_object_get(p, "text");
     if (!json_is_string(text)) continue;
     if (!(is_type(p, "text") || is_type(p, "input_text") || is_type(p, "output_text"))) continue;
-    if (!first) st_text_str(out, joiner);
+    if (!first) st_buf_str(out, joiner);
     first = 0;
-    st_text_add(out, json_string_value(text), json_string_length(text));
+    st_buf_add(out, json_string_value(text), json_string_length(text));
   }
 }
 
 static json_t *joined_text(const json_t *parts, const char *joiner) {
-  st_text t = {0};
+  st_buf t = {0};
   join_text_parts(&t, parts, joiner);
   json_t *s = json_stringn(t.data ? t.data : "", t.len);
-  st_text_free(&t);
+  st_buf_free(&t);
   return s;
 }
 
@@ -117,10 +117,10 @@ static int blank(const char *s) {
 
 /* json.dumps(value) with Python's defaults (ensure_ascii=True), as engines build arguments. */
 static json_t *python_dumps(const json_t *v) {
-  st_text t = {0};
+  st_buf t = {0};
   st_pyjson_dump(&t, v, 1);
   json_t *s = json_stringn(t.data ? t.data : "", t.len);
-  st_text_free(&t);
+  st_buf_free(&t);
   return s;
 }
 
@@ -268,19 +268,19 @@ static json_t *anthropic_system(st_render_profile p, const json_t *system) {
   ** header skipped (§4). reference: "\n\n" (the encoder's own joiner), no filter. */
   const char *joiner = p == ST_RENDER_VLLM ? "" : p == ST_RENDER_REFERENCE ? "\n\n" : "\n";
   int skip_billing = p == ST_RENDER_VLLM || p == ST_RENDER_ATOM;
-  st_text t = {0};
+  st_buf t = {0};
   size_t i;
   json_t *b;
   int first = 1;
   json_array_foreach(system, i, b) {
     if (!is_type(b, "text") || (skip_billing && billing_header(b))) continue;
-    if (!first) st_text_str(&t, joiner);
+    if (!first) st_buf_str(&t, joiner);
     first = 0;
     json_t *text = json_object_get(b, "text");
-    st_text_add(&t, json_string_value(text), json_string_length(text));
+    st_buf_add(&t, json_string_value(text), json_string_length(text));
   }
   json_t *s = json_stringn(t.data ? t.data : "", t.len);
-  st_text_free(&t);
+  st_buf_free(&t);
   if (p == ST_RENDER_SGLANG && blank(json_string_value(s))) {
     json_decref(s);
     return NULL;
@@ -376,7 +376,7 @@ static st_status anthropic_assistant(st_render_profile p, const json_t *content,
     return st_fail(ST_EINVAL, "messages[%zu].content: expected a string or a list of blocks", mi);
   }
   json_t *texts = json_array(), *calls = json_array();
-  st_text thinking = {0};
+  st_buf thinking = {0};
   int n_thinking = 0;
   size_t i;
   json_t *b;
@@ -386,12 +386,12 @@ static st_status anthropic_assistant(st_render_profile p, const json_t *content,
     } else if (is_type(b, "thinking")) {
       /* Several thinking blocks: sglang joins "\n", vLLM "" (§4); reference "\n\n". */
       const char *joiner = p == ST_RENDER_SGLANG ? "\n" : p == ST_RENDER_VLLM ? "" : "\n\n";
-      if (n_thinking++) st_text_str(&thinking, joiner);
+      if (n_thinking++) st_buf_str(&thinking, joiner);
       json_t *t = json_object_get(b, "thinking");
-      st_text_add(&thinking, json_string_value(t) ? json_string_value(t) : "", json_string_length(t));
+      st_buf_add(&thinking, json_string_value(t) ? json_string_value(t) : "", json_string_length(t));
     } else if (is_type(b, "redacted_thinking")) {
       if (p == ST_RENDER_SGLANG) {
-        json_decref(m), json_decref(texts), json_decref(calls), st_text_free(&thinking);
+        json_decref(m), json_decref(texts), json_decref(calls), st_buf_free(&thinking);
         return st_fail(ST_EINVAL, "messages[%zu].content[%zu]: sglang answers redacted_thinking with 400 (§4)", mi, i);
       }
     } else if (is_type(b, "tool_use")) {
@@ -410,13 +410,13 @@ static st_status anthropic_assistant(st_render_profile p, const json_t *content,
     ** content text part (§4); the parts are flattened with " " later (§3.1 step 2). */
     if (n_thinking) {
       json_t *part = json_object();
-      st_text w = {0};
-      st_text_str(&w, "<think>");
-      st_text_add(&w, thinking.data ? thinking.data : "", thinking.len);
-      st_text_str(&w, "\n</think>");
+      st_buf w = {0};
+      st_buf_str(&w, "<think>");
+      st_buf_add(&w, thinking.data ? thinking.data : "", thinking.len);
+      st_buf_str(&w, "\n</think>");
       json_object_set_new(part, "type", json_string("text"));
       set_str(part, "text", w.data, w.len);
-      st_text_free(&w);
+      st_buf_free(&w);
       json_array_insert_new(texts, 0, part);
     }
     json_object_set(m, "content", texts);
@@ -429,7 +429,7 @@ static st_status anthropic_assistant(st_render_profile p, const json_t *content,
   json_array_append_new(out, m);
   json_decref(texts);
   json_decref(calls);
-  st_text_free(&thinking);
+  st_buf_free(&thinking);
   return ST_OK;
 }
 
@@ -525,7 +525,7 @@ static st_status from_responses(st_render_profile p, const json_t *req, chat_req
                    "render needs the whole conversation in the request");
   c->messages = json_array();
   json_t *instructions = json_object_get(req, "instructions");
-  st_text developer = {0};
+  st_buf developer = {0};
   int n_developer = 0;
   json_t *input = json_object_get(req, "input");
   if (json_is_string(input)) {
@@ -544,8 +544,8 @@ static st_status from_responses(st_render_profile p, const json_t *req, chat_req
         json_t *content = json_object_get(it, "content");
         if (p == ST_RENDER_SGLANG && !strcmp(role, "developer")) {
           /* sglang folds developer messages into the system message (§5). */
-          if (n_developer++) st_text_str(&developer, "\n\n");
-          if (json_is_string(content)) st_text_add(&developer, json_string_value(content), json_string_length(content));
+          if (n_developer++) st_buf_str(&developer, "\n\n");
+          if (json_is_string(content)) st_buf_add(&developer, json_string_value(content), json_string_length(content));
           else join_text_parts(&developer, content, " ");
           continue;
         }
@@ -591,7 +591,7 @@ static st_status from_responses(st_render_profile p, const json_t *req, chat_req
         json_array_append_new(c->messages, m);
       } else if (type && !strcmp(type, "reasoning")) {
         if (truthy_encrypted(it)) {
-          st_text_free(&developer);
+          st_buf_free(&developer);
           return st_fail(ST_EUNSUPPORTED, "input[%zu]: reasoning with encrypted_content cannot be rendered (§5)", i);
         }
         /* reasoning items → assistant reasoning: first content text, else first summary text. */
@@ -601,7 +601,7 @@ static st_status from_responses(st_render_profile p, const json_t *req, chat_req
         json_object_set(m, "reasoning_content", json_object_get(first, "text") ? json_object_get(first, "text") : json_string(""));
         json_array_append_new(c->messages, m);
       } else {
-        st_text_free(&developer);
+        st_buf_free(&developer);
         return st_fail(ST_EUNSUPPORTED, "input[%zu]: item type \"%s\" is not rendered", i, type ? type : "?");
       }
     }
@@ -610,19 +610,19 @@ static st_status from_responses(st_render_profile p, const json_t *req, chat_req
   }
   /* instructions → a leading system message (§5); sglang appends its developer label. */
   if (json_is_string(instructions) || n_developer) {
-    st_text sys = {0};
-    if (json_is_string(instructions)) st_text_add(&sys, json_string_value(instructions), json_string_length(instructions));
+    st_buf sys = {0};
+    if (json_is_string(instructions)) st_buf_add(&sys, json_string_value(instructions), json_string_length(instructions));
     if (n_developer) {
-      if (sys.len) st_text_str(&sys, "\n\n");
-      st_text_str(&sys, "Developer instructions:\n");
-      st_text_add(&sys, developer.data ? developer.data : "", developer.len);
+      if (sys.len) st_buf_str(&sys, "\n\n");
+      st_buf_str(&sys, "Developer instructions:\n");
+      st_buf_add(&sys, developer.data ? developer.data : "", developer.len);
     }
     json_t *m = make_msg("system");
     set_str(m, "content", sys.data ? sys.data : "", sys.len);
     json_array_insert_new(c->messages, 0, m);
-    st_text_free(&sys);
+    st_buf_free(&sys);
   }
-  st_text_free(&developer);
+  st_buf_free(&developer);
   /* Tools: flat {"type": "function", "name", ...}; sglang exposes custom tools as functions with
   ** one string property "input" (§5, schema shape [I]); other tool types are skipped. */
   json_t *tools = json_object_get(req, "tools"), *t;
@@ -890,13 +890,13 @@ st_status st_chat_render_request(const json_t *request, const st_chat_options *o
   st_chat_encoder_default(&enc);
   if (!st) st = to_encoder(p, &c, &tail);
   if (!st) st = decide_mode(p, &c.sig, opt, &enc);
-  st_text text = {0};
+  st_buf text = {0};
   if (!st) st = st_chat_encode_messages(c.messages, &enc, &text);
   if (!st) {
     size_t first_end = text.len;
-    if (tail) st_text_add(&text, json_string_value(tail), json_string_length(tail));
-    if (!(st = st_text_status(&text, "render"))) {
-      out->text = st_text_take(&text, &out->len);
+    if (tail) st_buf_add(&text, json_string_value(tail), json_string_length(tail));
+    if (!(st = st_buf_status(&text, "render"))) {
+      out->text = st_buf_take(&text, &out->len);
       out->n_segments = tail ? 2 : 1;
       out->segment_end[0] = first_end;
       out->segment_end[1] = out->len;
@@ -906,7 +906,7 @@ st_status st_chat_render_request(const json_t *request, const st_chat_options *o
       out->messages = json_incref(c.messages);
     }
   }
-  st_text_free(&text);
+  st_buf_free(&text);
   json_decref(tail);
   chat_request_free(&c);
   return st;

@@ -1,5 +1,5 @@
 /*
-** pyjson.h — a growable text buffer, and JSON written exactly as CPython's json.dumps writes it.
+** pyjson.h — JSON written exactly as CPython's json.dumps writes it, into an st_buf.
 **
 ** The DeepSeek-V4 prompt embeds tool schemas and tool-call argument values serialised by
 ** Python's `json.dumps(value, ensure_ascii=False)` (ENCODING-dsv4.md §1.8): separators ", " and
@@ -17,30 +17,13 @@
 #include <stddef.h>
 
 #include "common/base.h"
-
-/* Zero-initialise. Appends never fail loudly: the first allocation failure sets `failed` and
-** later appends do nothing; check it (st_text_status) once at the end. data is NUL-terminated
-** whenever len > 0. */
-typedef struct st_text {
-  char *data;
-  size_t len, cap;
-  int failed;
-} st_text;
-
-void st_text_add(st_text *t, const char *s, size_t n);
-void st_text_str(st_text *t, const char *s);
-void st_text_printf(st_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void st_text_free(st_text *t);
-/* ST_OK, or ST_ENOMEM with a message naming `what` if an append failed. */
-st_status st_text_status(const st_text *t, const char *what);
-/* Hands the buffer to the caller (never NULL when status is OK: "" for empty); t is reset. */
-char *st_text_take(st_text *t, size_t *len);
+#include "common/buf.h"
 
 /* json.dumps(v, ensure_ascii=ensure_ascii) with default separators. */
-void st_pyjson_dump(st_text *out, const json_t *v, int ensure_ascii);
+void st_pyjson_dump(st_buf *out, const json_t *v, int ensure_ascii);
 /* One JSON string literal (with quotes) for n bytes of UTF-8. */
-void st_pyjson_string(st_text *out, const char *s, size_t n, int ensure_ascii);
+void st_pyjson_string(st_buf *out, const char *s, size_t n, int ensure_ascii);
 /* repr(float) — also what json.dumps writes for a float. */
-void st_pyjson_float(st_text *out, double d);
+void st_pyjson_float(st_buf *out, double d);
 
 #endif

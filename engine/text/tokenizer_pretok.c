@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/buf.h"
 #include "engine/text/tokenizer_internal.h"
 
 /* ---------------------------------------------------------------- pattern rewriting */
@@ -28,33 +29,8 @@
 /* White_Space as a class body (without brackets). */
 #define WHITE_SPACE_BODY "\\t-\\r\\x{85}\\p{Z}"
 
-typedef struct sbuf {
-  char *p;
-  size_t n, cap;
-  int failed;
-} sbuf;
-
-static void sb_add(sbuf *b, const char *s, size_t n) {
-  if (b->failed) return;
-  if (b->n + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap * 2 : 128;
-    while (cap < b->n + n + 1) cap *= 2;
-    char *g = realloc(b->p, cap);
-    if (!g) {
-      b->failed = 1;
-      return;
-    }
-    b->p = g;
-    b->cap = cap;
-  }
-  memcpy(b->p + b->n, s, n);
-  b->n += n;
-  b->p[b->n] = 0;
-}
-static void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
-
 st_status tok_regex_for_pcre2(const char *pat, size_t len, char **out, const char *where) {
-  sbuf b = {0};
+  st_buf b = {0};
   int in_class = 0;
   size_t class_start = 0;
   *out = NULL;
@@ -63,56 +39,56 @@ st_status tok_regex_for_pcre2(const char *pat, size_t len, char **out, const cha
     if (c == '\\' && i + 1 < len) {
       char e = pat[i + 1];
       i++;
-      if (e == 's') sb_str(&b, in_class ? WHITE_SPACE_BODY : "[" WHITE_SPACE_BODY "]");
+      if (e == 's') st_buf_str(&b, in_class ? WHITE_SPACE_BODY : "[" WHITE_SPACE_BODY "]");
       else if (e == 'S') {
         if (in_class) {
-          free(b.p);
+          st_buf_free(&b);
           return st_fail(ST_EUNSUPPORTED, "%s: \\S inside a character class is not supported", where);
         }
-        sb_str(&b, "[^" WHITE_SPACE_BODY "]");
-      } else if (e == 'h') sb_str(&b, in_class ? "0-9a-fA-F" : "[0-9a-fA-F]"); /* Ruby: hex digit */
+        st_buf_str(&b, "[^" WHITE_SPACE_BODY "]");
+      } else if (e == 'h') st_buf_str(&b, in_class ? "0-9a-fA-F" : "[0-9a-fA-F]"); /* Ruby: hex digit */
       else if (e == 'H') {
         if (in_class) {
-          free(b.p);
+          st_buf_free(&b);
           return st_fail(ST_EUNSUPPORTED, "%s: \\H inside a character class is not supported", where);
         }
-        sb_str(&b, "[^0-9a-fA-F]");
+        st_buf_str(&b, "[^0-9a-fA-F]");
       } else {
         char two[2] = {c, e};
-        sb_add(&b, two, 2);
+        st_buf_add(&b, two, 2);
       }
       continue;
     }
     if (!in_class && c == '[') {
       in_class = 1;
-      sb_add(&b, &c, 1);
+      st_buf_add(&b, &c, 1);
       class_start = i + 1;
       if (class_start < len && pat[class_start] == '^') {
-        sb_add(&b, "^", 1);
+        st_buf_add(&b, "^", 1);
         i++;
         class_start++;
       }
       /* A ']' first in a class is a literal. */
       if (class_start < len && pat[class_start] == ']') {
-        sb_add(&b, "\\]", 2);
+        st_buf_add(&b, "\\]", 2);
         i++;
       }
       continue;
     }
     if (in_class && c == '[') {
-      free(b.p);
+      st_buf_free(&b);
       return st_fail(ST_EUNSUPPORTED, "%s: nested character classes are not supported", where);
     }
     if (in_class && c == ']') in_class = 0;
-    sb_add(&b, &c, 1);
+    st_buf_add(&b, &c, 1);
   }
-  if (b.failed || !b.p) {
-    free(b.p);
-    if (b.failed) return st_fail(ST_ENOMEM, "tokenizer: out of memory");
-    b.p = calloc(1, 1);
-    if (!b.p) return st_fail(ST_ENOMEM, "tokenizer: out of memory");
+  st_status st = st_buf_status(&b, "tokenizer");
+  if (st) {
+    st_buf_free(&b);
+    return st;
   }
-  *out = b.p;
+  *out = st_buf_take(&b, NULL);
+  if (!*out) return st_fail(ST_ENOMEM, "tokenizer: out of memory");
   return ST_OK;
 }
 

@@ -125,11 +125,11 @@ void capture_exchange_unref(capture_exchange *x) {
   free(x->path);
   free(x->query);
   capture_headers_free(&x->request_headers);
-  capture_buf_free(&x->request_body);
+  st_buf_free(&x->request_body);
   free(x->modified_request);
   capture_secrets_free(&x->secrets);
   capture_headers_free(&x->response_headers);
-  capture_buf_free(&x->response_body);
+  st_buf_free(&x->response_body);
   capture_sse_free(&x->sse);
   for (size_t i = 0; i < x->n_events; i++) {
     free(x->events[i].event);

@@ -59,7 +59,7 @@ struct capture_conn {
   capture_http *h;
   int fd;
   enum conn_state state;
-  capture_buf in;       /* received, not yet consumed */
+  st_buf in;       /* received, not yet consumed */
   size_t scanned;       /* C_HEAD: bytes of in already searched for the end of the head */
   capture_request rq;
   int keep_alive;       /* per request, from the head */
@@ -194,7 +194,7 @@ static void request_reset(capture_request *rq) {
   free(rq->path);
   free(rq->query);
   capture_headers_free(&rq->headers);
-  capture_buf_free(&rq->body);
+  st_buf_free(&rq->body);
   char addr[sizeof rq->remote_addr];
   int port = rq->remote_port;
   memcpy(addr, rq->remote_addr, sizeof addr);
@@ -208,7 +208,7 @@ static void conn_free(capture_conn *c) {
   if (c->fd >= 0) close(c->fd);
   count_remove(c->h, c->rq.remote_addr);
   request_reset(&c->rq);
-  capture_buf_free(&c->in);
+  st_buf_free(&c->in);
   free(c);
 }
 
@@ -460,7 +460,7 @@ static int take_body(capture_http *h, capture_conn *c) {
         rc = 1;
         break;
       }
-      if (capture_buf_append(&rq->body, p, take) < 0) {
+      if (st_buf_add(&rq->body, p, take) != ST_OK) {
         rq->oom = 1;
         rc = 1;
         break;
@@ -718,7 +718,7 @@ static void *reader_main(void *arg) {
           ssize_t r = recv(c->fd, buf, sizeof buf, 0);
           if (r > 0) {
             if (c->state == C_CLOSING) continue; /* drained and discarded */
-            if (capture_buf_append(&c->in, buf, (size_t)r) < 0) {
+            if (st_buf_add(&c->in, buf, (size_t)r) != ST_OK) {
               eof = 1;
               break;
             }

@@ -8,9 +8,9 @@
 ** second submission happens after the worker is done with everything else, so the two never
 ** race; a reference count decides who frees it.
 **
-** Small helpers live here as static inline functions: a growable byte buffer (capture_buf) and
-** an ordered list of header pairs (capture_headers), because every file needs them and they are
-** too small to deserve a file of their own.
+** Small helpers live here as static inline functions: an ordered list of header pairs
+** (capture_headers), because every file needs it and it is too small to deserve a file of its
+** own. Byte buffers are the project's st_buf (common/buf.h).
 */
 #ifndef ST_CAPTURE_INTERNAL_H
 #define ST_CAPTURE_INTERNAL_H
@@ -25,44 +25,7 @@
 
 #include "capture.h"
 #include "capture_sse.h"
-
-/* ---- growable byte buffer -------------------------------------------------------------- */
-
-typedef struct capture_buf {
-  char *data; /* NUL-terminated when len > 0 (one spare byte is always reserved) */
-  size_t len, cap;
-} capture_buf;
-
-/* Appends n bytes; 0 on success, -1 when out of memory (the buffer is left as it was). */
-static inline int capture_buf_append(capture_buf *b, const void *p, size_t n) {
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + n + 1) cap *= 2;
-    char *d = realloc(b->data, cap);
-    if (!d) return -1;
-    b->data = d;
-    b->cap = cap;
-  }
-  if (n) memcpy(b->data + b->len, p, n);
-  b->len += n;
-  b->data[b->len] = 0;
-  return 0;
-}
-static inline int capture_buf_puts(capture_buf *b, const char *s) {
-  return capture_buf_append(b, s, strlen(s));
-}
-static inline void capture_buf_free(capture_buf *b) {
-  free(b->data);
-  b->data = NULL;
-  b->len = b->cap = 0;
-}
-/* Hands the bytes over as a NUL-terminated malloc'd string ("" when empty); b becomes empty. */
-static inline char *capture_buf_steal(capture_buf *b) {
-  char *s = b->data ? b->data : strdup("");
-  b->data = NULL;
-  b->len = b->cap = 0;
-  return s;
-}
+#include "common/buf.h"
 
 /* ---- ordered header list --------------------------------------------------------------- */
 
@@ -210,7 +173,7 @@ typedef struct capture_exchange {
   const char *upstream;      /* credentials-free upstream base URL (borrowed from the proxy) */
   capture_headers request_headers; /* as received (values include credentials: never written
                                       without capture_header_is_secret() filtering) */
-  capture_buf request_body;      /* as the client sent it (what the record keeps) */
+  st_buf request_body;           /* as the client sent it (what the record keeps) */
   size_t request_declared_bytes; /* Content-Length when the body was refused */
   char *modified_request;        /* JSON note of what the forwarded body had in addition
                                     (capture_ask_prompt_ids), or NULL: forwarded unchanged */
@@ -220,7 +183,7 @@ typedef struct capture_exchange {
   int status;                /* what the client got; 0 = nothing sent */
   capture_headers response_headers; /* as relayed (proxy-made responses: as made) */
   int stream;                /* response is text/event-stream (or request asked stream:true) */
-  capture_buf response_body; /* the bytes the client got, up to max_record_bytes */
+  st_buf response_body;      /* the bytes the client got, up to max_record_bytes */
   size_t response_bytes;     /* all body bytes relayed */
   int response_truncated;
   capture_sse_parser sse;
@@ -405,7 +368,7 @@ typedef struct capture_request {
   int chunked;
   int64_t content_length;   /* -1: none */
   capture_headers headers;  /* every header line, in order */
-  capture_buf body;
+  st_buf body;
   int too_large;            /* body over max_body_bytes: not kept (declared_bytes says how big) */
   int head_too_large;       /* head over max_head_bytes: headers hold the lines that fitted */
   int body_timeout;         /* 1: body not complete in time, 2: client closed mid-body */

@@ -57,7 +57,7 @@ typedef struct part {
   int index;          /* block / tool / output index given by the stream */
   char kind;          /* 't' text, 'r' reasoning, 'c' tool call, '?' other */
   json_t *id, *name;  /* strings, owned */
-  capture_buf text;   /* text, reasoning text or argument JSON text */
+  st_buf text;        /* text, reasoning text or argument JSON text */
   json_t *input;      /* arguments already given as an object (Anthropic start, Responses item) */
 } part;
 
@@ -81,7 +81,7 @@ static void acc_free(acc *a) {
     json_decref(a->parts[i].id);
     json_decref(a->parts[i].name);
     json_decref(a->parts[i].input);
-    capture_buf_free(&a->parts[i].text);
+    st_buf_free(&a->parts[i].text);
   }
   free(a->parts);
   json_decref(a->usage);
@@ -116,8 +116,8 @@ static void set_json(json_t **slot, json_t *v) { /* v borrowed; null/absent leav
   *slot = json_incref(v);
 }
 
-static void append_str(acc *a, capture_buf *b, json_t *s) {
-  if (json_is_string(s) && capture_buf_append(b, json_string_value(s), json_string_length(s)) < 0)
+static void append_str(acc *a, st_buf *b, json_t *s) {
+  if (json_is_string(s) && st_buf_add(b, json_string_value(s), json_string_length(s)))
     a->oom = 1;
 }
 
@@ -219,12 +219,12 @@ static void openai_tool_fragment(acc *a, int fallback_index, json_t *tc) {
     if (!old) {
       set_json(&p->name, name);
     } else if (strcmp(old, json_string_value(name))) {
-      capture_buf b = {0};
-      capture_buf_puts(&b, old);
-      capture_buf_puts(&b, json_string_value(name));
+      st_buf b = {0};
+      st_buf_str(&b, old);
+      st_buf_str(&b, json_string_value(name));
       json_decref(p->name);
       p->name = json_string(b.data ? b.data : "");
-      capture_buf_free(&b);
+      st_buf_free(&b);
     }
   }
   json_t *args = json_object_get(fn, "arguments");
@@ -330,7 +330,7 @@ static void responses_object(acc *a, json_t *r) {
       json_decref(a->parts[i].id);
       json_decref(a->parts[i].name);
       json_decref(a->parts[i].input);
-      capture_buf_free(&a->parts[i].text);
+      st_buf_free(&a->parts[i].text);
     }
     a->n_parts = 0;
     size_t i;
@@ -381,14 +381,14 @@ static json_t *acc_result(acc *a) {
   if (a->oom) return NULL;
   json_t *out = json_object();
   json_t *tools = json_array();
-  capture_buf text = {0}, thinking = {0};
+  st_buf text = {0}, thinking = {0};
   if (!out || !tools) goto fail;
   /* In stream index order (an (index, kind) pair is unique, so ties never matter). */
   if (a->n_parts > 1) qsort(a->parts, a->n_parts, sizeof *a->parts, part_cmp);
   for (size_t i = 0; i < a->n_parts; i++) {
     part *p = &a->parts[i];
-    if (p->kind == 't' && capture_buf_append(&text, p->text.data, p->text.len) < 0) goto fail;
-    if (p->kind == 'r' && capture_buf_append(&thinking, p->text.data, p->text.len) < 0) goto fail;
+    if (p->kind == 't' && st_buf_add(&text, p->text.data, p->text.len)) goto fail;
+    if (p->kind == 'r' && st_buf_add(&thinking, p->text.data, p->text.len)) goto fail;
     if (p->kind != 'c') continue;
     json_t *call = json_object();
     if (!call || json_array_append_new(tools, call) < 0) goto fail;
@@ -435,14 +435,14 @@ static json_t *acc_result(acc *a) {
   json_object_set_new(out, "complete", json_boolean(a->complete));
   if (a->error) json_object_set(out, "error", a->error);
   if (a->unparsed) json_object_set_new(out, "unparsed_events", json_integer(a->unparsed));
-  capture_buf_free(&text);
-  capture_buf_free(&thinking);
+  st_buf_free(&text);
+  st_buf_free(&thinking);
   return out;
 fail:
   json_decref(out);
   json_decref(tools);
-  capture_buf_free(&text);
-  capture_buf_free(&thinking);
+  st_buf_free(&text);
+  st_buf_free(&thinking);
   return NULL;
 }
 

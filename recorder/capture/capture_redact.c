@@ -371,7 +371,7 @@ int capture_secrets_add_body(capture_secrets *s, const char *content_type, const
 char *capture_redact_query(capture_secrets *s, const char *query, int *oom) {
   *oom = 0;
   if (!query) return NULL;
-  capture_buf out = {0};
+  st_buf out = {0};
   const char *p = query;
   int fail = 0;
   for (;;) {
@@ -379,22 +379,22 @@ char *capture_redact_query(capture_secrets *s, const char *query, int *oom) {
     if (!end) end = p + strlen(p);
     const char *eq = memchr(p, '=', (size_t)(end - p));
     if (eq && capture_query_param_is_secret(p, (size_t)(eq - p))) {
-      fail |= capture_buf_append(&out, p, (size_t)(eq - p) + 1);
-      fail |= capture_buf_puts(&out, CAPTURE_REDACTED);
+      fail |= st_buf_add(&out, p, (size_t)(eq - p) + 1);
+      fail |= st_buf_str(&out, CAPTURE_REDACTED);
       fail |= capture_secrets_add(s, eq + 1, (size_t)(end - eq - 1));
     } else {
-      fail |= capture_buf_append(&out, p, (size_t)(end - p));
+      fail |= st_buf_add(&out, p, (size_t)(end - p));
     }
     if (!*end) break;
-    fail |= capture_buf_append(&out, "&", 1);
+    fail |= st_buf_add(&out, "&", 1);
     p = end + 1;
   }
   if (fail) {
-    capture_buf_free(&out);
+    st_buf_free(&out);
     *oom = 1;
     return NULL;
   }
-  return capture_buf_steal(&out);
+  return st_buf_take(&out, NULL);
 }
 
 size_t capture_secrets_mask(const capture_secrets *s, char *buf, size_t len) {
@@ -417,8 +417,8 @@ size_t capture_secrets_mask(const capture_secrets *s, char *buf, size_t len) {
 
 char *capture_secrets_scrub(const capture_secrets *s, const char *text) {
   if (!text) return NULL;
-  capture_buf out = {0};
-  if (capture_buf_puts(&out, text) < 0) return NULL;
+  st_buf out = {0};
+  if (st_buf_str(&out, text)) return NULL;
   if (!out.data) return strdup("");
   for (size_t i = 0; s && i < s->n; i++) {
     size_t n = strlen(s->values[i]);
@@ -427,19 +427,19 @@ char *capture_secrets_scrub(const capture_secrets *s, const char *text) {
     size_t from = 0;
     while (out.len - from >= n && (hit = memmem(out.data + from, out.len - from, s->values[i], n))) {
       size_t at = (size_t)(hit - out.data), rlen = strlen(CAPTURE_REDACTED);
-      capture_buf next = {0};
-      if (capture_buf_append(&next, out.data, at) < 0 || capture_buf_puts(&next, CAPTURE_REDACTED) < 0 ||
-          capture_buf_append(&next, out.data + at + n, out.len - at - n) < 0) {
-        capture_buf_free(&next);
-        capture_buf_free(&out);
+      st_buf next = {0};
+      if (st_buf_add(&next, out.data, at) || st_buf_str(&next, CAPTURE_REDACTED) ||
+          st_buf_add(&next, out.data + at + n, out.len - at - n)) {
+        st_buf_free(&next);
+        st_buf_free(&out);
         return NULL;
       }
-      capture_buf_free(&out);
+      st_buf_free(&out);
       out = next;
       from = at + rlen;
     }
   }
-  return capture_buf_steal(&out);
+  return st_buf_take(&out, NULL);
 }
 
 void capture_secrets_free(capture_secrets *s) {

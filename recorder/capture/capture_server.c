@@ -161,7 +161,7 @@ typedef struct relay {
   enum relay_mode mode;
   int client_gone;
   int64_t chunk_t_ns; /* arrival time of the chunk being fed to the SSE parser */
-  capture_buf frame;  /* chunk framing scratch */
+  st_buf frame;       /* chunk framing scratch */
 } relay;
 
 static int client_write(relay *r, const void *p, size_t n) {
@@ -227,9 +227,9 @@ static int relay_body(relay *r, const char *p, size_t n) {
   if (r->mode == RELAY_CHUNKED) {
     char len[24];
     int m = snprintf(len, sizeof len, "%zx\r\n", n);
-    r->frame.len = 0;
-    if (capture_buf_append(&r->frame, len, (size_t)m) < 0 || capture_buf_append(&r->frame, p, n) < 0 ||
-        capture_buf_append(&r->frame, "\r\n", 2) < 0)
+    st_buf_reset(&r->frame);
+    if (st_buf_add(&r->frame, len, (size_t)m) || st_buf_add(&r->frame, p, n) ||
+        st_buf_add(&r->frame, "\r\n", 2))
       rc = client_write(r, len, (size_t)m) || client_write(r, p, n) || client_write(r, "\r\n", 2) ? -1 : 0;
     else
       rc = client_write(r, r->frame.data, r->frame.len);
@@ -247,7 +247,7 @@ static int relay_body(relay *r, const char *p, size_t n) {
   if (!x->response_truncated) {
     size_t room = r->p->max_record_bytes > x->response_body.len ? r->p->max_record_bytes - x->response_body.len : 0;
     size_t keep = n < room ? n : room;
-    if (capture_buf_append(&x->response_body, p, keep) < 0 || keep < n) x->response_truncated = 1;
+    if (st_buf_add(&x->response_body, p, keep) || keep < n) x->response_truncated = 1;
     if (x->stream && !x->response_truncated) {
       r->chunk_t_ns = now - x->t0_ns;
       capture_sse_feed(&x->sse, p, n);
@@ -269,11 +269,11 @@ static int hook_head(void *user, int status, const char *reason, const capture_h
   int bodyless = r->head_request || status == 204 || status == 304 || (status >= 100 && status < 200);
   r->mode = bodyless ? RELAY_NONE : clen ? RELAY_LENGTH : r->client_http10 ? RELAY_CLOSE : RELAY_CHUNKED;
 
-  capture_buf head = {0};
+  st_buf head = {0};
   char line[256];
   snprintf(line, sizeof line, "HTTP/%s %d %s\r\n", r->client_http10 ? "1.0" : "1.1", status,
            reason && reason[0] ? reason : capture_http_reason(status));
-  int fail = capture_buf_puts(&head, line);
+  int fail = st_buf_str(&head, line);
   for (size_t i = 0; i < h->n; i++) {
     const char *name = h->items[i].name;
     int is_length = !strcasecmp(name, "content-length");
@@ -281,19 +281,19 @@ static int hook_head(void *user, int status, const char *reason, const capture_h
     if (is_length && r->mode != RELAY_LENGTH && !(r->mode == RELAY_NONE && r->head_request)) continue;
     fail |= capture_headers_add(&x->response_headers, name, strlen(name), h->items[i].value,
                                 strlen(h->items[i].value));
-    fail |= capture_buf_puts(&head, name) | capture_buf_puts(&head, ": ") |
-            capture_buf_puts(&head, h->items[i].value) | capture_buf_puts(&head, "\r\n");
+    fail |= st_buf_str(&head, name) | st_buf_str(&head, ": ") |
+            st_buf_str(&head, h->items[i].value) | st_buf_str(&head, "\r\n");
   }
   if (r->mode == RELAY_CHUNKED) {
-    fail |= capture_buf_puts(&head, "Transfer-Encoding: chunked\r\n");
+    fail |= st_buf_str(&head, "Transfer-Encoding: chunked\r\n");
     fail |= capture_headers_add(&x->response_headers, "Transfer-Encoding", 17, "chunked", 7);
   } else if (r->mode == RELAY_CLOSE) {
-    fail |= capture_buf_puts(&head, "Connection: close\r\n");
+    fail |= st_buf_str(&head, "Connection: close\r\n");
     capture_conn_close_after(r->conn);
   }
-  fail |= capture_buf_puts(&head, "\r\n");
+  fail |= st_buf_str(&head, "\r\n");
   int rc = fail ? -1 : client_write(r, head.data, head.len);
-  capture_buf_free(&head);
+  st_buf_free(&head);
   if (rc < 0) {
     if (!x->client_error)
       capture_exchange_set_error(x, &x->client_error, fail ? "out of memory relaying the head"
@@ -344,18 +344,18 @@ static void send_own_answer(relay *r, int status, const char *code, const char *
   capture_headers_add(&x->response_headers, "Content-Length", 14, len_text, strlen(len_text));
   capture_headers_add(&x->response_headers, "x-sparsetrace-request-id", 24, x->id, strlen(x->id));
   if (close) capture_headers_add(&x->response_headers, "Connection", 10, "close", 5);
-  capture_buf head = {0};
+  st_buf head = {0};
   char line[256];
   snprintf(line, sizeof line, "HTTP/%s %d %s\r\n", r->client_http10 ? "1.0" : "1.1", status,
            capture_http_reason(status));
-  capture_buf_puts(&head, line);
+  st_buf_str(&head, line);
   for (size_t i = 0; i < x->response_headers.n; i++) {
-    capture_buf_puts(&head, x->response_headers.items[i].name);
-    capture_buf_puts(&head, ": ");
-    capture_buf_puts(&head, x->response_headers.items[i].value);
-    capture_buf_puts(&head, "\r\n");
+    st_buf_str(&head, x->response_headers.items[i].name);
+    st_buf_str(&head, ": ");
+    st_buf_str(&head, x->response_headers.items[i].value);
+    st_buf_str(&head, "\r\n");
   }
-  capture_buf_puts(&head, "\r\n");
+  st_buf_str(&head, "\r\n");
   if (close) capture_conn_close_after(r->conn);
   x->status = status;
   r->mode = RELAY_LENGTH;
@@ -367,7 +367,7 @@ static void send_own_answer(relay *r, int status, const char *code, const char *
     capture_exchange_set_error(x, &x->client_error, "client closed the connection before the "
                                                     "proxy's %d answer", status);
   }
-  capture_buf_free(&head);
+  st_buf_free(&head);
   free(body);
 }
 
@@ -544,7 +544,7 @@ static void relay_request(void *user, capture_conn *conn, capture_request *rq) {
   capture_store_submit_finish(p->store, x);
   capture_headers_free(&forward);
   free(forward_body);
-  capture_buf_free(&r.frame);
+  st_buf_free(&r.frame);
   capture_exchange_unref(x);
   atomic_fetch_sub(&p->in_flight, 1);
 }

@@ -896,18 +896,18 @@ static st_status export_body(st_capture_db *db, sqlite3_stmt *q, int blob_col, i
     snprintf(path, sizeof path, "%s/%s", db->dir, (const char *)sqlite3_column_text(q, file_col));
     FILE *f = fopen(path, "rb");
     if (!f) return st_fail(ST_EIO, "cannot open captured body %s: %s", path, strerror(errno));
-    capture_buf b = {0};
+    st_buf b = {0};
     char chunk[65536];
     size_t n;
     while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
-      if (capture_buf_append(&b, chunk, n) < 0) {
+      if (st_buf_add(&b, chunk, n)) {
         fclose(f);
-        capture_buf_free(&b);
+        st_buf_free(&b);
         return st_fail(ST_ENOMEM, "reading %s", path);
       }
     fclose(f);
     len = b.len;
-    data = owned = capture_buf_steal(&b);
+    data = owned = st_buf_take(&b, NULL);
   } else if (sqlite3_column_type(q, blob_col) != SQLITE_NULL) {
     data = sqlite3_column_blob(q, blob_col);
     len = (size_t)sqlite3_column_bytes(q, blob_col);
