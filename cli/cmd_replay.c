@@ -32,8 +32,8 @@ static const char replay_help[] =
   "      rest       layers N..last and the logits (KL, greedy agreement vs recorded logits)\n"
   "  --set KEY=VALUE         change a setting (repeatable; 'sparsetrace settings')\n"
   "  --sweep KEY=V1,V2,...   one cell per value; several --sweep give the cross product\n"
-  "  --needle TEXT           the needle's text, found in the trace's tokens with the model's\n"
-  "                          tokenizer (tokenizer.json)\n"
+  "  --needle TEXT           the needle's text, found in the recorded prompt (its last occurrence\n"
+  "                          there, never in the answer) with the model's tokenizer\n"
   "  --needle-tokens A:B     the needle's token span [A, B): per query position after it, the best\n"
   "                          rank of a compressed row covering it and whether it is in the top-k\n"
   "  --continue N            rest: also greedy-generate N tokens (a full run with layer N changed)\n"
@@ -199,10 +199,13 @@ int st_cmd_replay(int argc, char **argv) {
   if (json) {
     char *metrics = malloc(8192);
     printf("{\"trace\":\"%s\",\"run_id\":\"%s\",\"layer\":%d,\"stage\":\"%s\",\"positions\":%lld,"
-           "\"recorded_settings\":%s,\"stored\":%s,\"seconds\":%.4f,\"bit_exact\":%s,\"cells\":[",
+           "\"recorded_settings\":%s,\"stored\":%s,\"seconds\":%.4f,\"bit_exact\":%s",
            req.trace_path, rep->run_id, rep->layer, st_replay_stage_name(rep->stage),
            (long long)rep->n_positions, rep->recorded_settings, stored ? "true" : "false", rep->seconds,
            all_exact ? "true" : "false");
+    if (req.needle_end > req.needle_start)
+      printf(",\"needle_tokens\":[%lld,%lld]", (long long)req.needle_start, (long long)req.needle_end);
+    printf(",\"cells\":[");
     for (int i = 0; i < rep->n_cells; i++) {
       const st_replay_cell *x = &rep->cells[i];
       st_replay_metrics_json(rep, x, metrics, 8192);

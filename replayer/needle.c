@@ -57,8 +57,10 @@ st_status st_needle_locate_in_trace(const char *model_dir, const char *trace_pat
   if (rc) return rc;
   int64_t n = 0;
   const int32_t *tokens = st_trace_tokens(t, &n);
-  rc = tokens ? st_needle_locate(model_dir, tokens, n, text, start, end)
-              : st_fail(ST_EFORMAT, "%s holds no /tokens", trace_path);
+  int64_t n_prompt = st_trace_n_prompt(t);
+  if (!tokens) rc = st_fail(ST_EFORMAT, "%s holds no /tokens", trace_path);
+  else if (n_prompt < 1 || n_prompt > n) rc = st_fail(ST_EFORMAT, "%s: /tokens has no valid n_prompt", trace_path);
+  else rc = st_needle_locate(model_dir, tokens, n_prompt, text, start, end);
   st_trace_close(t);
   return rc;
 }

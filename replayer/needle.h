@@ -9,13 +9,16 @@
 #include "common/base.h"
 #include "replay.h"
 
-/* Finds TEXT in tokens[0..n) using the model's tokenizer (model_dir/tokenizer.json): the last
-** occurrence of its tokens, tried as written, after a space and after a newline (BPE tokens differ
-** at word starts). ST_ENOTFOUND names the text when it is not there. */
-st_status st_needle_locate(const char *model_dir, const int32_t *tokens, int64_t n, const char *text,
-                           int64_t *start, int64_t *end);
+/* `--needle TEXT`, the one matcher used by run, replay and bisect: finds TEXT in the prompt
+** tokens[0..n_prompt) using the model's tokenizer (model_dir/tokenizer.json): the last occurrence
+** of its tokens in the prompt, tried as written, after a space and after a newline (BPE tokens
+** differ at word starts). Never in the generated tokens: an answer that copies the needle back
+** holds a second copy, and the verdict is about the prompt's. ST_ENOTFOUND names the text when
+** the prompt does not hold it. */
+st_status st_needle_locate(const char *model_dir, const int32_t *tokens, int64_t n_prompt,
+                           const char *text, int64_t *start, int64_t *end);
 
-/* Same, over the tokens a trace recorded (prompt then generated). */
+/* Same, in the prompt of a recorded trace (its /tokens up to the attribute n_prompt). */
 st_status st_needle_locate_in_trace(const char *model_dir, const char *trace_path, const char *text,
                                     int64_t *start, int64_t *end);
 
