@@ -37,13 +37,14 @@ static const char *usage_text =
   "arguments is joined with spaces; \"-\" reads the statement from standard input.\n"
   "\n"
   "Tables: runs, builds, taps, needles, needle_verdicts, replays, requests (captures).\n"
-  "Views: run_summary, tap_summary, needle_rank_by_layer. Schema and column meanings:\n"
+  "Views: run_summary, tap_summary, needle_rank_by_layer, needle_position_verdicts (the needle\n"
+  "verdict: schemas/needle-verdicts.md). Schema and column meanings:\n"
   "schemas/migrations/*.sql, or: sparsetrace query \"SELECT sql FROM sqlite_schema\"\n"
   "\n"
   "examples:\n"
   "  sparsetrace query \"SELECT run_id, model, precision, rotate, n_prompt FROM run_summary\n"
   "                     ORDER BY created_at DESC LIMIT 5\"\n"
-  "  sparsetrace query \"SELECT layer, best_rank, in_topk FROM needle_rank_by_layer\n"
+  "  sparsetrace query \"SELECT layer, retrieves, answer_positions_kept, answer_positions FROM needle_rank_by_layer\n"
   "                     WHERE run_id = '...' ORDER BY layer\"\n"
   "  sparsetrace query --json \"SELECT run_id, name, nan_count FROM taps WHERE nan_count > 0\"\n";
 

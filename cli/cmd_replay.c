@@ -55,10 +55,13 @@ static void print_table(const st_replay_report *r, const char *trace) {
   if (r->n_needle_rows) {
     printf("needle rows:");
     for (int i = 0; i < r->n_needle_rows; i++) printf(" %d", r->needle_rows[i]);
-    printf("\n");
+    int64_t first, end;
+    st_needle_answer_positions(r->n_prompt, r->needle_start, r->needle_end, &first, &end);
+    printf("; judged at the answer positions %lld-%lld (retrieves: kept in the top-k at most of them)\n",
+           (long long)first, (long long)end - 1);
   }
   printf("\n%-34s %-9s", "cell", "bit_exact");
-  if (r->n_needle_rows) printf(" %-11s %-8s %-10s", "needle_rank", "in_top-k", "in_top-k%");
+  if (r->n_needle_rows) printf(" %-9s %-7s %-11s", "retrieves", "kept", "needle_rank");
   printf(" %-9s %-9s %-8s", "jaccard", "overlap", "same");
   if (r->stage == ST_REPLAY_INDEXER) printf(" %-11s %-10s %-26s", "score_diff", "cosine", "max_abs (pos,row)");
   else printf(" %-11s %-10s %-10s", "out_diff", "cosine", "max_abs");
@@ -70,12 +73,14 @@ static void print_table(const st_replay_report *r, const char *trace) {
     snprintf(label, sizeof label, "%s%s", x->label, x->same_as_recorded ? " (=rec)" : "");
     printf("%-34s %-9s", label, x->bit_exact < 0 ? "-" : x->bit_exact ? "yes" : "NO");
     if (r->n_needle_rows) {
-      if (x->n_verdicts) {
-        const st_needle_verdict *v = &x->verdicts[x->n_verdicts - 1];
-        printf(" %-11lld %-8s %9.1f%%", (long long)v->best_rank, v->in_topk ? "yes" : "LOST",
-               100.0 * x->needle_positions_in_topk / x->n_verdicts);
+      st_needle_judgement j = st_needle_judge_cell(r, x);
+      if (j.positions) {
+        char kept[32], rank[48];
+        snprintf(kept, sizeof kept, "%d/%d", j.kept, j.positions);
+        snprintf(rank, sizeof rank, "%lld..%lld", (long long)j.best_rank, (long long)j.worst_rank);
+        printf(" %-9s %-7s %-11s", st_needle_retrieves_word(&j), kept, rank);
       } else {
-        printf(" %-11s %-8s %-10s", "-", "-", "-");
+        printf(" %-9s %-7s %-11s", "-", "-", "-");
       }
     }
     if (x->has_topk) {

@@ -50,10 +50,12 @@ static const char run_help[] =
   "  --layer-set L[,L..]:KEY=VALUE\n"
   "                          a setting for the listed layers only, e.g. 3:rotate=q plants the\n"
   "                          F1 fault in layer 3 alone (repeatable; recorded in the trace)\n"
-  "  --needle TEXT           the line the prompt must recall (found with the model's tokenizer):\n"
-  "                          arms the indexer taps and records, per CSA layer and position after\n"
-  "                          it, the needle's best rank and whether it is in the top-k\n"
-  "                          (index tables needles / needle_verdicts, view needle_rank_by_layer)\n"
+  "  --needle TEXT           the line the prompt must recall (found in the prompt with the model's\n"
+  "                          tokenizer): arms the indexer taps, records per CSA layer and position\n"
+  "                          after it the needle's best rank and whether it is in the top-k, and\n"
+  "                          prints each layer's verdict: it retrieves the needle when it keeps it\n"
+  "                          in the top-k at most of the answer positions that can copy it\n"
+  "                          (schemas/needle-verdicts.md; view needle_rank_by_layer)\n"
   "  --needle-tokens A:B     the same by token span [A, B)\n"
   "  --trace OUT.h5          where to write the trace (default STORE/runs/<run id>.h5)\n"
   "  --store DIR             trace store holding index.sqlite (default ./traces)\n"
@@ -366,6 +368,7 @@ int st_cmd_run(int argc, char **argv) {
   char *config_text = NULL, *command_line = NULL, *model_copy = NULL;
   char trace_path[4096], settings_json[2048];
   uint8_t *alt_layers = NULL;
+  st_needle_summary *needle_summary = NULL;
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
 
@@ -496,8 +499,9 @@ int st_cmd_run(int argc, char **argv) {
   if (a.needle_end > a.needle_start) {
     if (!a.json) printf("needle tokens %lld:%lld%s%s%s\n", (long long)a.needle_start, (long long)a.needle_end,
                         a.needle_text ? " (\"" : "", a.needle_text ? a.needle_text : "", a.needle_text ? "\")" : "");
+    if (!(needle_summary = calloc(1, sizeof *needle_summary))) { st_fail(ST_ENOMEM, "needle verdicts"); goto out; }
     if (st_needle_record_verdicts(trace_path, a.model, a.store, a.needle_start, a.needle_end,
-                                  a.needle_text, a.json))
+                                  a.needle_text, a.json, needle_summary))
       goto out;
   }
   double seconds = seconds_since(&t0);
@@ -521,6 +525,18 @@ int st_cmd_run(int argc, char **argv) {
         if (rq.first_diff >= 0) printf("%lld", (long long)rq.first_diff);
         else printf("null");
       }
+    }
+    if (needle_summary) { /* the needle verdict per CSA layer (schemas/needle-verdicts.md) */
+      printf(",\"needle\":{\"tokens\":[%lld,%lld],\"layers\":[", (long long)a.needle_start, (long long)a.needle_end);
+      for (int i = 0; i < needle_summary->n_layers; i++) {
+        const st_needle_judgement *j = &needle_summary->judgements[i];
+        printf("%s{\"layer\":%d,\"answer_positions\":[%lld,%lld],\"positions\":%d,\"kept\":%d,\"retrieves\":%s,"
+               "\"best_rank\":%lld,\"worst_rank\":%lld,\"topk\":%d}", i ? "," : "", needle_summary->layers[i],
+               (long long)j->answer_first, (long long)j->answer_end, j->positions, j->kept,
+               j->retrieves < 0 ? "null" : j->retrieves ? "true" : "false", (long long)j->best_rank,
+               (long long)j->worst_rank, j->topk);
+      }
+      printf("]}");
     }
     printf("}\n");
   } else {
@@ -549,5 +565,6 @@ out:
   free(a.taps);
   free(a.layer_sets);
   free(alt_layers);
+  free(needle_summary);
   return exit_code;
 }

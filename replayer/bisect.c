@@ -32,6 +32,7 @@
 #include "engine/config.h"
 #include "engine/settings.h"
 #include "recorder/trace_reader.h"
+#include "needle.h"
 #include "replay.h"
 #include "schemas/catalogue.h"
 
@@ -69,8 +70,6 @@ typedef struct bisector {
   const int *layers;
   int n_layers;
   int replays;
-  int64_t judge_from;        /* the last prompt position: its query emits the answer's first token */
-  int64_t judge_to;          /* judge_from + the needle's token count: the positions judged end here */
   int64_t first, last;       /* the positions judged */
 } bisector;
 
@@ -84,30 +83,16 @@ static st_status verdicts(bisector *b, const char *const *sets, int n, st_bisect
     st_status rc = st_replay_run(&req, &r);
     if (rc) return rc;
     b->replays++;
-    const st_replay_cell *c = &r->cells[0];
-    if (!c->n_verdicts) {
-      st_replay_report_free(r);
-      return st_fail(ST_EINVAL, "%s: no recorded query position of layer %d comes after the needle "
-                     "(tokens %lld:%lld)", b->trace, b->layers[i], (long long)b->needle_start,
-                     (long long)b->needle_end);
-    }
-    /* the answer's positions [judge_from, judge_to), else the last recorded one */
-    int from = 0, to = c->n_verdicts;
-    while (from < to && c->verdicts[from].position < b->judge_from) from++;
-    while (to > from && c->verdicts[to - 1].position >= b->judge_to) to--;
-    if (from == to) from = c->n_verdicts - 1, to = c->n_verdicts;
-    st_bisect_verdict *o = &out[i];
-    *o = (st_bisect_verdict){.rank = -1, .topk = c->verdicts[from].topk};
-    for (int k = from; k < to; k++) {
-      const st_needle_verdict *v = &c->verdicts[k];
-      o->positions++;
-      o->kept += v->in_topk;
-      if (v->best_rank > o->rank) o->rank = v->best_rank;
-    }
-    o->retrieves = 2 * o->kept > o->positions;
-    b->first = c->verdicts[from].position;
-    b->last = c->verdicts[to - 1].position;
+    st_needle_judgement j = st_needle_judge_cell(r, &r->cells[0]);
     st_replay_report_free(r);
+    if (!j.positions)
+      return st_fail(ST_EINVAL, "%s: layer %d has no verdict at the answer positions %lld-%lld (the last "
+                     "prompt position on, as many as the needle's tokens): record them with --positions last "
+                     "or all", b->trace, b->layers[i], (long long)j.answer_first, (long long)j.answer_end - 1);
+    out[i] = (st_bisect_verdict){.retrieves = j.retrieves, .kept = j.kept, .positions = j.positions,
+                                 .rank = j.worst_rank, .topk = j.topk};
+    b->first = j.first;
+    b->last = j.last;
   }
   return ST_OK;
 }
@@ -168,13 +153,8 @@ st_status st_bisect_run(const char *trace_path, const char *model_dir, const cha
   for (int l = 0; l < cfg.num_hidden_layers && out->n_layers < ST_BISECT_MAX_LAYERS; l++)
     if (cfg.layer_kind[l] == ST_LAYER_CSA) out->layers[out->n_layers++] = l;
   if (!out->n_layers) return st_fail(ST_EINVAL, "%s has no CSA layer: no indexer to bisect", config_path);
-  st_trace *t = NULL;
-  if ((rc = st_trace_open(trace_path, 0, &t))) return rc;
-  int64_t judge_from = st_trace_n_prompt(t) - 1;
-  st_trace_close(t);
   bisector b = {.trace = trace_path, .model = model_dir, .needle_start = needle_start,
-                .needle_end = needle_end, .layers = out->layers, .n_layers = out->n_layers,
-                .judge_from = judge_from, .judge_to = judge_from + (needle_end - needle_start)};
+                .needle_end = needle_end, .layers = out->layers, .n_layers = out->n_layers};
 
   /* the differing settings: a key set on one side only keeps the recorded value on the other */
   for (int side = 0; side < 2; side++) {

@@ -730,6 +730,9 @@ st_status st_replay_run(const st_replay_request *req, st_replay_report **out) {
   rep->n_cells = n_cells;
   rep->layer = req->layer;
   rep->stage = req->stage;
+  rep->n_prompt = st_trace_n_prompt(t);
+  rep->needle_start = req->needle_start;
+  rep->needle_end = req->needle_end;
   const char *run_id = st_trace_attr(t, "run_id");
   snprintf(rep->run_id, sizeof rep->run_id, "%s", run_id ? run_id : "");
   st_settings_json(&recorded, rep->recorded_settings, sizeof rep->recorded_settings);

@@ -48,7 +48,7 @@ echo "needle tokens $needle_a:$needle_b"
 
 # 3. brute force reference for a settings list, per CSA layer, over the answer's positions that
 #    can copy the needle (from the last prompt position on, as many as the needle has tokens,
-#    among those the trace recorded; else the last row)
+#    among those the trace recorded: schemas/needle-verdicts.md)
 cat >"$work/brute.py" <<'PY'
 import sys, json, math, h5py, numpy as np
 trace, a, b, settings = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
@@ -154,7 +154,7 @@ for layer, kind in enumerate(cfg["layer_types"]):
     if kind != "compressed_sparse_attention": continue
     name = f"layers.{layer}.indexer.q"
     pos = f[f"positions/{name}"][()] if f"positions/{name}" in f else np.arange(f["taps"][name].shape[0])
-    judged = [i for i, p in enumerate(pos) if n_prompt - 1 <= p < n_prompt - 1 + (b - a)] or [len(pos) - 1]
+    judged = [i for i, p in enumerate(pos) if n_prompt - 1 <= p < n_prompt - 1 + (b - a)]
     v = [verdict(layer, i, int(pos[i])) for i in judged]
     kept = sum(ok for ok, _ in v)
     result[layer] = {"retrieves": 2 * kept > len(v), "kept": kept, "positions": len(v), "rank": max(r for _, r in v)}
@@ -224,7 +224,9 @@ ref, out = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 cell = [c for c in out["cells"] if c["settings"]["rotate"] == "q"][0]["metrics"]
 # clean.h5 holds the last prompt position alone: one judged position
 assert ref["3"]["positions"] == 1, ref
-assert cell["needle_in_topk"] == (ref["3"]["kept"] == 1) and abs(cell["needle_rank"] - ref["3"]["rank"]) <= 1, (cell, ref)
+needle = cell["needle"]  # the needle verdict (schemas/needle-verdicts.md) over that position
+assert (needle["positions"], needle["kept"], needle["retrieves"]) == (1, ref["3"]["kept"], ref["3"]["retrieves"]), (cell, ref)
+assert abs(needle["worst_rank"] - ref["3"]["rank"]) <= 1, (cell, ref)
 PY
 then ok "replay's needle rank under rotate=q matches the brute force"; else bad "replay needle rank: $out / $ref"; fi
 

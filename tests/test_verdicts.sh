@@ -43,5 +43,94 @@ if [ -s "$work/bn.json" ] && cmp -s <($py -c 'import json,sys; d=json.load(open(
                               <($py -c 'import json,sys; d=json.load(open(sys.argv[1])); d.pop("seconds"); print(json.dumps(d))' "$work/bt.json"); then
   ok "bisect --needle judges the span --needle-tokens $a:$b judges"
 else bad "bisect --needle: $(cat "$work/bn.err")"; fi
+# ---------------------------------------------------------------- 1. one needle verdict everywhere
+# the reference: per CSA layer, from the recorded top-k sets alone, the answer positions
+# [n_prompt - 1, n_prompt - 1 + needle tokens) the trace holds, where a row covering the needle is
+# selected (kept), and retrieves = kept at more than half of them
+cat >"$work/brute.py" <<'PY'
+import sys, json, h5py, numpy as np
+trace, a, b = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+f = h5py.File(trace, "r")
+cfg = json.loads(f.attrs["config"])
+n_prompt = int(f["tokens"].attrs["n_prompt"])
+out = {}
+for layer in range(cfg["num_hidden_layers"]):  # the CSA layers: those with an indexer
+    name = f"layers.{layer}.indexer.topk"
+    if name not in f["taps"]: continue
+    m = cfg["compress_ratios"][layer] if "compress_ratios" in cfg else 4
+    topk = f["taps"][name][()]
+    pos = f[f"positions/{name}"][()] if f"positions/{name}" in f else np.arange(topk.shape[0])
+    rows = {j for j in range(0, b // m + 2) if m * (j - 1) < b and m * j + m - 1 >= a}
+    judged = [i for i, p in enumerate(pos) if n_prompt - 1 <= p < n_prompt - 1 + (b - a)]
+    kept = sum(1 for i in judged if rows & set(int(x) for x in topk[i]))
+    out[str(layer)] = {"kept": kept, "positions": len(judged), "retrieves": 2 * kept > len(judged)}
+print(json.dumps(out))
+PY
+# consistent LABEL VERDICTS_JSON: {"layer": {"kept", "positions", "retrieves"}} must equal $ref
+consistent() {
+  if $py - "$ref" "$2" <<'PY'
+import json, sys
+ref, got = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert set(got) == set(ref), (sorted(got), sorted(ref))
+for layer, r in ref.items():
+    g = got[layer]
+    assert (g["kept"], g["positions"], bool(g["retrieves"])) == (r["kept"], r["positions"], r["retrieves"]), (layer, g, r)
+PY
+  then ok "$1 gives the reference verdict"; else bad "$1: $2 vs reference $ref"; fi
+}
+# answered DIR QUERY_WHERE: the view's verdicts as {"layer": {...}}
+viewed() {
+  $st query --store "$1" --json "SELECT layer, answer_positions AS positions, answer_positions_kept AS kept, retrieves FROM needle_rank_by_layer WHERE $2" |
+    $py -c 'import json,sys; print(json.dumps({str(r["layer"]): r for r in json.load(sys.stdin)}))' 2>&1
+}
+ref=$($py "$work/brute.py" "$work/t.h5" "$a" "$b") || bad "brute force"
+# the walk-through's numbers: layer 5 keeps the needle at 14 of the 15 answer positions
+consistent "the brute force (the README's numbers)" \
+  '{"1": {"kept": 1, "positions": 15, "retrieves": false}, "3": {"kept": 4, "positions": 15, "retrieves": false}, "5": {"kept": 14, "positions": 15, "retrieves": true}}'
+# run's printed lines: "needle layer L retrieves yes|no in the top-K at X of Y answer positions"
+got=$($py - "$work/run.txt" <<'PY'
+import re, sys, json
+out = {}
+for m in re.finditer(r"^needle layer (\d+) +retrieves (yes|no) +in the top-\d+ at (\d+) of (\d+) answer positions", open(sys.argv[1]).read(), re.M):
+    out[m[1]] = {"kept": int(m[3]), "positions": int(m[4]), "retrieves": m[2] == "yes"}
+print(json.dumps(out))
+PY
+)
+consistent "run's lines" "$got"
+$st run --model "$model" --prompt-tokens "$work/prompt.json" --max-new-tokens 32 --positions last \
+  --needle "$needle" --store "$work/s2" --trace "$work/t2.h5" --json >"$work/run.json"
+got=$($py -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps({str(L["layer"]): L for L in d["needle"]["layers"]}))' "$work/run.json" 2>&1)
+consistent "run --json" "$got"
+consistent "view needle_rank_by_layer over the run" "$(viewed "$work/s" "replay_id IS NULL")"
+# replay of each CSA layer under the recorded settings: its cell, its table, the view over the replays
+for layer in 1 3 5; do
+  $st replay --trace "$work/t.h5" --model "$model" --layer $layer --store "$work/s" --needle-tokens "$a:$b" --json >"$work/r$layer.json"
+done
+got=$($py -c '
+import json, sys
+print(json.dumps({l: json.load(open(f"{sys.argv[1]}/r{l}.json"))["cells"][0]["metrics"]["needle"] for l in ("1", "3", "5")}))' "$work" 2>&1)
+consistent "replay --json" "$got"
+consistent "view needle_rank_by_layer over the replays" "$(viewed "$work/s" "replay_id IS NOT NULL")"
+$st replay --trace "$work/t.h5" --model "$model" --layer 5 --store "$work/s2" --needle-tokens "$a:$b" >"$work/r5.txt"
+if grep -qE "^recorded \(=rec\) +yes +yes +14/15 " "$work/r5.txt"; then ok "replay's table: layer 5 retrieves, 14/15"
+else bad "replay's table: $(grep -A1 '^cell' "$work/r5.txt")"; fi
+# bisect's good side is the recorded settings
+$st bisect --trace "$work/t.h5" --model "$model" --good rotate=none --bad rotate=q --needle-tokens "$a:$b" --json >"$work/b.json"
+got=$($py -c 'import json,sys; print(json.dumps({str(L["layer"]): L["good"] for L in json.load(open(sys.argv[1]))["layers"]}))' "$work/b.json" 2>&1)
+consistent "bisect's table" "$got"
+# needle sweep: the attempt's verdict is the view's and the reference's over the attempt's trace
+$st needle sweep --model "$model" --tokens 2k --positions 0.55 --seeds 1 --first-seed 3 --store "$work/sw" --json >"$work/sw.json" 2>"$work/sw.err"
+run_id=$($py -c 'import json,sys; print(json.load(open(sys.argv[1]))["attempt_rows"][0]["run_id"])' "$work/sw.json" 2>&1)
+read -r sa sb < <($py -c 'import json,sys; print(*json.load(open(sys.argv[1]))["attempt_rows"][0]["needle_tokens"])' "$work/sw.json")
+ref=$($py "$work/brute.py" "$work/sw/runs/$run_id.h5" "$sa" "$sb") || bad "brute force of the sweep's trace"
+consistent "needle sweep's stored verdicts" "$(viewed "$work/sw" "run_id = '$run_id'")"
+if $py - "$ref" "$work/sw.json" <<'PY'
+import json, sys
+ref, a = json.loads(sys.argv[1]), json.load(open(sys.argv[2]))["attempt_rows"][0]
+assert a["needle_layers_retrieving"] == [int(l) for l, r in ref.items() if r["retrieves"]], (a, ref)
+assert a["needle_layers_judged"] == len(ref), a
+PY
+then ok "needle sweep's attempt names the layers that retrieve the needle"; else bad "needle sweep: $(head -c 600 "$work/sw.json")"; fi
+
 [ $failures -eq 0 ] && echo "all verdict checks passed" || echo "$failures verdict check(s) FAILED"
 exit $((failures > 0))

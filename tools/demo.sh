@@ -37,8 +37,8 @@ echo "== 3. the same request with the Hadamard rotation on the indexer query onl
 $st run --model "$model" --prompt-tokens "$store/prompt.json" --max-new-tokens 32 --set rotate=q \
   --tap 'layers.*.indexer.*' --positions last --needle "$needle" --store "$store" --trace "$store/rotate-q.h5"
 echo
-echo "== 4. SQL over the index: the needle's rank per layer in both runs"
-$st query --store "$store" "SELECT substr(r.run_id,1,8) AS run, r.rotate, v.layer, v.best_rank, v.worst_rank, v.in_topk, v.positions FROM needle_rank_by_layer v JOIN runs r USING (run_id) WHERE v.replay_id IS NULL ORDER BY r.created_at, v.layer"
+echo "== 4. SQL over the index: the needle verdict per layer in both runs (schemas/needle-verdicts.md)"
+$st query --store "$store" "SELECT substr(r.run_id,1,8) AS run, r.rotate, v.layer, v.retrieves, v.answer_positions_kept AS kept, v.answer_positions, v.best_rank, v.worst_rank FROM needle_rank_by_layer v JOIN runs r USING (run_id) WHERE v.replay_id IS NULL ORDER BY r.created_at, v.layer"
 echo
 echo "== 5. inspect: what the first trace holds"
 $st inspect "$store/trained.h5" | head -24 || true
