@@ -96,6 +96,12 @@ st_needle_judgement st_needle_judge_cell(const st_replay_report *r, const st_rep
                          r->needle_end);
 }
 
+const char *st_needle_topk_name(int topk, char *buf, size_t size) {
+  if (topk == INT32_MAX) snprintf(buf, size, "top-all");
+  else snprintf(buf, size, "top-%d", topk);
+  return buf;
+}
+
 const char *st_needle_retrieves_word(const st_needle_judgement *j) {
   return j->retrieves < 0 ? "-" : j->retrieves ? "yes" : "no";
 }
@@ -129,10 +135,11 @@ st_status st_needle_record_verdicts(const char *trace_path, const char *model_di
       printf("needle verdicts: a layer retrieves the needle when it keeps it in its top-k at most of the\n"
              "answer positions %lld-%lld (from the last prompt position, as many as the needle's %lld tokens)\n",
              (long long)j.answer_first, (long long)j.answer_end - 1, (long long)(end - start));
+    char k[32];
     if (!quiet && j.positions)
-      printf("needle layer %-3d retrieves %-3s in the top-%d at %d of %d answer positions; rank %lld best, %lld worst\n",
-             layer, st_needle_retrieves_word(&j), j.topk, j.kept, j.positions, (long long)j.best_rank,
-             (long long)j.worst_rank);
+      printf("needle layer %-3d retrieves %-3s in the %s at %d of %d answer positions; rank %lld best, %lld worst\n",
+             layer, st_needle_retrieves_word(&j), st_needle_topk_name(j.topk, k, sizeof k), j.kept, j.positions,
+             (long long)j.best_rank, (long long)j.worst_rank);
     else if (!quiet)
       printf("needle layer %-3d not judged: the trace recorded none of the answer positions %lld-%lld "
              "(record with --positions last)\n", layer, (long long)j.answer_first, (long long)j.answer_end - 1);

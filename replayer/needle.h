@@ -4,6 +4,7 @@
 #ifndef ST_NEEDLE_H
 #define ST_NEEDLE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/base.h"
@@ -60,6 +61,9 @@ st_needle_judgement st_needle_judge(const st_needle_verdict *v, int64_t n, int64
 
 /* The same for a replay cell (the report carries the prompt length and the needle span). */
 st_needle_judgement st_needle_judge_cell(const st_replay_report *r, const st_replay_cell *c);
+
+/* "top-32", or "top-all" for topk=all (k = INT32_MAX): how verdicts name the k in force. */
+const char *st_needle_topk_name(int topk, char *buf, size_t size);
 
 /* "yes" / "no" / "-" (nothing judged). */
 const char *st_needle_retrieves_word(const st_needle_judgement *j);

@@ -175,13 +175,12 @@ for L in out["layers"]:
     assert L["bad"]["retrieves"] == r["retrieves"], (L, r)
     assert abs(L["bad"]["rank"] - r["rank"]) <= 1, (L, r)
     assert (L["bad"]["kept"], L["bad"]["positions"]) == (r["kept"], r["positions"]), (L, r)
-# the first flip: the first layer that retrieves the needle (top-k at most answer positions) under
-# good and keeps it at fewer positions under bad; when no layer retrieves it under good, the first
-# that retrieves it under bad
+# the first flip: the first layer whose verdict (top-k at most answer positions) differs between
+# good and bad, in either direction (schemas/needle-verdicts.md); the first change: of the counts
 g, b = {L["layer"]: L["good"] for L in out["layers"]}, {L["layer"]: ref[str(L["layer"])] for L in out["layers"]}
-lost = [L for L in g if g[L]["retrieves"] and b[L]["kept"] < g[L]["kept"]]
-back = [L for L in g if b[L]["retrieves"]] if not any(v["retrieves"] for v in g.values()) else []
-first = (lost or back or [None])[0]
+first = next((L for L in sorted(g) if g[L]["retrieves"] != b[L]["retrieves"]), None)
+change = next((L for L in sorted(g) if g[L]["kept"] != b[L]["kept"]), None)
+assert out["first_change_layer"] == change, (out["first_change_layer"], change)
 assert out["first_flip_layer"] == first, (out["first_flip_layer"], first)
 print("   ", out["explanation"])
 PY
@@ -212,7 +211,7 @@ PY
 # (random weights keep no row in the top-32 at all 8 positions: the good side keeps 128)
 check_bisect "F1 over an answer" "rotate=both,topk=128" "rotate=q,topk=128" '{"rotate":"q","topk":128}' "$work/answer.h5"
 check_bisect "F5 over an answer" "topk=128" "topk=32" '{"topk":32}' "$work/answer.h5"
-# reversed: no layer retrieves the needle under good, so the first that does under bad brings it back
+# reversed: a layer that retrieves the needle under bad but not under good flips too
 check_bisect "F5 reversed over an answer" "topk=32" "topk=128" '{"topk":128}' "$work/answer.h5"
 
 # 4. the brute force also checks the replay's own needle rank under a sweep

@@ -97,6 +97,8 @@ print(json.dumps(out))
 PY
 )
 consistent "run's lines" "$got"
+line=$(grep "^needle layer 5 " "$work/run.txt")
+if grep -qF -- "#   $line" "$src/README.md"; then ok "the README quotes run's line for layer 5"; else bad "the README lacks run's line '$line'"; fi
 $st run --model "$model" --prompt-tokens "$work/prompt.json" --max-new-tokens 32 --positions last \
   --needle "$needle" --store "$work/s2" --trace "$work/t2.h5" --json >"$work/run.json"
 got=$($py -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps({str(L["layer"]): L for L in d["needle"]["layers"]}))' "$work/run.json" 2>&1)
@@ -131,6 +133,49 @@ assert a["needle_layers_retrieving"] == [int(l) for l, r in ref.items() if r["re
 assert a["needle_layers_judged"] == len(ref), a
 PY
 then ok "needle sweep's attempt names the layers that retrieve the needle"; else bad "needle sweep: $(head -c 600 "$work/sw.json")"; fi
+
+# ---------------------------------------------------------------- 3. bisect: a flip either way is a flip
+# topk=all keeps every visible row: layers 1 and 3 go from "no" to "yes", layer 5 from 14/15 to 15/15
+$st bisect --trace "$work/t.h5" --model "$model" --good topk=32 --bad topk=all --needle-tokens "$a:$b" --json >"$work/ball.json"
+rc=$?
+if [ $rc -eq 0 ] && $py - "$work/ball.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+L = {x["layer"]: x for x in d["layers"]}
+assert (L[3]["good"]["retrieves"], L[3]["good"]["kept"], L[3]["bad"]["retrieves"], L[3]["bad"]["kept"]) == (False, 4, True, 15), L[3]
+assert L[1]["flips"] and L[3]["flips"] and not L[5]["flips"] and L[5]["counts_change"], L
+assert d["first_flip_layer"] == 1 and d["changes"][0]["alone_flips_at"] == 1, d
+assert "makes layer 1 retrieve the needle" in d["explanation"], d["explanation"]
+PY
+then ok "bisect topk=32 -> all: layers 1 and 3 flip no -> yes (exit 0)"; else bad "bisect topk=32 -> all (exit $rc): $(cat "$work/ball.json")"; fi
+# ---------------------------------------------------------------- 1. bisect's sentence: counts are counts
+# rotate=q: layer 1 flips (1/15 -> 8/15); layer 5 keeps the needle at 11 of 15 instead of 14 and
+# still retrieves it: the sentence must not call that lost, and must say it is a change in counts
+$st bisect --trace "$work/t.h5" --model "$model" --good rotate=none --bad rotate=q --needle-tokens "$a:$b" >"$work/bq.txt"
+rc=$?
+sentence=$(tail -2 "$work/bq.txt" | head -1)
+if [ $rc -eq 0 ] && grep -q "5 .* yes  *14/15 .* yes  *11/15 .*counts change, no flip" "$work/bq.txt" &&
+   ! grep -q "loses the needle at layer 5" <<<"$sentence" && grep -q "without a flip at layers 3 (4 -> 6 of 15) and 5 (14 -> 11 of 15)" <<<"$sentence"; then
+  ok "bisect rotate=q: layer 5's 14 -> 11 of 15 is called a change in counts"
+else bad "bisect rotate=q: $(cat "$work/bq.txt")"; fi
+$st bisect --trace "$work/t.h5" --model "$model" --good topk=32 --bad topk=16 --needle-tokens "$a:$b" >"$work/b16.txt"
+rc=$?
+if [ $rc -eq 1 ] && grep -q "changes no layer's verdict; at layer 3 it changes the counts .*a change in counts, not of the verdict" "$work/b16.txt"; then
+  ok "bisect topk=16: no flip, a change in counts at layer 3, said so (exit 1)"
+else bad "bisect topk=16 (exit $rc): $(tail -3 "$work/b16.txt")"; fi
+# the README walk-through quotes the sentence bisect prints
+if $py - "$src/README.md" "$sentence" <<'PY'
+import sys, re
+lines = open(sys.argv[1]).read().splitlines()
+at = next(i for i, l in enumerate(lines) if l.startswith("$st bisect") and "--bad rotate=q" in l)
+quoted = []
+for l in lines[at + 1:]:
+    if not l.startswith("#   "): break
+    quoted.append(l[4:])
+norm = lambda s: " ".join(s.split())
+assert norm(" ".join(quoted)).startswith(norm(sys.argv[2])), (quoted, sys.argv[2])
+PY
+then ok "the README quotes bisect's sentence"; else bad "the README's bisect sentence is not what bisect prints: $sentence"; fi
 
 [ $failures -eq 0 ] && echo "all verdict checks passed" || echo "$failures verdict check(s) FAILED"
 exit $((failures > 0))
