@@ -42,6 +42,7 @@ static const char replay_help[] =
   "                          skipped with a note when the run is not in that index)\n"
   "  --threads N             OpenMP threads (results identical for any N)\n"
   "  --json                  one JSON object: recorded settings, cells with metrics, bit_exact\n"
+  "                          (null when no cell ran the recorded settings: nothing was checked)\n"
   "\n"
   "Exit status: 0 when the replay ran (and every recorded-settings cell was bit-exact), 1 on error\n"
   "or when a recorded-settings cell was NOT bit-exact, 2 on usage errors.\n";
@@ -199,15 +200,18 @@ int st_cmd_replay(int argc, char **argv) {
   int stored = 0;
   st_status src = st_replay_store(store, rep, command_line, req.needle_start, req.needle_end, needle_text, &stored);
   free(command_line);
-  int all_exact = 1;
-  for (int i = 0; i < rep->n_cells; i++) all_exact &= rep->cells[i].bit_exact != 0;
+  int all_exact = 1, checked = 0; /* checked: some recorded-settings cell compared its tensors */
+  for (int i = 0; i < rep->n_cells; i++) {
+    all_exact &= rep->cells[i].bit_exact != 0;
+    checked |= rep->cells[i].bit_exact >= 0;
+  }
   if (json) {
     char *metrics = malloc(8192);
     printf("{\"trace\":\"%s\",\"run_id\":\"%s\",\"layer\":%d,\"stage\":\"%s\",\"positions\":%lld,"
            "\"recorded_settings\":%s,\"stored\":%s,\"seconds\":%.4f,\"bit_exact\":%s",
            req.trace_path, rep->run_id, rep->layer, st_replay_stage_name(rep->stage),
            (long long)rep->n_positions, rep->recorded_settings, stored ? "true" : "false", rep->seconds,
-           all_exact ? "true" : "false");
+           !checked ? "null" : all_exact ? "true" : "false");
     if (req.needle_end > req.needle_start)
       printf(",\"needle_tokens\":[%lld,%lld]", (long long)req.needle_start, (long long)req.needle_end);
     printf(",\"cells\":[");
@@ -229,6 +233,7 @@ int st_cmd_replay(int argc, char **argv) {
       if (rep->cells[i].same_as_recorded && rep->cells[i].bit_exact >= 0)
         printf("determinism check: the recorded settings %s the recorded tensors bit for bit\n",
                rep->cells[i].bit_exact ? "reproduce" : "do NOT reproduce");
+    if (!checked) printf("determinism check: not run (no cell has the recorded settings)\n");
   }
   exit_code = all_exact ? 0 : 1;
 done:

@@ -177,5 +177,17 @@ assert norm(" ".join(quoted)).startswith(norm(sys.argv[2])), (quoted, sys.argv[2
 PY
 then ok "the README quotes bisect's sentence"; else bad "the README's bisect sentence is not what bisect prints: $sentence"; fi
 
+# ---------------------------------------------------------------- 6. replay --json bit_exact
+# no recorded-settings cell ran: nothing was checked, so bit_exact is null (not true)
+$st replay --trace "$work/t.h5" --model "$model" --layer 5 --store "$work/s2" --set rotate=q --json >"$work/x.json"
+$st replay --trace "$work/t.h5" --model "$model" --layer 5 --store "$work/s2" --sweep rotate=none,q --json >"$work/y.json"
+if $py - "$work/x.json" "$work/y.json" <<'PY'
+import json, sys
+x, y = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert x["bit_exact"] is None and x["cells"][0]["bit_exact"] is None, x
+assert y["bit_exact"] is True and [c["bit_exact"] for c in y["cells"]] == [True, None], y
+PY
+then ok "replay --json: bit_exact null without a recorded-settings cell, true with one"; else bad "replay bit_exact: $(head -c 300 "$work/x.json")"; fi
+
 [ $failures -eq 0 ] && echo "all verdict checks passed" || echo "$failures verdict check(s) FAILED"
 exit $((failures > 0))
