@@ -33,7 +33,8 @@ static const char *usage_text =
   "\n"
   "options:\n"
   "  --tap GLOB         compare only taps whose name or suffix matches (repeatable), e.g.\n"
-  "                     --tap 'layers.*.indexer.*' --tap logits\n"
+  "                     --tap 'layers.*.indexer.*' --tap logits; a GLOB matching no tap of\n"
+  "                     either trace is an error (exit 2)\n"
   "  --tolerance RULES  per-tap rules (repeatable; tried in the order given, first match wins,\n"
   "                     then the defaults), e.g.\n"
   "                     'indexer.topk=jaccard:0.9,indexer.scores=diff:1e-4,*=diff:1e-5'\n"
@@ -490,8 +491,18 @@ int st_cmd_diff(int argc, char **argv) {
     fprintf(stderr, "sparsetrace diff: two traces needed\n\n%s", usage_text);
     goto out;
   }
-  if (st_trace_open(paths[0], 0, &a) || st_trace_open(paths[1], 0, &b) ||
-      st_diff_traces(a, b, &opt, &rep)) {
+  if (st_trace_open(paths[0], 0, &a) || st_trace_open(paths[1], 0, &b)) {
+    st_cli_report_error("diff");
+    goto out;
+  }
+  for (int i = 0; i < opt.n_tap_globs; i++) /* a glob that selects nothing compares nothing */
+    if (!st_diff_glob_matches(a, globs[i]) && !st_diff_glob_matches(b, globs[i])) {
+      fprintf(stderr, "sparsetrace diff: --tap '%s' matches no tap of %s or %s (names like "
+              "layers.3.indexer.topk or suffixes like indexer.topk; 'sparsetrace inspect' lists a trace's taps)\n",
+              globs[i], paths[0], paths[1]);
+      goto out;
+    }
+  if (st_diff_traces(a, b, &opt, &rep)) {
     st_cli_report_error("diff");
     goto out;
   }
