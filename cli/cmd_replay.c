@@ -12,6 +12,8 @@
 #endif
 
 #include "commands.h"
+#include "engine/pyjson.h"
+#include "engine/tokenizer.h"
 #include "recorder/recorder.h"
 #include "replayer/replay.h"
 #include "replayer/needle.h"
@@ -47,7 +49,26 @@ static const char replay_help[] =
   "Exit status: 0 when the replay ran (and every recorded-settings cell was bit-exact), 1 on error\n"
   "or when a recorded-settings cell was NOT bit-exact, 2 on usage errors.\n";
 
-static void print_table(const st_replay_report *r, const char *trace) {
+/* A rest-stage continuation as a JSON string (decoded with the model's tokenizer, as `run`
+** prints its answer), or NULL when the model has no tokenizer. Caller frees. */
+static char *continuation_text_json(const char *model_dir, const st_replay_cell *x) {
+  st_tokenizer *tok = NULL;
+  char *text = NULL, *out = NULL;
+  size_t len = 0;
+  if (x->n_continuation && !st_tokenizer_open(model_dir, &tok) &&
+      !st_tokenizer_decode(tok, x->continuation, (size_t)x->n_continuation, 0, &text, &len)) {
+    st_text t = {0};
+    st_pyjson_string(&t, text, len, 0);
+    if (!st_text_status(&t, "text")) out = st_text_take(&t, NULL);
+    st_text_free(&t);
+  }
+  st_clear_error();
+  free(text);
+  st_tokenizer_close(tok);
+  return out;
+}
+
+static void print_table(const st_replay_report *r, const char *trace, const char *model_dir) {
   printf("replay of %s, layer %d, stage %s: %lld positions", trace, r->layer,
          st_replay_stage_name(r->stage), (long long)r->n_positions);
   if (r->stage == ST_REPLAY_INDEXER) printf(", %lld compressed rows", (long long)r->n_rows);
@@ -112,8 +133,16 @@ static void print_table(const st_replay_report *r, const char *trace) {
       for (int i = 0; i < x->n_continuation; i++) printf(" %d", x->continuation[i]);
       if (x->continuation_has_needle >= 0) printf("  (needle %s)", x->continuation_has_needle ? "recalled" : "NOT recalled");
       printf("\n");
+      char *text = continuation_text_json(model_dir, x);
+      if (text) printf("    text %s\n", text);
+      free(text);
     }
   }
+  int no_logits = 0;
+  for (int c = 0; c < r->n_cells; c++) no_logits |= r->stage == ST_REPLAY_REST && !r->cells[c].has_logits;
+  if (no_logits)
+    printf("KL_mean and greedy are '-': %s holds no logits tap to compare with (record the run with "
+           "--tap logits)\n", trace);
 }
 
 int st_cmd_replay(int argc, char **argv) {
@@ -218,14 +247,18 @@ int st_cmd_replay(int argc, char **argv) {
     for (int i = 0; i < rep->n_cells; i++) {
       const st_replay_cell *x = &rep->cells[i];
       st_replay_metrics_json(rep, x, metrics, 8192);
-      printf("%s{\"settings\":%s,\"same_as_recorded\":%s,\"bit_exact\":%s,\"metrics\":%s}", i ? "," : "",
+      printf("%s{\"settings\":%s,\"same_as_recorded\":%s,\"bit_exact\":%s,\"metrics\":%s", i ? "," : "",
              x->settings_json, x->same_as_recorded ? "true" : "false",
              x->bit_exact < 0 ? "null" : x->bit_exact ? "true" : "false", metrics);
+      char *text = continuation_text_json(req.model_dir, x);
+      if (text) printf(",\"continuation_text\":%s", text);
+      free(text);
+      printf("}");
     }
     printf("]}\n");
     free(metrics);
   } else {
-    print_table(rep, req.trace_path);
+    print_table(rep, req.trace_path, req.model_dir);
     if (src) printf("\nnot stored in the index: %s\n", st_errmsg());
     else if (stored) printf("\nstored %d replay%s in %s/index.sqlite\n", rep->n_cells, rep->n_cells == 1 ? "" : "s", store);
     else printf("\nnot stored: run %s is not in %s/index.sqlite (use --store)\n", rep->run_id, store);
