@@ -28,20 +28,20 @@ static const st_cmd_spec bisect_spec = {
   "bisect",
   "sparsetrace bisect --trace T.h5 --model DIR --good K=V,... --bad K=V,...\n"
   "                         (--needle TEXT | --needle-tokens A:B) [--json]\n",
-  "Explains a lost needle by settings. For every CSA layer it counts the answer positions at which\n"
-  "the needle's best compressed row is in the indexer's top-k: the last prompt position (its query\n"
-  "emits the answer's first token) and the generated ones after it, as many positions in all as\n"
-  "the needle has tokens (the last recorded position if the trace holds none of them; record with\n"
-  "--positions last). A layer retrieves the needle when that is most of them. bisect replays\n"
-  "every CSA layer's indexer from the trace under --good and --bad (each a comma-separated list\n"
-  "over the recorded settings), finds the first layer that retrieves the needle under good and\n"
-  "keeps it at fewer positions under bad (when none retrieves it under good: the first that\n"
-  "does under bad, which brings it back), tries every differing setting alone, and prints the\n"
-  "minimal explanation, e.g.\n"
-  "  rotate=q alone loses the needle at layer 5 (...); removing q (rotate=none) restores it\n"
+  "Explains a lost needle by settings, with the needle verdict of schemas/needle-verdicts.md: for\n"
+  "every CSA layer it counts the answer positions at which the needle's best compressed row is in\n"
+  "the indexer's top-k: the last prompt position (its query emits the answer's first token) and\n"
+  "the generated ones after it, as many positions in all as the needle has tokens (record them with\n"
+  "--positions last). A layer retrieves the needle when that is most of them. bisect replays every\n"
+  "CSA layer's indexer from the trace under --good and --bad (each a comma-separated list over the\n"
+  "recorded settings), finds the first layer whose verdict flips (either direction: it loses the\n"
+  "needle, or gains it), else the first whose counts change (said to be a change in counts, not of\n"
+  "the verdict), tries every differing setting alone, and prints the minimal explanation, e.g.\n"
+  "  rotate=q alone loses the needle at layer 5 (...); removing q (rotate=none) restores every layer\n"
+  "--needle TEXT is found in the recorded prompt (never in the answer).\n"
   "The trace must hold layers.N.indexer.{q,k,weights} of every CSA layer (run --tap 'layers.*.indexer.*').\n",
   bisect_options,
-  "Exit status: 0 when a flip was explained, 1 on error or when no layer flips, 2 usage.\n"};
+  "Exit status: 0 when a flip was explained, 1 on error or when no layer's verdict flips, 2 usage.\n"};
 
 int st_cmd_bisect(int argc, char **argv) {
   const char *needle_text = NULL;
@@ -86,11 +86,14 @@ int st_cmd_bisect(int argc, char **argv) {
     printf("{\"first_position\":%lld,\"last_position\":%lld,\"first_flip_layer\":",
            (long long)r->first_position, (long long)r->last_position);
     if (r->first_flip_layer >= 0) printf("%d", r->first_flip_layer); else printf("null");
+    printf(",\"first_change_layer\":");
+    if (r->first_change_layer >= 0) printf("%d", r->first_change_layer); else printf("null");
     printf(",\"explanation\":\"%s\",\"replays\":%d,\"seconds\":%.3f,\"layers\":[", r->explanation, r->replays, r->seconds);
     for (int i = 0; i < r->n_layers; i++)
-      printf("%s{\"layer\":%d,\"good\":{\"retrieves\":%s,\"kept\":%d,\"positions\":%d,\"rank\":%lld},"
+      printf("%s{\"layer\":%d,\"flips\":%s,\"counts_change\":%s,\"good\":{\"retrieves\":%s,\"kept\":%d,\"positions\":%d,\"rank\":%lld},"
              "\"bad\":{\"retrieves\":%s,\"kept\":%d,\"positions\":%d,\"rank\":%lld},\"topk\":%d}",
-             i ? "," : "", r->layers[i], r->good[i].retrieves ? "true" : "false", r->good[i].kept,
+             i ? "," : "", r->layers[i], r->good[i].retrieves != r->bad[i].retrieves ? "true" : "false",
+             r->good[i].kept != r->bad[i].kept ? "true" : "false", r->good[i].retrieves ? "true" : "false", r->good[i].kept,
              r->good[i].positions, (long long)r->good[i].rank, r->bad[i].retrieves ? "true" : "false",
              r->bad[i].kept, r->bad[i].positions, (long long)r->bad[i].rank, r->bad[i].topk);
     printf("],\"changes\":[");
@@ -98,6 +101,8 @@ int st_cmd_bisect(int argc, char **argv) {
       const st_bisect_change *x = &r->changes[i];
       printf("%s{\"setting\":\"%s\",\"good\":\"%s\",\"bad\":\"%s\",\"alone_flips_at\":", i ? "," : "", x->key, x->good, x->bad);
       if (x->alone_flips_at >= 0) printf("%d", x->alone_flips_at); else printf("null");
+      printf(",\"alone_changes_at\":");
+      if (x->alone_changes_at >= 0) printf("%d", x->alone_changes_at); else printf("null");
       printf(",\"restores\":%s}", x->restores ? "true" : "false");
     }
     printf("],\"minimal\":[");
@@ -114,13 +119,16 @@ int st_cmd_bisect(int argc, char **argv) {
       snprintf(bs, sizeof bs, "%-5s %3d/%-3d %6lld", r->bad[i].retrieves ? "yes" : "no", r->bad[i].kept,
                r->bad[i].positions, (long long)r->bad[i].rank);
       printf("  %-6d  %-24s %-24s%s\n", r->layers[i], gs, bs,
-             r->layers[i] == r->first_flip_layer ? "  <- first flip" : "");
+             r->layers[i] == r->first_flip_layer ? "  <- first flip"
+             : r->good[i].retrieves != r->bad[i].retrieves ? "  <- flips"
+             : r->good[i].kept != r->bad[i].kept ? "  <- counts change, no flip" : "");
     }
     printf("changes:\n");
     for (int i = 0; i < r->n_changes; i++) {
       const st_bisect_change *x = &r->changes[i];
       printf("  %s: %s -> %s", x->key, x->good, x->bad);
       if (x->alone_flips_at >= 0) printf("; alone flips layer %d", x->alone_flips_at);
+      else if (x->alone_changes_at >= 0) printf("; alone flips no layer (changes the counts at layer %d)", x->alone_changes_at);
       else printf("; alone flips no layer");
       printf("%s\n", x->restores ? "; setting it back restores every layer" : "");
     }

@@ -479,8 +479,18 @@ int st_cmd_diff(int argc, char **argv) {
     st_opts_error(&o, "two traces needed");
     goto out;
   }
-  if (st_trace_open(paths[0], 0, &a) || st_trace_open(paths[1], 0, &b) ||
-      st_diff_traces(a, b, &opt, &rep)) {
+  if (st_trace_open(paths[0], 0, &a) || st_trace_open(paths[1], 0, &b)) {
+    st_cli_report_error("diff");
+    goto out;
+  }
+  for (int i = 0; i < opt.n_tap_globs; i++) /* a glob that selects nothing compares nothing */
+    if (!st_diff_glob_matches(a, opt.tap_globs[i]) && !st_diff_glob_matches(b, opt.tap_globs[i])) {
+      fprintf(stderr, "sparsetrace diff: --tap '%s' matches no tap of %s or %s (names like "
+              "layers.3.indexer.topk or suffixes like indexer.topk; 'sparsetrace inspect' lists a trace's taps)\n",
+              opt.tap_globs[i], paths[0], paths[1]);
+      goto out;
+    }
+  if (st_diff_traces(a, b, &opt, &rep)) {
     st_cli_report_error("diff");
     goto out;
   }

@@ -173,8 +173,8 @@ static void print_text(const st_trace *t, long long file_bytes, const readiness 
     ws = ST_MAX(ws, strlen(shape) + (tap->has_positions ? 1 : 0));
   }
   if (n) {
-    printf("  %-*s  %-*s  %-8s  %-14s  %10s  %6s  %6s  %12s  %12s  %12s  %12s\n", (int)wn, "name",
-           (int)ws, "shape", "dtype", "axis0", "count", "nan", "inf", "min", "max", "mean", "rms");
+    printf("  %-*s  %-*s  %-8s  %-14s  %10s  %10s  %6s  %8s  %8s  %12s  %12s  %12s  %12s\n", (int)wn, "name",
+           (int)ws, "shape", "dtype", "axis0", "count", "finite", "nan", "+inf", "-inf", "min", "max", "mean", "rms");
   }
   for (int i = 0; i < n; i++) {
     const st_trace_tap *tap = st_trace_tap_at(t, i);
@@ -186,13 +186,15 @@ static void print_text(const st_trace *t, long long file_bytes, const readiness 
     num_text(s->max, s->has_range, mx, sizeof mx);
     num_text(s->mean, s->has_range, mean, sizeof mean);
     num_text(s->rms, s->has_rms, rms, sizeof rms);
-    char count[24], nan[24], inf[24];
+    char count[24], finite[24], nan[24], pinf[24], ninf[24];
     snprintf(count, sizeof count, s->count < 0 ? "-" : "%lld", (long long)s->count);
+    snprintf(finite, sizeof finite, s->count < 0 || s->finite_count < 0 ? "-" : "%lld", (long long)s->finite_count);
     snprintf(nan, sizeof nan, s->count < 0 ? "-" : "%lld", (long long)s->nan_count);
-    snprintf(inf, sizeof inf, s->count < 0 ? "-" : "%lld", (long long)s->inf_count);
-    printf("  %-*s  %-*s  %-8s  %-14s  %10s  %6s  %6s  %12s  %12s  %12s  %12s\n", (int)wn,
+    snprintf(pinf, sizeof pinf, s->count < 0 || s->posinf_count < 0 ? "-" : "%lld", (long long)s->posinf_count);
+    snprintf(ninf, sizeof ninf, s->count < 0 || s->neginf_count < 0 ? "-" : "%lld", (long long)s->neginf_count);
+    printf("  %-*s  %-*s  %-8s  %-14s  %10s  %10s  %6s  %8s  %8s  %12s  %12s  %12s  %12s\n", (int)wn,
            tap->name, (int)ws, shape, st_dtype_name(tap->dtype), st_trace_axis0_name(tap->row_axis),
-           count, nan, inf, mn, mx, mean, rms);
+           count, finite, nan, pinf, ninf, mn, mx, mean, rms);
   }
   for (int i = 0; i < n; i++)
     if (st_trace_tap_at(t, i)->has_positions) {
@@ -263,7 +265,10 @@ static int print_json(const st_trace *t, long long file_bytes, const readiness *
     json_object_set_new(x, "has_positions", json_boolean(tap->has_positions));
     json_object_set_new(x, "count", s->count < 0 ? json_null() : json_integer(s->count));
     json_object_set_new(x, "nan_count", s->count < 0 ? json_null() : json_integer(s->nan_count));
+    json_object_set_new(x, "finite_count", s->count < 0 || s->finite_count < 0 ? json_null() : json_integer(s->finite_count));
     json_object_set_new(x, "inf_count", s->count < 0 ? json_null() : json_integer(s->inf_count));
+    json_object_set_new(x, "posinf_count", s->count < 0 || s->posinf_count < 0 ? json_null() : json_integer(s->posinf_count));
+    json_object_set_new(x, "neginf_count", s->count < 0 || s->neginf_count < 0 ? json_null() : json_integer(s->neginf_count));
     json_object_set_new(x, "min", json_num(s->min, s->has_range));
     json_object_set_new(x, "max", json_num(s->max, s->has_range));
     json_object_set_new(x, "mean", json_num(s->mean, s->has_range));

@@ -289,8 +289,12 @@ static void progress(void *ctx, int done, int total, const st_harness_attempt *a
       shown[n++] = (char)(*p < 0x20 || *p == 0x7f ? ' ' : *p);
     }
     shown[n] = 0;
-    fprintf(stderr, "%s (%lld tokens, %.1f s) \"%s\"\n", a->pass ? "pass" : "FAIL", (long long)a->tokens_actual,
+    fprintf(stderr, "%s (%lld tokens, %.1f s) \"%s\"", a->pass ? "pass" : "FAIL", (long long)a->tokens_actual,
             a->seconds, shown);
+    if (a->needle_layers)
+      fprintf(stderr, "; needle retrieved by %d of %d CSA layers%s%s", a->needle_retrieving, a->needle_layers,
+              a->needle_retrieving ? ": " : "", a->needle_retrieving_layers);
+    fprintf(stderr, "\n");
   }
 }
 
@@ -347,6 +351,18 @@ static void print_json(const st_harness_options *o, const st_harness_result *r) 
     json_object_set_new(row, "tokens_reported", a->tokens_reported >= 0 ? json_integer(a->tokens_reported) : json_null());
     if (a->needle_end > a->needle_start && a->needle_start >= 0)
       json_object_set_new(row, "needle_tokens", json_pack("[I, I]", (json_int_t)a->needle_start, (json_int_t)a->needle_end));
+    if (a->needle_layers) { /* the needle verdict: the CSA layers that retrieve the needle */
+      json_t *layers = json_array();
+      for (const char *p = a->needle_retrieving_layers; *p;) {
+        char *end;
+        long layer = strtol(p, &end, 10);
+        if (end == p) break;
+        json_array_append_new(layers, json_integer(layer));
+        p = *end == ',' ? end + 1 : end;
+      }
+      json_object_set_new(row, "needle_layers_retrieving", layers);
+      json_object_set_new(row, "needle_layers_judged", json_integer(a->needle_layers));
+    }
     json_array_append_new(rows, row);
   }
   json_object_set_new(root, "cells", cells);

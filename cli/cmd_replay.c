@@ -8,6 +8,8 @@
 
 #include "commands.h"
 #include "options.h"
+#include "engine/text/pyjson.h"
+#include "engine/text/tokenizer.h"
 #include "recorder/recorder.h"
 #include "replayer/replay.h"
 #include "replayer/needle.h"
@@ -24,8 +26,8 @@ static const st_opt_use replay_options[] = {
                           "rest       layers N..last and the logits (KL, greedy agreement vs recorded logits)"},
   {ST_OPT_SET, NULL, "change a setting (repeatable; 'sparsetrace settings')"},
   {ST_OPT_SWEEP, NULL, "one cell per value; several --sweep give the cross product"},
-  {ST_OPT_NEEDLE, NULL, "the needle's text, found in the trace's tokens with the model's\n"
-                        "tokenizer (tokenizer.json)"},
+  {ST_OPT_NEEDLE, NULL, "the needle's text, found in the recorded prompt (its last occurrence\n"
+                        "there, never in the answer) with the model's tokenizer"},
   {ST_OPT_NEEDLE_TOKENS, NULL, "the needle's token span [A, B): per query position after it, the best\n"
                                "rank of a compressed row covering it and whether it is in the top-k"},
   {ST_OPT_CONTINUE, NULL, "rest: also greedy-generate N tokens (a full run with layer N changed)\n"
@@ -35,7 +37,8 @@ static const st_opt_use replay_options[] = {
   {ST_OPT_THREADS, NULL, NULL},
   {ST_OPT_BACKEND, NULL, "compute backend: cpu-ref, cpu, cuda, hip (default: the one that\n"
                          "recorded the trace)"},
-  {ST_OPT_JSON, NULL, "one JSON object: recorded settings, cells with metrics, bit_exact"},
+  {ST_OPT_JSON, NULL, "one JSON object: recorded settings, cells with metrics, bit_exact\n"
+                      "(null when no cell ran the recorded settings: nothing was checked)"},
   {0}};
 
 static const st_cmd_spec replay_spec = {
@@ -48,7 +51,26 @@ static const st_cmd_spec replay_spec = {
   "Exit status: 0 when the replay ran (and every recorded-settings cell was bit-exact), 1 on error\n"
   "or when a recorded-settings cell was NOT bit-exact, 2 on usage errors.\n"};
 
-static void print_table(const st_replay_report *r, const char *trace) {
+/* A rest-stage continuation as a JSON string (decoded with the model's tokenizer, as `run`
+** prints its answer), or NULL when the model has no tokenizer. Caller frees. */
+static char *continuation_text_json(const char *model_dir, const st_replay_cell *x) {
+  st_tokenizer *tok = NULL;
+  char *text = NULL, *out = NULL;
+  size_t len = 0;
+  if (x->n_continuation && !st_tokenizer_open(model_dir, &tok) &&
+      !st_tokenizer_decode(tok, x->continuation, (size_t)x->n_continuation, 0, &text, &len)) {
+    st_buf t = {0};
+    st_pyjson_string(&t, text, len, 0);
+    if (!st_buf_status(&t, "text")) out = st_buf_take(&t, NULL);
+    st_buf_free(&t);
+  }
+  st_clear_error();
+  free(text);
+  st_tokenizer_close(tok);
+  return out;
+}
+
+static void print_table(const st_replay_report *r, const char *trace, const char *model_dir) {
   printf("replay of %s, layer %d, stage %s: %lld positions", trace, r->layer,
          st_replay_stage_name(r->stage), (long long)r->n_positions);
   if (r->stage == ST_REPLAY_INDEXER) printf(", %lld compressed rows", (long long)r->n_rows);
@@ -57,10 +79,13 @@ static void print_table(const st_replay_report *r, const char *trace) {
   if (r->n_needle_rows) {
     printf("needle rows:");
     for (int i = 0; i < r->n_needle_rows; i++) printf(" %d", r->needle_rows[i]);
-    printf("\n");
+    int64_t first, end;
+    st_needle_answer_positions(r->n_prompt, r->needle_start, r->needle_end, &first, &end);
+    printf("; judged at the answer positions %lld-%lld (retrieves: kept in the top-k at most of them)\n",
+           (long long)first, (long long)end - 1);
   }
   printf("\n%-34s %-9s", "cell", "bit_exact");
-  if (r->n_needle_rows) printf(" %-11s %-8s %-10s", "needle_rank", "in_top-k", "in_top-k%");
+  if (r->n_needle_rows) printf(" %-9s %-7s %-11s", "retrieves", "kept", "needle_rank");
   printf(" %-9s %-9s %-8s", "jaccard", "overlap", "same");
   if (r->stage == ST_REPLAY_INDEXER) printf(" %-11s %-10s %-26s", "score_diff", "cosine", "max_abs (pos,row)");
   else printf(" %-11s %-10s %-10s", "out_diff", "cosine", "max_abs");
@@ -72,12 +97,14 @@ static void print_table(const st_replay_report *r, const char *trace) {
     snprintf(label, sizeof label, "%s%s", x->label, x->same_as_recorded ? " (=rec)" : "");
     printf("%-34s %-9s", label, x->bit_exact < 0 ? "-" : x->bit_exact ? "yes" : "NO");
     if (r->n_needle_rows) {
-      if (x->n_verdicts) {
-        const st_needle_verdict *v = &x->verdicts[x->n_verdicts - 1];
-        printf(" %-11lld %-8s %9.1f%%", (long long)v->best_rank, v->in_topk ? "yes" : "LOST",
-               100.0 * x->needle_positions_in_topk / x->n_verdicts);
+      st_needle_judgement j = st_needle_judge_cell(r, x);
+      if (j.positions) {
+        char kept[32], rank[48];
+        snprintf(kept, sizeof kept, "%d/%d", j.kept, j.positions);
+        snprintf(rank, sizeof rank, "%lld..%lld", (long long)j.best_rank, (long long)j.worst_rank);
+        printf(" %-9s %-7s %-11s", st_needle_retrieves_word(&j), kept, rank);
       } else {
-        printf(" %-11s %-8s %-10s", "-", "-", "-");
+        printf(" %-9s %-7s %-11s", "-", "-", "-");
       }
     }
     if (x->has_topk) {
@@ -108,8 +135,16 @@ static void print_table(const st_replay_report *r, const char *trace) {
       for (int i = 0; i < x->n_continuation; i++) printf(" %d", x->continuation[i]);
       if (x->continuation_has_needle >= 0) printf("  (needle %s)", x->continuation_has_needle ? "recalled" : "NOT recalled");
       printf("\n");
+      char *text = continuation_text_json(model_dir, x);
+      if (text) printf("    text %s\n", text);
+      free(text);
     }
   }
+  int no_logits = 0;
+  for (int c = 0; c < r->n_cells; c++) no_logits |= r->stage == ST_REPLAY_REST && !r->cells[c].has_logits;
+  if (no_logits)
+    printf("KL_mean and greedy are '-': %s holds no logits tap to compare with (record the run with "
+           "--tap logits)\n", trace);
 }
 
 int st_cmd_replay(int argc, char **argv) {
@@ -189,26 +224,36 @@ int st_cmd_replay(int argc, char **argv) {
   int stored = 0;
   st_status src = st_replay_store(store, rep, command_line, req.needle_start, req.needle_end, needle_text, &stored);
   free(command_line);
-  int all_exact = 1;
-  for (int i = 0; i < rep->n_cells; i++) all_exact &= rep->cells[i].bit_exact != 0;
+  int all_exact = 1, checked = 0; /* checked: some recorded-settings cell compared its tensors */
+  for (int i = 0; i < rep->n_cells; i++) {
+    all_exact &= rep->cells[i].bit_exact != 0;
+    checked |= rep->cells[i].bit_exact >= 0;
+  }
   if (json) {
     char *metrics = malloc(8192);
     printf("{\"trace\":\"%s\",\"run_id\":\"%s\",\"layer\":%d,\"stage\":\"%s\",\"positions\":%lld,"
-           "\"recorded_settings\":%s,\"stored\":%s,\"seconds\":%.4f,\"bit_exact\":%s,\"cells\":[",
+           "\"recorded_settings\":%s,\"stored\":%s,\"seconds\":%.4f,\"bit_exact\":%s",
            req.trace_path, rep->run_id, rep->layer, st_replay_stage_name(rep->stage),
            (long long)rep->n_positions, rep->recorded_settings, stored ? "true" : "false", rep->seconds,
-           all_exact ? "true" : "false");
+           !checked ? "null" : all_exact ? "true" : "false");
+    if (req.needle_end > req.needle_start)
+      printf(",\"needle_tokens\":[%lld,%lld]", (long long)req.needle_start, (long long)req.needle_end);
+    printf(",\"cells\":[");
     for (int i = 0; i < rep->n_cells; i++) {
       const st_replay_cell *x = &rep->cells[i];
       st_replay_metrics_json(rep, x, metrics, 8192);
-      printf("%s{\"settings\":%s,\"same_as_recorded\":%s,\"bit_exact\":%s,\"metrics\":%s}", i ? "," : "",
+      printf("%s{\"settings\":%s,\"same_as_recorded\":%s,\"bit_exact\":%s,\"metrics\":%s", i ? "," : "",
              x->settings_json, x->same_as_recorded ? "true" : "false",
              x->bit_exact < 0 ? "null" : x->bit_exact ? "true" : "false", metrics);
+      char *text = continuation_text_json(req.model_dir, x);
+      if (text) printf(",\"continuation_text\":%s", text);
+      free(text);
+      printf("}");
     }
     printf("]}\n");
     free(metrics);
   } else {
-    print_table(rep, req.trace_path);
+    print_table(rep, req.trace_path, req.model_dir);
     if (src) printf("\nnot stored in the index: %s\n", st_errmsg());
     else if (stored) printf("\nstored %d replay%s in %s/index.sqlite\n", rep->n_cells, rep->n_cells == 1 ? "" : "s", store);
     else printf("\nnot stored: run %s is not in %s/index.sqlite (use --store)\n", rep->run_id, store);
@@ -216,6 +261,7 @@ int st_cmd_replay(int argc, char **argv) {
       if (rep->cells[i].same_as_recorded && rep->cells[i].bit_exact >= 0)
         printf("determinism check: the recorded settings %s the recorded tensors bit for bit\n",
                rep->cells[i].bit_exact ? "reproduce" : "do NOT reproduce");
+    if (!checked) printf("determinism check: not run (no cell has the recorded settings)\n");
   }
   exit_code = all_exact ? 0 : 1;
   goto done;

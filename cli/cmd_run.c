@@ -353,6 +353,7 @@ int st_cmd_run(int argc, char **argv) {
   char *config_text = NULL, *command_line = NULL, *model_copy = NULL;
   char trace_path[4096], settings_json[2048];
   uint8_t *alt_layers = NULL;
+  st_needle_summary *needle_summary = NULL;
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
 
@@ -487,8 +488,9 @@ int st_cmd_run(int argc, char **argv) {
   if (a.needle_end > a.needle_start) {
     if (!a.json) printf("needle tokens %lld:%lld%s%s%s\n", (long long)a.needle_start, (long long)a.needle_end,
                         a.needle_text ? " (\"" : "", a.needle_text ? a.needle_text : "", a.needle_text ? "\")" : "");
+    if (!(needle_summary = calloc(1, sizeof *needle_summary))) { st_fail(ST_ENOMEM, "needle verdicts"); goto out; }
     if (st_needle_record_verdicts(trace_path, a.model, a.store, a.needle_start, a.needle_end,
-                                  a.needle_text, a.json))
+                                  a.needle_text, a.json, needle_summary))
       goto out;
   }
   double seconds = seconds_since(&t0);
@@ -522,6 +524,18 @@ int st_cmd_run(int argc, char **argv) {
         else printf("null");
       }
     }
+    if (needle_summary) { /* the needle verdict per CSA layer (schemas/needle-verdicts.md) */
+      printf(",\"needle\":{\"tokens\":[%lld,%lld],\"layers\":[", (long long)a.needle_start, (long long)a.needle_end);
+      for (int i = 0; i < needle_summary->n_layers; i++) {
+        const st_needle_judgement *j = &needle_summary->judgements[i];
+        printf("%s{\"layer\":%d,\"answer_positions\":[%lld,%lld],\"positions\":%d,\"kept\":%d,\"retrieves\":%s,"
+               "\"best_rank\":%lld,\"worst_rank\":%lld,\"topk\":%d}", i ? "," : "", needle_summary->layers[i],
+               (long long)j->answer_first, (long long)j->answer_end, j->positions, j->kept,
+               j->retrieves < 0 ? "null" : j->retrieves ? "true" : "false", (long long)j->best_rank,
+               (long long)j->worst_rank, j->topk);
+      }
+      printf("]}");
+    }
     printf("}\n");
   } else {
     printf("run %s: %d prompt tokens, %d generated", meta.run_id, n_prompt, n_generated);
@@ -550,5 +564,6 @@ out:
   free(a.taps);
   free(a.layer_sets);
   free(alt_layers);
+  free(needle_summary);
   return exit_code;
 }

@@ -188,6 +188,7 @@ typedef struct sweep {
   char url[8192];
   int threads;
   st_backend backend;
+  st_needle_summary needle; /* the last engine attempt's needle verdicts */
 } sweep;
 
 static const char insert_sql[] =
@@ -333,8 +334,15 @@ static void engine_attempt(sweep *w, st_harness_attempt *a) {
   w->taps.sink = NULL;
   if (st_recorder_finish(finishing, tokens, (int64_t)n_prompt + n_gen, n_prompt)) goto fail;
   snprintf(a->run_id, sizeof a->run_id, "%s", meta.run_id);
-  if (st_needle_record_verdicts(trace_path, o->model_dir, o->store, a->needle_start, a->needle_end, np.line, 1))
+  if (st_needle_record_verdicts(trace_path, o->model_dir, o->store, a->needle_start, a->needle_end, np.line, 1,
+                                &w->needle))
     goto fail;
+  a->needle_layers = w->needle.n_layers;
+  a->needle_retrieving = w->needle.n_retrieving;
+  for (int i = 0, len = 0; i < w->needle.n_layers; i++)
+    if (w->needle.judgements[i].retrieves == 1 && len < (int)sizeof a->needle_retrieving_layers - 8)
+      len += snprintf(a->needle_retrieving_layers + len, sizeof a->needle_retrieving_layers - (size_t)len, "%s%d",
+                      len ? "," : "", w->needle.layers[i]);
   size_t len = 0;
   if (st_tokenizer_decode(w->tok, tokens + n_prompt, (size_t)n_gen, ST_TOK_SKIP_SPECIAL, &text, &len)) goto fail;
   a->answer = utf8_clean(text, len);

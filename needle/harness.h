@@ -51,6 +51,9 @@ typedef struct st_harness_attempt {
   int pass;
   char run_id[40];          /* engine trace's run ("" when none) */
   int64_t needle_start, needle_end; /* engine: token span of the needle line; -1 otherwise */
+  int needle_layers;        /* engine: CSA layers judged (the needle verdict, schemas/needle-verdicts.md) */
+  int needle_retrieving;    /* engine: of those, the layers that retrieve the needle */
+  char needle_retrieving_layers[128]; /* engine: their numbers, "5" or "1,5" ("" none) */
   char *error;              /* owned; NULL when the attempt ran */
   double seconds;
 } st_harness_attempt;

@@ -352,8 +352,8 @@ static st_status insert_run(st_index *ix, const st_index_run *r, int64_t build_i
 static st_status insert_taps(st_index *ix, const char *run_id, const st_trace_tap *taps, int n) {
   static const char *sql =
     "INSERT INTO taps (run_id, name, layer, tap, dtype, shape, rows, axis0, has_positions, "
-    "count, nan_count, inf_count, min, max, mean, rms) "
-    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)";
+    "count, nan_count, inf_count, min, max, mean, rms, finite_count, posinf_count, neginf_count) "
+    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)";
   sqlite3_stmt *s = NULL;
   if (sqlite3_prepare_v2(ix->db, sql, -1, &s, NULL) != SQLITE_OK)
     return sql_fail(ix->db, ix->path, "preparing the tap insert");
@@ -390,6 +390,9 @@ static st_status insert_taps(st_index *ix, const char *run_id, const st_trace_ta
       sqlite3_bind_double(s, 15, t->stats.mean);
     }
     if (t->stats.has_rms) sqlite3_bind_double(s, 16, t->stats.rms);
+    if (t->stats.finite_count >= 0) sqlite3_bind_int64(s, 17, t->stats.finite_count); /* else NULL: unknown */
+    if (t->stats.posinf_count >= 0) sqlite3_bind_int64(s, 18, t->stats.posinf_count);
+    if (t->stats.neginf_count >= 0) sqlite3_bind_int64(s, 19, t->stats.neginf_count);
     if (sqlite3_step(s) != SQLITE_DONE) {
       char what[ST_TRACE_MAX_NAME + 32];
       snprintf(what, sizeof what, "inserting tap %s", t->name);

@@ -18,15 +18,22 @@
 #define ST_TRACE_MAX_RANK 8
 #define ST_TRACE_MAX_NAME 128
 
-/* Summary statistics of every value written to one tap (fill values excluded).
+/* Summary statistics of one tap's dataset as stored, over every element of its final shape:
+** the values written and the fill values of elements never written (a scores row narrower than
+** the dataset reads back -inf, a short top-k row -1: trace-layout.md "Statistics"), so they equal
+** what any reader (numpy) computes on the dataset.
 ** Float taps: min/max/mean/rms over the finite values (has_range 0 when there are none);
-** nan_count and inf_count count the rest. Integer taps: min/max/mean over all values. */
+** finite_count + nan_count + posinf_count + neginf_count = count, inf_count = posinf + neginf.
+** Integer taps: min/max/mean over all values, finite_count = count. Other element types
+** (raw fp8/fp4, f16) are not decoded: count only, the other counts -1 (unknown). */
 typedef struct st_tap_stats {
-  int64_t count;     /* elements written */
+  int64_t count;        /* elements of the dataset */
+  int64_t finite_count; /* -1: unknown (not decoded, or a trace written before they were kept) */
   int64_t nan_count;
-  int64_t inf_count;
-  int has_range;     /* min/max/mean valid */
-  int has_rms;       /* rms valid (float taps) */
+  int64_t inf_count;    /* +inf and -inf */
+  int64_t posinf_count, neginf_count; /* -1: unknown */
+  int has_range;        /* min/max/mean valid */
+  int has_rms;          /* rms valid (float taps) */
   double min, max, mean, rms;
 } st_tap_stats;
 

@@ -171,6 +171,9 @@ static st_status load_tap(st_trace *t, hid_t group, const char *name, st_trace_t
   if (st_h5_attr_read_int(d, "count", &s->count) != ST_OK) s->count = -1; /* unfinished file */
   st_h5_attr_read_int(d, "nan_count", &s->nan_count);
   st_h5_attr_read_int(d, "inf_count", &s->inf_count);
+  if (st_h5_attr_read_int(d, "finite_count", &s->finite_count) != ST_OK) s->finite_count = -1;
+  if (st_h5_attr_read_int(d, "posinf_count", &s->posinf_count) != ST_OK) s->posinf_count = -1;
+  if (st_h5_attr_read_int(d, "neginf_count", &s->neginf_count) != ST_OK) s->neginf_count = -1;
   s->has_range = st_h5_attr_read_double(d, "min", &s->min) == ST_OK &&
                  st_h5_attr_read_double(d, "max", &s->max) == ST_OK &&
                  st_h5_attr_read_double(d, "mean", &s->mean) == ST_OK;

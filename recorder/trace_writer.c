@@ -24,8 +24,10 @@
 ** positions filter dropped some, or the tap was only emitted for some positions), it writes
 ** /positions/<name> (int64, one entry per row).
 **
-** Statistics (count, NaN, inf, min, max, mean, rms) are accumulated per tap while writing and
-** stored as dataset attributes at finish; the recorder copies them into the index.
+** Statistics (count, finite, NaN, +inf, -inf, min, max, mean, rms) are accumulated per tap while
+** writing; at finish the fill value is added once per element never written, so they describe the
+** dataset as stored (what numpy computes on it), and are stored as dataset attributes; the
+** recorder copies them into the index.
 **
 ** Cost accounting. The file attributes writer_cpu_s, emit_wait_s and writer_peak_queued say what
 ** recording cost the run: the writer thread's CPU time (HDF5, statistics, the kernel's copy into
@@ -296,6 +298,8 @@ static void stats_add_float(tap_state *t, double v) {
     s->nan_count++;
   } else if (isinf(v)) {
     s->inf_count++;
+    if (v > 0) s->posinf_count++;
+    else s->neginf_count++;
   } else {
     if (t->n_ranged == 0 || v < s->min) s->min = v;
     if (t->n_ranged == 0 || v > s->max) s->max = v;
@@ -487,11 +491,41 @@ static st_status write_positions(st_trace_writer *w, tap_state *t, hid_t *group)
   return st;
 }
 
+/* Adds the elements of the final dataset never written: they read back as the fill value
+** (fill_value_for), and the statistics describe the dataset as stored. Finish only. */
+static void stats_add_fill(tap_state *t) {
+  int64_t total = 1;
+  for (int i = 0; i < t->info.rank; i++) total *= t->info.shape[i];
+  int64_t fill = total - t->info.stats.count;
+  if (fill <= 0) return;
+  st_tap_stats *s = &t->info.stats;
+  s->count = total;
+  switch (t->info.dtype) {
+  case ST_F32: case ST_F64: case ST_BF16: /* -inf */
+    s->inf_count += fill;
+    s->neginf_count += fill;
+    break;
+  case ST_I32: case ST_I64: case ST_I8: case ST_U8: case ST_BOOL: { /* -1, or 0 for unsigned */
+    double v = t->info.dtype == ST_U8 || t->info.dtype == ST_BOOL ? 0 : -1;
+    if (t->n_ranged == 0 || v < s->min) s->min = v;
+    if (t->n_ranged == 0 || v > s->max) s->max = v;
+    t->sum += v * (double)fill;
+    t->n_ranged += fill;
+    break;
+  }
+  default: break; /* not decoded: count only */
+  }
+}
+
 static st_status write_stats(tap_state *t) {
   st_tap_stats *s = &t->info.stats;
   int is_float = t->info.dtype == ST_F32 || t->info.dtype == ST_F64 || t->info.dtype == ST_BF16;
   int is_int = t->info.dtype == ST_I32 || t->info.dtype == ST_I64 || t->info.dtype == ST_I8 ||
                t->info.dtype == ST_U8 || t->info.dtype == ST_BOOL;
+  stats_add_fill(t);
+  if (is_float) s->finite_count = s->count - s->nan_count - s->inf_count;
+  else if (is_int) s->finite_count = s->count;
+  else s->finite_count = s->posinf_count = s->neginf_count = -1;
   s->has_range = (is_float || is_int) && t->n_ranged > 0;
   s->has_rms = is_float && t->n_ranged > 0;
   if (s->has_range) s->mean = t->sum / (double)t->n_ranged;
@@ -500,6 +534,11 @@ static st_status write_stats(tap_state *t) {
   if ((st = st_h5_attr_write_int(t->dset, "count", s->count)) ||
       (st = st_h5_attr_write_int(t->dset, "nan_count", s->nan_count)) ||
       (st = st_h5_attr_write_int(t->dset, "inf_count", s->inf_count)))
+    return st;
+  if ((is_float || is_int) &&
+      ((st = st_h5_attr_write_int(t->dset, "finite_count", s->finite_count)) ||
+       (st = st_h5_attr_write_int(t->dset, "posinf_count", s->posinf_count)) ||
+       (st = st_h5_attr_write_int(t->dset, "neginf_count", s->neginf_count))))
     return st;
   if (s->has_range &&
       ((st = st_h5_attr_write_double(t->dset, "min", s->min)) ||

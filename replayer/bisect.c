@@ -2,25 +2,19 @@
 ** bisect.c — explain a lost needle by the smallest change of settings.
 **
 ** Given a good and a bad set of settings and the needle's span: replay every CSA layer's indexer
-** under both (from the recorded q, k and weights) and count, per layer, the answer positions
-** at which the needle is in the top-k. The answer positions that can copy the needle are the
-** recorded ones from the last prompt position (whose query emits the answer's first token; each
-** later one emits the next) on, as many as the needle has tokens: an answer that quotes the line
-** is done by then, and the end of sentence after it needs no needle. A trace that recorded none
-** of those is judged at its last recorded position.
+** under both (from the recorded q, k and weights) and take, per layer, the needle verdict of
+** schemas/needle-verdicts.md (st_needle_judge): the answer positions that can copy the needle
+** (from the last prompt position on, as many as the needle has tokens), the ones among them at
+** which the needle is in the top-k, and whether that is most of them (the layer retrieves it).
 **
-** A layer retrieves the needle when it keeps it at most of those positions; a layer that keeps
-** it at one or two is not where the answer comes from, and a layer that retrieves it may still
-** miss it where the next token needs no needle (the label the question already names). So the
-** first flip is the first layer that retrieves the needle under good and keeps it at fewer
-** positions under bad: bad loses it where good had it. Only when no layer retrieves it under
-** good at all is it the first layer that retrieves it under bad (bad brings it back; a layer that
-** merely adds the needle beside one that already retrieves it explains nothing). Then bisect
-** tries each differing setting alone on top of the good ones (which change loses the needle,
-** first at which layer), each setting set back on top of the bad ones (which change restores
-** good's counts at every layer), and the smallest subset of changes that reproduces bad's counts
-** at every layer. The differing settings are few (at most 8), so the subsets are enumerated
-** outright.
+** A layer flips when its verdict differs between good and bad, in either direction: it loses the
+** needle (retrieves under good, not under bad) or gains it (the reverse). The first flip is the
+** first such layer. A layer whose counts change while its verdict stays is a change in counts,
+** and the sentence calls it that, never a loss. Then bisect tries each differing setting alone on
+** top of the good ones (which change flips which layer first), each setting set back on top of
+** the bad ones (which change restores good's counts at every layer), and the smallest subset of
+** changes that reproduces bad's counts at every layer. The differing settings are few (at most
+** 8), so the subsets are enumerated outright.
 */
 #include "bisect.h"
 
@@ -32,6 +26,7 @@
 #include "engine/config.h"
 #include "engine/settings.h"
 #include "recorder/trace_reader.h"
+#include "needle.h"
 #include "replay.h"
 #include "schemas/catalogue.h"
 
@@ -70,8 +65,6 @@ typedef struct bisector {
   const int *layers;
   int n_layers;
   int replays;
-  int64_t judge_from;        /* the last prompt position: its query emits the answer's first token */
-  int64_t judge_to;          /* judge_from + the needle's token count: the positions judged end here */
   int64_t first, last;       /* the positions judged */
 } bisector;
 
@@ -86,30 +79,16 @@ static st_status verdicts(bisector *b, const char *const *sets, int n, st_bisect
     st_status rc = st_replay_run(&req, &r);
     if (rc) return rc;
     b->replays++;
-    const st_replay_cell *c = &r->cells[0];
-    if (!c->n_verdicts) {
-      st_replay_report_free(r);
-      return st_fail(ST_EINVAL, "%s: no recorded query position of layer %d comes after the needle "
-                     "(tokens %lld:%lld)", b->trace, b->layers[i], (long long)b->needle_start,
-                     (long long)b->needle_end);
-    }
-    /* the answer's positions [judge_from, judge_to), else the last recorded one */
-    int from = 0, to = c->n_verdicts;
-    while (from < to && c->verdicts[from].position < b->judge_from) from++;
-    while (to > from && c->verdicts[to - 1].position >= b->judge_to) to--;
-    if (from == to) from = c->n_verdicts - 1, to = c->n_verdicts;
-    st_bisect_verdict *o = &out[i];
-    *o = (st_bisect_verdict){.rank = -1, .topk = c->verdicts[from].topk};
-    for (int k = from; k < to; k++) {
-      const st_needle_verdict *v = &c->verdicts[k];
-      o->positions++;
-      o->kept += v->in_topk;
-      if (v->best_rank > o->rank) o->rank = v->best_rank;
-    }
-    o->retrieves = 2 * o->kept > o->positions;
-    b->first = c->verdicts[from].position;
-    b->last = c->verdicts[to - 1].position;
+    st_needle_judgement j = st_needle_judge_cell(r, &r->cells[0]);
     st_replay_report_free(r);
+    if (!j.positions)
+      return st_fail(ST_EINVAL, "%s: layer %d has no verdict at the answer positions %lld-%lld (the last "
+                     "prompt position on, as many as the needle's tokens): record them with --positions last "
+                     "or all", b->trace, b->layers[i], (long long)j.answer_first, (long long)j.answer_end - 1);
+    out[i] = (st_bisect_verdict){.retrieves = j.retrieves, .kept = j.kept, .positions = j.positions,
+                                 .rank = j.worst_rank, .topk = j.topk};
+    b->first = j.first;
+    b->last = j.last;
   }
   return ST_OK;
 }
@@ -121,16 +100,10 @@ static int first_difference(const bisector *b, const st_bisect_verdict *x, const
   return -1;
 }
 
-/* The first layer that retrieves the needle under x and keeps it at fewer positions under y;
-** when no layer retrieves it under x, the first that retrieves it under y; else -1. */
+/* The first layer whose verdict differs between x and y, in either direction; else -1. */
 static int first_flip(const bisector *b, const st_bisect_verdict *x, const st_bisect_verdict *y) {
-  int x_retrieves = 0;
-  for (int i = 0; i < b->n_layers; i++) {
-    if (x[i].retrieves && y[i].kept < x[i].kept) return b->layers[i];
-    x_retrieves |= x[i].retrieves;
-  }
-  for (int i = 0; i < b->n_layers && !x_retrieves; i++)
-    if (y[i].retrieves) return b->layers[i];
+  for (int i = 0; i < b->n_layers; i++)
+    if (x[i].retrieves != y[i].retrieves) return b->layers[i];
   return -1;
 }
 
@@ -154,7 +127,7 @@ st_status st_bisect_run(const st_bisect_request *req, st_bisect_report *out) {
   const char *trace_path = req->trace_path, *model_dir = req->model_dir, *good = req->good, *bad = req->bad;
   int64_t needle_start = req->needle_start, needle_end = req->needle_end;
   memset(out, 0, sizeof *out);
-  out->first_flip_layer = -1;
+  out->first_flip_layer = out->first_change_layer = -1;
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   if (needle_end <= needle_start) return st_fail(ST_EINVAL, "bisect needs the needle's span (--needle-tokens A:B)");
@@ -170,13 +143,8 @@ st_status st_bisect_run(const st_bisect_request *req, st_bisect_report *out) {
   for (int l = 0; l < cfg.num_hidden_layers && out->n_layers < ST_BISECT_MAX_LAYERS; l++)
     if (cfg.layer_kind[l] == ST_LAYER_CSA) out->layers[out->n_layers++] = l;
   if (!out->n_layers) return st_fail(ST_EINVAL, "%s has no CSA layer: no indexer to bisect", config_path);
-  st_trace *t = NULL;
-  if ((rc = st_trace_open(trace_path, 0, &t))) return rc;
-  int64_t judge_from = st_trace_n_prompt(t) - 1;
-  st_trace_close(t);
   bisector b = {.trace = trace_path, .model = model_dir, .needle_start = needle_start,
                 .needle_end = needle_end, .layers = out->layers, .n_layers = out->n_layers,
-                .judge_from = judge_from, .judge_to = judge_from + (needle_end - needle_start),
                 .backend = req->backend};
 
   /* the differing settings: a key set on one side only keeps the recorded value on the other */
@@ -208,6 +176,7 @@ st_status st_bisect_run(const st_bisect_request *req, st_bisect_report *out) {
   for (int i = 0; i < nb; i++) PUSH(bd[i].key, bd[i].value);
   if ((rc = verdicts(&b, sets, n, out->bad))) return rc;
   out->first_flip_layer = first_flip(&b, out->good, out->bad);
+  out->first_change_layer = first_difference(&b, out->good, out->bad);
 
   st_bisect_verdict v[ST_BISECT_MAX_LAYERS];
   for (int c = 0; c < out->n_changes; c++) {
@@ -219,6 +188,7 @@ st_status st_bisect_run(const st_bisect_request *req, st_bisect_report *out) {
     else return st_fail(ST_EINVAL, "--bad must give a value for %s (set on --good)", ch->key);
     if ((rc = verdicts(&b, sets, n, v))) return rc;
     ch->alone_flips_at = first_flip(&b, out->good, v);
+    ch->alone_changes_at = first_difference(&b, out->good, v);
     /* bad with this key set back */
     n = 0;
     for (int i = 0; i < nb; i++) PUSH(bd[i].key, bd[i].value);
@@ -227,8 +197,8 @@ st_status st_bisect_run(const st_bisect_request *req, st_bisect_report *out) {
     if ((rc = verdicts(&b, sets, n, v))) return rc;
     ch->restores = first_difference(&b, out->good, v) < 0;
   }
-  /* the smallest subset of changes that reproduces bad's verdicts everywhere */
-  if (out->first_flip_layer >= 0) {
+  /* the smallest subset of changes that reproduces bad's counts everywhere */
+  if (out->first_change_layer >= 0) {
     for (int size = 1; size <= out->n_changes && !out->n_minimal; size++)
       for (unsigned mask = 1; mask < (1u << out->n_changes) && !out->n_minimal; mask++) {
         if (__builtin_popcount(mask) != size) continue;
@@ -238,7 +208,7 @@ st_status st_bisect_run(const st_bisect_request *req, st_bisect_report *out) {
           if (mask & (1u << c)) PUSH(out->changes[c].key, out->changes[c].bad);
         if (size == 1) { /* already known */
           int c = __builtin_ctz(mask);
-          if (out->changes[c].alone_flips_at < 0) continue;
+          if (out->changes[c].alone_changes_at < 0) continue;
         }
         if ((rc = verdicts(&b, sets, n, v))) return rc;
         if (first_difference(&b, out->bad, v) < 0)
@@ -248,41 +218,57 @@ st_status st_bisect_run(const st_bisect_request *req, st_bisect_report *out) {
   }
 #undef PUSH
 
-  /* the sentence */
+  /* the sentence: a flip is a flip of the verdict; a change in counts is called one */
   char *e = out->explanation;
   size_t size = sizeof out->explanation;
   int len = 0;
-  if (out->first_flip_layer < 0) {
-    int any = 0;
-    for (int i = 0; i < out->n_layers; i++) any |= out->good[i].retrieves | out->bad[i].retrieves;
-    snprintf(e, size, "%s (answer positions %lld-%lld)",
-             any ? "no CSA layer that retrieves the needle under good keeps it at fewer positions under bad"
-                 : "no CSA layer retrieves the needle under good or bad",
-             (long long)b.first, (long long)b.last);
+#define SAY(...) (len += snprintf(e + len, size > (size_t)len ? size - (size_t)len : 0, __VA_ARGS__))
+  int at = out->first_flip_layer >= 0 ? out->first_flip_layer : out->first_change_layer;
+  if (at < 0) {
+    SAY("no CSA layer's verdict or counts differ between good and bad (answer positions %lld-%lld)",
+        (long long)b.first, (long long)b.last);
   } else {
     int i = 0;
-    while (out->layers[i] != out->first_flip_layer) i++;
+    while (out->layers[i] != at) i++;
     const st_bisect_verdict *gv = &out->good[i], *bv = &out->bad[i];
-    int back = bv->kept > gv->kept;  /* bad brings the needle back rather than losing it */
+    int flip = out->first_flip_layer >= 0, lost = gv->retrieves && !bv->retrieves;
+    char what[200], counts[160], k[32];
+    snprintf(counts, sizeof counts, "in the %s at %d of %d answer positions vs %d",
+             st_needle_topk_name(bv->topk, k, sizeof k), bv->kept, bv->positions, gv->kept);
+    if (flip && lost) snprintf(what, sizeof what, "loses the needle at layer %d", at);
+    else if (flip) snprintf(what, sizeof what, "makes layer %d retrieve the needle", at);
+    else snprintf(what, sizeof what, "changes no layer's verdict; at layer %d it changes the counts", at);
+    const char *kind = flip ? (lost ? "retrieves yes -> no" : "retrieves no -> yes")
+                            : (gv->retrieves ? "retrieves yes either way: a change in counts, not of the verdict"
+                                             : "retrieves no either way: a change in counts, not of the verdict");
     if (out->n_minimal == 1) {
       const st_bisect_change *c = &out->changes[out->minimal[0]];
-      char restore[160];
-      describe_restore(c, back ? "loses it" : "restores it", restore, sizeof restore);
-      len = snprintf(e, size, "%s=%s alone %s the needle at layer %d (in the top-%d at %d of %d answer "
-                     "positions vs %d with %s=%s)", c->key, c->bad, back ? "brings back" : "loses",
-                     out->first_flip_layer, bv->topk, bv->kept, bv->positions, gv->kept, c->key, c->good);
-      if (c->restores) snprintf(e + len, size - (size_t)len, "; %s", restore);
+      SAY("%s=%s alone %s (%s with %s=%s; %s)", c->key, c->bad, what, counts, c->key, c->good, kind);
+      if (c->restores) {
+        char restore[160];
+        describe_restore(c, "restores every layer", restore, sizeof restore);
+        SAY("; %s", restore);
+      }
     } else {
-      len = snprintf(e, size, "the needle is %s at layer %d (in the top-%d at %d of %d answer positions vs %d) "
-                     "only when ", back ? "brought back" : "lost", out->first_flip_layer, bv->topk, bv->kept,
-                     bv->positions, gv->kept);
-      for (int k = 0; k < out->n_minimal && len < (int)size; k++)
-        len += snprintf(e + len, size - (size_t)len, "%s%s=%s", k ? " and " : "",
-                        out->changes[out->minimal[k]].key, out->changes[out->minimal[k]].bad);
-      if (!out->n_minimal && len < (int)size)
-        snprintf(e + len, size - (size_t)len, "all the changes are made together");
+      SAY("good -> bad %s (%s; %s) only when ", what, counts, kind);
+      for (int k = 0; k < out->n_minimal; k++)
+        SAY("%s%s=%s", k ? " and " : "", out->changes[out->minimal[k]].key, out->changes[out->minimal[k]].bad);
+      if (!out->n_minimal) SAY("all the changes are made together");
+    }
+    /* the other layers whose counts change without a flip */
+    int other[ST_BISECT_MAX_LAYERS], n_other = 0;
+    for (int k = 0; k < out->n_layers; k++)
+      if (out->layers[k] != at && out->good[k].retrieves == out->bad[k].retrieves &&
+          out->good[k].kept != out->bad[k].kept)
+        other[n_other++] = k;
+    for (int k = 0; k < n_other; k++) {
+      const st_bisect_verdict *g = &out->good[other[k]], *x = &out->bad[other[k]];
+      SAY("%s%d (%d -> %d of %d)", !k ? (n_other > 1 ? "; counts change without a flip at layers " : "; counts change without a flip at layer ")
+                                      : k == n_other - 1 ? " and " : ", ",
+          out->layers[other[k]], g->kept, x->kept, x->positions);
     }
   }
+#undef SAY
   out->first_position = b.first;
   out->last_position = b.last;
   out->replays = b.replays;

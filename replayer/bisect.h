@@ -1,13 +1,14 @@
 /*
 ** bisect.h — which single setting change flips the needle verdict, and at which layer.
 **
-** The verdict of a layer counts the answer positions that can copy the needle (from the last
-** prompt position, whose query emits the answer's first token, as many as the needle has
-** tokens; the last recorded position when the trace holds none) at which the needle (its best
-** compressed row) is in the indexer's top-k. The layer retrieves the needle when that is most
-** of them; it flips when it retrieves the needle under good and keeps it at fewer positions
-** under bad. Each candidate is an indexer-stage replay of every CSA layer from the recorded
-** inputs (replay.h), never a re-run of the model.
+** The verdict of a layer is the one of schemas/needle-verdicts.md (st_needle_judge in needle.h):
+** it counts the answer positions that can copy the needle (from the last prompt position, whose
+** query emits the answer's first token, as many as the needle has tokens) at which the needle
+** (its best compressed row) is in the indexer's top-k, and the layer retrieves the needle when
+** that is most of them. A layer flips when its verdict differs between good and bad, in either
+** direction; a change of the count alone is a change in counts. Each candidate is an
+** indexer-stage replay of every CSA layer from the recorded inputs (replay.h), never a re-run of
+** the model.
 */
 #ifndef ST_BISECT_H
 #define ST_BISECT_H
@@ -30,6 +31,7 @@ typedef struct st_bisect_verdict {
 typedef struct st_bisect_change {
   char key[64], good[64], bad[64];
   int alone_flips_at;   /* good + this change alone: its first flip (as first_flip_layer), -1 none */
+  int alone_changes_at; /* good + this change alone: the first layer whose counts change, -1 none */
   int restores;         /* bad with this key set back to good gives good's counts at every layer */
 } st_bisect_change;
 
@@ -37,13 +39,13 @@ typedef struct st_bisect_report {
   int n_layers;                         /* CSA layers examined */
   int layers[ST_BISECT_MAX_LAYERS];
   st_bisect_verdict good[ST_BISECT_MAX_LAYERS], bad[ST_BISECT_MAX_LAYERS];
-  int first_flip_layer;                 /* the first layer that retrieves the needle under good
-                                           and keeps it at fewer positions under bad; when none
-                                           retrieves it under good, the first that does under
-                                           bad (bad brings it back); -1: none */
+  int first_flip_layer;                 /* the first layer whose verdict differs between good and
+                                           bad, either direction; -1: none */
+  int first_change_layer;               /* the first layer whose counts differ; -1: none */
   int n_changes;
   st_bisect_change changes[ST_BISECT_MAX_CHANGES];
-  int minimal[ST_BISECT_MAX_CHANGES];   /* indices into changes: the smallest set that flips */
+  int minimal[ST_BISECT_MAX_CHANGES];   /* indices into changes: the smallest set that gives bad's
+                                           counts at every layer */
   int n_minimal;
   int64_t first_position, last_position; /* the query positions judged */
   char explanation[1024];

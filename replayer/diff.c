@@ -567,6 +567,17 @@ static int selected(const st_diff_options *opt, const st_trace_tap *tap) {
   return 0;
 }
 
+int st_diff_glob_matches(const st_trace *t, const char *glob) {
+  int n = 0, count = st_trace_tap_count(t);
+  for (int i = 0; i < count; i++) {
+    const st_trace_tap *tap = st_trace_tap_at(t, i);
+    char suffix[ST_TRACE_MAX_NAME];
+    tap_suffix(tap, suffix, sizeof suffix);
+    n += !fnmatch(glob, tap->name, 0) || !fnmatch(glob, suffix, 0);
+  }
+  return n;
+}
+
 st_status st_diff_traces(st_trace *a, st_trace *b, const st_diff_options *opt, st_diff_report *out) {
   memset(out, 0, sizeof *out);
   out->first_divergence = -1;

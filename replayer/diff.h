@@ -179,6 +179,9 @@ typedef struct st_diff_report {
   int diverges;             /* 1 when anything diverges (a tap or the tokens) */
 } st_diff_report;
 
+/* How many taps of t a --tap glob selects (by full name or suffix, as st_diff_traces does). */
+int st_diff_glob_matches(const st_trace *t, const char *glob);
+
 /* Compares trace a with trace b. *out is filled (free with st_diff_report_free) on ST_OK.
 ** A divergence is a result, not an error: errors are I/O and format problems only. */
 st_status st_diff_traces(st_trace *a, st_trace *b, const st_diff_options *opt, st_diff_report *out);

@@ -57,20 +57,65 @@ st_status st_needle_locate_in_trace(const char *model_dir, const char *trace_pat
   if (rc) return rc;
   int64_t n = 0;
   const int32_t *tokens = st_trace_tokens(t, &n);
-  rc = tokens ? st_needle_locate(model_dir, tokens, n, text, start, end)
-              : st_fail(ST_EFORMAT, "%s holds no /tokens", trace_path);
+  int64_t n_prompt = st_trace_n_prompt(t);
+  if (!tokens) rc = st_fail(ST_EFORMAT, "%s holds no /tokens", trace_path);
+  else if (n_prompt < 1 || n_prompt > n) rc = st_fail(ST_EFORMAT, "%s: /tokens has no valid n_prompt", trace_path);
+  else rc = st_needle_locate(model_dir, tokens, n_prompt, text, start, end);
   st_trace_close(t);
   return rc;
 }
 
+void st_needle_answer_positions(int64_t n_prompt, int64_t needle_start, int64_t needle_end,
+                                int64_t *first, int64_t *end) {
+  *first = n_prompt - 1;
+  *end = *first + (needle_end > needle_start ? needle_end - needle_start : 0);
+}
+
+int st_needle_keeps(const st_needle_verdict *v) { return v->in_topk != 0; }
+
+st_needle_judgement st_needle_judge(const st_needle_verdict *v, int64_t n, int64_t n_prompt,
+                                    int64_t needle_start, int64_t needle_end) {
+  st_needle_judgement j = {.retrieves = -1, .best_rank = -1, .worst_rank = -1, .first = -1, .last = -1};
+  st_needle_answer_positions(n_prompt, needle_start, needle_end, &j.answer_first, &j.answer_end);
+  for (int64_t i = 0; i < n; i++) {
+    const st_needle_verdict *x = &v[i];
+    if (x->position < j.answer_first || x->position >= j.answer_end) continue;
+    if (j.first < 0 || x->position < j.first) j.first = x->position, j.topk = x->topk;
+    if (x->position > j.last) j.last = x->position;
+    j.positions++;
+    j.kept += st_needle_keeps(x);
+    if (x->best_rank >= 0 && (j.best_rank < 0 || x->best_rank < j.best_rank)) j.best_rank = x->best_rank;
+    if (x->best_rank > j.worst_rank) j.worst_rank = x->best_rank;
+  }
+  if (j.positions) j.retrieves = 2 * j.kept > j.positions;
+  return j;
+}
+
+st_needle_judgement st_needle_judge_cell(const st_replay_report *r, const st_replay_cell *c) {
+  return st_needle_judge(c->verdicts, c->verdicts ? c->n_verdicts : 0, r->n_prompt, r->needle_start,
+                         r->needle_end);
+}
+
+const char *st_needle_topk_name(int topk, char *buf, size_t size) {
+  if (topk == INT32_MAX) snprintf(buf, size, "top-all");
+  else snprintf(buf, size, "top-%d", topk);
+  return buf;
+}
+
+const char *st_needle_retrieves_word(const st_needle_judgement *j) {
+  return j->retrieves < 0 ? "-" : j->retrieves ? "yes" : "no";
+}
+
 st_status st_needle_record_verdicts(const char *trace_path, const char *model_dir,
                                     const char *store_dir, int64_t start, int64_t end,
-                                    const char *text, int quiet) {
+                                    const char *text, int quiet, st_needle_summary *summary) {
   char config_path[4096];
   snprintf(config_path, sizeof config_path, "%s/config.json", model_dir);
   st_config cfg;
   st_status rc = st_config_load(config_path, &cfg);
   if (rc) return rc;
+  if (summary) memset(summary, 0, sizeof *summary);
+  int header = 0;
   for (int layer = 0; layer < cfg.num_hidden_layers && !rc; layer++) {
     if (cfg.layer_kind[layer] != ST_LAYER_CSA) continue;
     st_replay_request req = {.trace_path = trace_path, .model_dir = model_dir, .layer = layer,
@@ -80,14 +125,24 @@ st_status st_needle_record_verdicts(const char *trace_path, const char *model_di
     const st_replay_cell *c = &r->cells[0];
     int stored = 0;
     if (store_dir) rc = st_replay_store_verdicts(store_dir, r, start, end, text, &stored);
-    if (!quiet && c->n_verdicts) {
-      const st_needle_verdict *v = &c->verdicts[c->n_verdicts - 1];
-      printf("needle layer %-3d rank %-5lld %s at position %lld; in the top-%d at %lld of %lld positions after it\n",
-             layer, (long long)v->best_rank, v->in_topk ? "in top-k" : "LOST    ", (long long)v->position,
-             v->topk, (long long)c->needle_positions_in_topk, (long long)c->n_verdicts);
-    } else if (!quiet) {
-      printf("needle layer %-3d no recorded query position after the needle\n", layer);
+    st_needle_judgement j = st_needle_judge_cell(r, c);
+    if (summary && summary->n_layers < ST_NEEDLE_MAX_LAYERS) {
+      summary->layers[summary->n_layers] = layer;
+      summary->judgements[summary->n_layers++] = j;
+      summary->n_retrieving += j.retrieves == 1;
     }
+    if (!quiet && !header++)
+      printf("needle verdicts: a layer retrieves the needle when it keeps it in its top-k at most of the\n"
+             "answer positions %lld-%lld (from the last prompt position, as many as the needle's %lld tokens)\n",
+             (long long)j.answer_first, (long long)j.answer_end - 1, (long long)(end - start));
+    char k[32];
+    if (!quiet && j.positions)
+      printf("needle layer %-3d retrieves %-3s in the %s at %d of %d answer positions; rank %lld best, %lld worst\n",
+             layer, st_needle_retrieves_word(&j), st_needle_topk_name(j.topk, k, sizeof k), j.kept, j.positions,
+             (long long)j.best_rank, (long long)j.worst_rank);
+    else if (!quiet)
+      printf("needle layer %-3d not judged: the trace recorded none of the answer positions %lld-%lld "
+             "(record with --positions last)\n", layer, (long long)j.answer_first, (long long)j.answer_end - 1);
     st_replay_report_free(r);
   }
   return rc;

@@ -152,7 +152,10 @@ static st_status build_cells(const st_replay_request *req, const st_settings *ba
       }
       len += snprintf(cells[c].label + len, sizeof cells[c].label - (size_t)len, "%s%s", len ? " " : "", kv);
     }
-    if (!req->n_sweeps) snprintf(cells[c].label, sizeof cells[c].label, "%s", req->n_sets ? "set" : "recorded");
+    if (!req->n_sweeps && !req->n_sets) snprintf(cells[c].label, sizeof cells[c].label, "recorded");
+    for (int k = 0; !req->n_sweeps && k < req->n_sets; k++) /* the --set values name the cell */
+      len += snprintf(cells[c].label + len, sizeof cells[c].label > (size_t)len ? sizeof cells[c].label - (size_t)len : 0,
+                      "%s%s", len ? " " : "", req->sets[k]);
   }
   *out = cells;
   *n_out = n;
@@ -645,7 +648,7 @@ static st_status replay_model(const st_backend *be, const st_replay_request *req
       int n_out = 0;
       int want = ST_MIN(req->continue_tokens, (int)(sizeof cell->continuation / sizeof cell->continuation[0]));
       rc = st_session_create(model, &full, &fs);
-      if (!rc) rc = st_generate_greedy(fs, tokens, (int)n_prompt, want, 0, cell->continuation, &n_out);
+      if (!rc) rc = st_generate_greedy(fs, tokens, (int)n_prompt, want, 1, cell->continuation, &n_out); /* stops after eos */
       st_session_free(fs);
       cell->n_continuation = n_out;
       if (!rc && req->needle_end > req->needle_start) {
@@ -731,6 +734,9 @@ st_status st_replay_run(const st_replay_request *req, st_replay_report **out) {
   rep->n_cells = n_cells;
   rep->layer = req->layer;
   rep->stage = req->stage;
+  rep->n_prompt = st_trace_n_prompt(t);
+  rep->needle_start = req->needle_start;
+  rep->needle_end = req->needle_end;
   const char *run_id = st_trace_attr(t, "run_id");
   snprintf(rep->run_id, sizeof rep->run_id, "%s", run_id ? run_id : "");
   st_settings_json(&recorded, rep->recorded_settings, sizeof rep->recorded_settings);

@@ -95,6 +95,8 @@ typedef struct st_replay_report {
   st_replay_stage stage;
   int64_t n_positions;       /* query positions replayed */
   int64_t n_rows;            /* compressed rows (indexer stage) */
+  int64_t n_prompt;          /* the recorded prompt's tokens (the needle verdict's answer positions) */
+  int64_t needle_start, needle_end; /* the needle span replayed (end <= start: none) */
   int n_needle_rows;
   int32_t needle_rows[64];
   int n_cells;

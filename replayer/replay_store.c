@@ -10,6 +10,7 @@
 
 #include "recorder/index.h"
 #include "recorder/recorder.h"
+#include "needle.h"
 #include "replay_store.h"
 
 /* The needle's row for (run, span), inserted or found; SQLITE_CONSTRAINT when the run is not in
@@ -94,16 +95,16 @@ int st_replay_metrics_json(const st_replay_report *r, const st_replay_cell *c, c
     ADD("]");
     if (c->continuation_has_needle >= 0) ADD(",\"continuation_has_needle\":%s", c->continuation_has_needle ? "true" : "false");
   }
-  if (c->verdicts && c->n_verdicts) {
-    const st_needle_verdict *last = &c->verdicts[c->n_verdicts - 1];
-    ADD(",\"needle_positions\":%lld,\"needle_in_topk_positions\":%lld,\"needle_last_position\":%lld,"
-        "\"needle_rank\":%lld,\"needle_in_topk\":%s", (long long)c->n_verdicts,
-        (long long)c->needle_positions_in_topk, (long long)last->position, (long long)last->best_rank,
-        last->in_topk ? "true" : "false");
+  if (c->verdicts && r->needle_end > r->needle_start) { /* the needle verdict (needle.h) */
+    st_needle_judgement j = st_needle_judge_cell(r, c);
+    ADD(",\"needle\":{\"answer_positions\":[%lld,%lld],\"positions\":%d,\"kept\":%d,\"retrieves\":%s,"
+        "\"best_rank\":%lld,\"worst_rank\":%lld,\"topk\":%d,\"recorded_positions\":%lld,"
+        "\"recorded_positions_kept\":%lld}", (long long)j.answer_first, (long long)j.answer_end, j.positions,
+        j.kept, j.retrieves < 0 ? "null" : j.retrieves ? "true" : "false", (long long)j.best_rank,
+        (long long)j.worst_rank, j.topk, (long long)c->n_verdicts, (long long)c->needle_positions_in_topk);
   }
   ADD("}");
 #undef ADD
-  (void)r;
   return n;
 }
 

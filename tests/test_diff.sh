@@ -153,6 +153,9 @@ expect_usage "unknown metric" "unknown metric 'jacard'" --tolerance 'indexer.top
 expect_usage "bad threshold" "threshold" --tolerance 'indexer.scores=diff:abc' "$work/a.h5" "$work/a2.h5"
 expect_usage "rule without '='" "GLOB=METRIC" --tolerance 'indexer.scores' "$work/a.h5" "$work/a2.h5"
 expect_usage "unknown option" "unknown option" --frobnicate "$work/a.h5" "$work/a2.h5"
+# a --tap glob that matches no tap of either trace compares nothing: an error naming the glob
+expect_usage "--tap matching no tap" "--tap 'layers\.\*\.indexr\.\*' matches no tap" --tap 'layers.*.indexr.*' "$work/a.h5" "$work/a2.h5"
+expect_usage "--tap: one of two globs matching nothing" "--tap 'lgits' matches no tap" --tap 'layers.0.*' --tap lgits "$work/a.h5" "$work/a2.h5"
 check "--help documents the grammar and exit codes" \
   bash -c "$st diff --help | grep -q 'GLOB=METRIC' && $st diff --help | grep -q 'exit status: 0'"
 

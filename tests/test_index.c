@@ -91,7 +91,8 @@ static void test_create_and_settings(void **state) {
   char buf[64];
   assert_string_equal(text(db, "PRAGMA journal_mode", buf, sizeof buf), "wal");
   const char *objects[] = {"builds", "runs", "taps", "needles", "needle_verdicts", "replays",
-                           "run_summary", "tap_summary", "needle_rank_by_layer"};
+                           "run_summary", "tap_summary", "needle_rank_by_layer",
+                           "needle_position_verdicts"};
   for (size_t i = 0; i < sizeof objects / sizeof *objects; i++) {
     char sql[160];
     snprintf(sql, sizeof sql, "SELECT count(*) FROM sqlite_schema WHERE name = '%s'", objects[i]);
@@ -241,17 +242,31 @@ static void test_runs_taps_views(void **state) {
     "INSERT INTO replays (replay_id, run_id, layer, stage, settings, metrics, bit_exact, created_at) "
     "VALUES ('rp-1', 'run-a', 2, 'indexer', '{\"rotate\":\"both\"}', '{\"jaccard\":0.97}', 0, 'x');"
     "INSERT INTO needle_verdicts (needle_id, run_id, replay_id, layer, position, best_rank, in_topk) VALUES "
-    "(1, 'run-a', NULL, 2, 30, 700, 0), (1, 'run-a', NULL, 2, 31, 400, 1), "
-    "(1, 'run-a', NULL, 4, 30, NULL, 0), (1, 'run-a', 'rp-1', 2, 30, 3, 1);",
+    "(1, 'run-a', NULL, 2, 28, 0, 1), (1, 'run-a', NULL, 2, 29, 5, 1), (1, 'run-a', NULL, 2, 30, 2, 1), "
+    "(1, 'run-a', NULL, 2, 31, 700, 0), (1, 'run-a', NULL, 2, 32, 1, 1), (1, 'run-a', NULL, 2, 33, 900, 0), "
+    "(1, 'run-a', NULL, 4, 29, NULL, 1), (1, 'run-a', NULL, 4, 30, NULL, 0), "
+    "(1, 'run-a', NULL, 6, 20, 3, 1), (1, 'run-a', 'rp-1', 2, 29, 3, 1);",
     NULL, NULL, NULL), SQLITE_OK);
-  assert_int_equal(scalar(db, "SELECT best_rank FROM needle_rank_by_layer WHERE layer = 2 AND "
-                              "replay_id IS NULL"), 400);
-  assert_int_equal(scalar(db, "SELECT worst_rank FROM needle_rank_by_layer WHERE layer = 2 AND "
-                              "replay_id IS NULL"), 700);
-  assert_int_equal(scalar(db, "SELECT in_topk FROM needle_rank_by_layer WHERE layer = 2 AND "
-                              "replay_id IS NULL"), 0);
+  /* the needle verdict (schemas/needle-verdicts.md): run-a has 30 prompt tokens and the needle 4,
+  ** so the answer positions are 29..32; 28 (before) and 33 (after) do not count */
+#define LAYER2 "FROM needle_rank_by_layer WHERE layer = 2 AND replay_id IS NULL"
+  assert_int_equal(scalar(db, "SELECT answer_first || ':' || answer_end = '29:33' " LAYER2), 1);
+  assert_int_equal(scalar(db, "SELECT answer_positions " LAYER2), 4);
+  assert_int_equal(scalar(db, "SELECT answer_positions_kept " LAYER2), 3);
+  assert_int_equal(scalar(db, "SELECT retrieves " LAYER2), 1);
+  assert_int_equal(scalar(db, "SELECT best_rank " LAYER2), 1);
+  assert_int_equal(scalar(db, "SELECT worst_rank " LAYER2), 700);
+  assert_int_equal(scalar(db, "SELECT recorded_positions " LAYER2), 6);
+  assert_int_equal(scalar(db, "SELECT recorded_positions_kept " LAYER2), 4);
+#undef LAYER2
+  /* kept at 1 of 2: not most of them */
+  assert_int_equal(scalar(db, "SELECT retrieves FROM needle_rank_by_layer WHERE layer = 4"), 0);
   assert_int_equal(scalar(db, "SELECT best_rank IS NULL FROM needle_rank_by_layer WHERE layer = 4"), 1);
-  assert_int_equal(scalar(db, "SELECT in_topk FROM needle_rank_by_layer WHERE replay_id = 'rp-1'"), 1);
+  /* no answer position recorded: no verdict */
+  assert_int_equal(scalar(db, "SELECT retrieves IS NULL AND answer_positions = 0 FROM needle_rank_by_layer WHERE layer = 6"), 1);
+  assert_int_equal(scalar(db, "SELECT retrieves FROM needle_rank_by_layer WHERE replay_id = 'rp-1'"), 1);
+  assert_int_equal(scalar(db, "SELECT count(*) FROM needle_position_verdicts WHERE is_answer_position AND keeps"), 5);
+  assert_int_equal(scalar(db, "SELECT answer_index FROM needle_position_verdicts WHERE position = 33"), 4);
   assert_int_equal(scalar(db, "SELECT json_extract(metrics, '$.jaccard') < 0.98 FROM replays"), 1);
   /* a verdict key is unique even with a NULL replay */
   assert_int_not_equal(sqlite3_exec(db, "INSERT INTO needle_verdicts (needle_id, run_id, layer, "

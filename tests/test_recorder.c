@@ -199,6 +199,8 @@ static void check_input(st_trace *t, int64_t lo, int64_t hi) {
   assert_int_equal(s->count, rows * 6);
   assert_int_equal(s->nan_count, nan);
   assert_int_equal(s->inf_count, inf);
+  assert_int_equal(s->finite_count, rows * 6 - nan - inf);
+  assert_int_equal(s->posinf_count + s->neginf_count, inf);
   assert_true(s->has_range && s->has_rms);
   assert_true(s->min == mn && s->max == mx);
   assert_true(fabs(s->mean - sum / (double)n) < 1e-9 * fabs(sum / (double)n) + 1e-12);
@@ -221,25 +223,35 @@ static void check_scores(st_trace *t, int64_t lo, int64_t hi) {
   int32_t k[32];
   assert_int_equal(st_trace_read_f32(t, sc, 0, rows, s), ST_OK);
   assert_int_equal(st_trace_read_i32(t, tk, 0, rows, k), ST_OK);
-  int64_t expect_count = 0;
+  int64_t written = 0, fill = 0;
+  double topk_min = INFINITY, topk_sum = 0;
   for (int64_t i = 0; i < rows; i++) {
     int64_t p = lo + i, R = p < N_PROMPT ? 1 : (p + 1) / 4;
-    expect_count += R;
     for (int64_t j = 0; j < width; j++) {
       if (j < R) {
         assert_true(s[i * width + j] == fval(2, p, j));
         assert_int_equal(k[i * width + j], ival(p, j));
+        written++;
       } else {
         assert_true(isinf(s[i * width + j]) && s[i * width + j] < 0);
         assert_int_equal(k[i * width + j], -1);
+        fill++;
       }
+      topk_min = fmin(topk_min, k[i * width + j]);
+      topk_sum += k[i * width + j];
     }
   }
-  assert_int_equal(sc->stats.count, expect_count);
-  assert_int_equal(sc->stats.inf_count, 0); /* fill values are not statistics */
-  assert_int_equal(tk->stats.count, expect_count);
+  /* the statistics describe the dataset as stored: fill values are elements like any other */
+  assert_int_equal(sc->stats.count, rows * width);
+  assert_int_equal(sc->stats.inf_count, fill);
+  assert_int_equal(sc->stats.neginf_count, fill);
+  assert_int_equal(sc->stats.posinf_count, 0);
+  assert_int_equal(sc->stats.finite_count, written);
+  assert_int_equal(tk->stats.count, rows * width);
+  assert_int_equal(tk->stats.finite_count, rows * width);
   assert_true(tk->stats.has_range && !tk->stats.has_rms);
-  assert_true(tk->stats.min == ival(lo, 0));
+  assert_true(tk->stats.min == topk_min);
+  assert_true(fabs(tk->stats.mean - topk_sum / (double)(rows * width)) < 1e-9 * fabs(topk_sum) + 1e-12);
   /* reading an int tap as float converts; reading a float tap as int refuses */
   assert_int_equal(st_trace_read_f32(t, tk, 0, 1, s), ST_OK);
   assert_true(s[0] == (float)ival(lo, 0));

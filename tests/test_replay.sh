@@ -48,7 +48,7 @@ echo "needle tokens $needle_a:$needle_b"
 
 # 3. brute force reference for a settings list, per CSA layer, over the answer's positions that
 #    can copy the needle (from the last prompt position on, as many as the needle has tokens,
-#    among those the trace recorded; else the last row)
+#    among those the trace recorded: schemas/needle-verdicts.md)
 cat >"$work/brute.py" <<'PY'
 import sys, json, math, h5py, numpy as np
 trace, a, b, settings = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
@@ -154,7 +154,7 @@ for layer, kind in enumerate(cfg["layer_types"]):
     if kind != "compressed_sparse_attention": continue
     name = f"layers.{layer}.indexer.q"
     pos = f[f"positions/{name}"][()] if f"positions/{name}" in f else np.arange(f["taps"][name].shape[0])
-    judged = [i for i, p in enumerate(pos) if n_prompt - 1 <= p < n_prompt - 1 + (b - a)] or [len(pos) - 1]
+    judged = [i for i, p in enumerate(pos) if n_prompt - 1 <= p < n_prompt - 1 + (b - a)]
     v = [verdict(layer, i, int(pos[i])) for i in judged]
     kept = sum(ok for ok, _ in v)
     result[layer] = {"retrieves": 2 * kept > len(v), "kept": kept, "positions": len(v), "rank": max(r for _, r in v)}
@@ -175,13 +175,12 @@ for L in out["layers"]:
     assert L["bad"]["retrieves"] == r["retrieves"], (L, r)
     assert abs(L["bad"]["rank"] - r["rank"]) <= 1, (L, r)
     assert (L["bad"]["kept"], L["bad"]["positions"]) == (r["kept"], r["positions"]), (L, r)
-# the first flip: the first layer that retrieves the needle (top-k at most answer positions) under
-# good and keeps it at fewer positions under bad; when no layer retrieves it under good, the first
-# that retrieves it under bad
+# the first flip: the first layer whose verdict (top-k at most answer positions) differs between
+# good and bad, in either direction (schemas/needle-verdicts.md); the first change: of the counts
 g, b = {L["layer"]: L["good"] for L in out["layers"]}, {L["layer"]: ref[str(L["layer"])] for L in out["layers"]}
-lost = [L for L in g if g[L]["retrieves"] and b[L]["kept"] < g[L]["kept"]]
-back = [L for L in g if b[L]["retrieves"]] if not any(v["retrieves"] for v in g.values()) else []
-first = (lost or back or [None])[0]
+first = next((L for L in sorted(g) if g[L]["retrieves"] != b[L]["retrieves"]), None)
+change = next((L for L in sorted(g) if g[L]["kept"] != b[L]["kept"]), None)
+assert out["first_change_layer"] == change, (out["first_change_layer"], change)
 assert out["first_flip_layer"] == first, (out["first_flip_layer"], first)
 print("   ", out["explanation"])
 PY
@@ -212,7 +211,7 @@ PY
 # (random weights keep no row in the top-32 at all 8 positions: the good side keeps 128)
 check_bisect "F1 over an answer" "rotate=both,topk=128" "rotate=q,topk=128" '{"rotate":"q","topk":128}' "$work/answer.h5"
 check_bisect "F5 over an answer" "topk=128" "topk=32" '{"topk":32}' "$work/answer.h5"
-# reversed: no layer retrieves the needle under good, so the first that does under bad brings it back
+# reversed: a layer that retrieves the needle under bad but not under good flips too
 check_bisect "F5 reversed over an answer" "topk=32" "topk=128" '{"topk":128}' "$work/answer.h5"
 
 # 4. the brute force also checks the replay's own needle rank under a sweep
@@ -224,7 +223,9 @@ ref, out = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 cell = [c for c in out["cells"] if c["settings"]["rotate"] == "q"][0]["metrics"]
 # clean.h5 holds the last prompt position alone: one judged position
 assert ref["3"]["positions"] == 1, ref
-assert cell["needle_in_topk"] == (ref["3"]["kept"] == 1) and abs(cell["needle_rank"] - ref["3"]["rank"]) <= 1, (cell, ref)
+needle = cell["needle"]  # the needle verdict (schemas/needle-verdicts.md) over that position
+assert (needle["positions"], needle["kept"], needle["retrieves"]) == (1, ref["3"]["kept"], ref["3"]["retrieves"]), (cell, ref)
+assert abs(needle["worst_rank"] - ref["3"]["rank"]) <= 1, (cell, ref)
 PY
 then ok "replay's needle rank under rotate=q matches the brute force"; else bad "replay needle rank: $out / $ref"; fi
 

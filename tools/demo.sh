@@ -42,8 +42,8 @@ echo "== 3. the same request with the Hadamard rotation on the indexer query onl
 $st run --backend "$backend" --model "$model" --prompt-tokens "$store/prompt.json" --max-new-tokens 32 --set rotate=q \
   --tap 'layers.*.indexer.*' --positions last --needle "$needle" --store "$store" --trace "$store/rotate-q.h5"
 echo
-echo "== 4. SQL over the index: the needle's rank per layer in both runs"
-$st query --store "$store" "SELECT substr(r.run_id,1,8) AS run, r.rotate, v.layer, v.best_rank, v.worst_rank, v.in_topk, v.positions FROM needle_rank_by_layer v JOIN runs r USING (run_id) WHERE v.replay_id IS NULL ORDER BY r.created_at, v.layer"
+echo "== 4. SQL over the index: the needle verdict per layer in both runs (schemas/needle-verdicts.md)"
+$st query --store "$store" "SELECT substr(r.run_id,1,8) AS run, r.rotate, v.layer, v.retrieves, v.answer_positions_kept AS kept, v.answer_positions, v.best_rank, v.worst_rank FROM needle_rank_by_layer v JOIN runs r USING (run_id) WHERE v.replay_id IS NULL ORDER BY r.created_at, v.layer"
 echo
 echo "== 5. inspect: what the first trace holds"
 $st inspect "$store/trained.h5" | head -24 || true
@@ -53,7 +53,7 @@ echo "== 6. replay layer 5's indexer from the first trace under 8 settings (need
 $st replay --trace "$store/trained.h5" --model "$model" --layer 5 --store "$store" --needle-tokens "$a:$b" \
   --sweep rotate=none,q,k,both --sweep topk=32,4
 echo
-echo "== 7. bisect: which change loses the needle, first at which layer"
+echo "== 7. bisect: which change flips a layer's needle verdict, and which counts it changes"
 $st bisect --trace "$store/trained.h5" --model "$model" --good rotate=none --bad rotate=q --needle-tokens "$a:$b"
 echo
 echo "== 8. diff the two runs: the first tap that differs"
@@ -70,5 +70,6 @@ echo "rows among its 32 at 14 of the answer's 15 positions (the one it misses em
 echo "which the question names). Rotating only the indexer query scrambles q.k: the rows kept change"
 echo "although every other tensor is identical, the needle drops out of the top-k in the middle of"
 echo "the line, and the model answers with another project's path. Rotating both sides keeps it:"
-echo "the Hadamard is orthogonal. bisect names the setting and the layer that loses the needle; the"
-echo "sweep shows the recall it costs."
+echo "the Hadamard is orthogonal. bisect names the setting, the layer whose verdict it flips and the"
+echo "layers where it only changes the counts (layer 5: 14 -> 11 of 15); the sweep shows the recall it"
+echo "costs. The verdict rule: schemas/needle-verdicts.md."
