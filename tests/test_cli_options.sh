@@ -81,7 +81,7 @@ out=$("${run[@]}" --backend cpu-ref --threads 1024 --max-new-tokens 1 -o "$work/
 [ $? -eq 0 ] && [ -f "$work/o.h5" ] && grep -q '"threads":1024' <<<"$out" && echo "ok: run --backend cpu-ref --threads 1024 -o" || fail "run -o: $out"
 "${run[@]}" --trace "$work/t.h5" >/dev/null 2>&1 && [ -f "$work/t.h5" ] && echo "ok: run --trace (the older spelling of --out)" || fail "run --trace"
 $st inspect --trace "$work/t.h5" --json >/dev/null && echo "ok: inspect --trace" || fail "inspect --trace"
-out=$($st diff --trace "$work/t.h5" --trace "$work/o.h5" --tap logits 2>&1); rc=$?
+out=$($st diff --trace "$work/t.h5" --trace "$work/o.h5" 2>&1); rc=$?
 [ $rc -le 1 ] && grep -q "^A  $work/t.h5" <<<"$out" && grep -q "^B  $work/o.h5" <<<"$out" && echo "ok: diff --trace A --trace B" || fail "diff --trace: rc $rc $out"
 $st needle make --tokens 1k --position 0.5 --seed 1 --max-tokens 32 --quiet -o "$work/r.json" &&
   grep -q '"max_tokens": 32' "$work/r.json" && echo "ok: needle make --max-tokens (alias) and -o" || fail "needle make alias"

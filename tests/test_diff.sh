@@ -58,7 +58,7 @@ json_check "same run: first_divergence null, tokens equal" \
 json_check "same run: every tap ok with difference 0" \
   "all(x['verdict'] == 'ok' and x['value'] in (0, 1) for x in d['taps']) and len(d['taps']) == 54"
 json_check "a and b carry build and settings" \
-  "d['a']['build']['backend'] == 'cpu-ref' and d['b']['settings']['rotate'] == 'none' and 'revision' in d['a']['build']"
+  "d['a']['build']['backend'] == 'cpu' and d['b']['settings']['rotate'] == 'none' and 'revision' in d['a']['build']"
 out=$($st diff "$work/a.h5" "$work/a2.h5"); rc=$?
 check "text: exit 0 and 'no divergence'" bash -c "[ $rc -eq 0 ] && grep -q 'no divergence' <<<'$out'"
 
