@@ -445,9 +445,32 @@ static void upload_weight(st_session *s, st_weight *dst, const st_weight *src, i
 
 /* Host backends read the model's weights in place; a device backend gets one copy of every
 ** loaded layer's weights (and the model-level ones) at session create. */
+/* A backend may decline a weight format (supports): refused here, before any work. */
+static st_status check_formats(st_session *s) {
+  const st_model *m = s->model;
+  int seen[ST_W_TYPE_COUNT] = {0};
+  seen[m->embed.dtype] = seen[m->head.dtype] = 1;
+  for (int i = 0; i < s->cfg->num_hidden_layers; i++) {
+    const st_layer_weights *L = &m->layers[i];
+    if (!L->loaded) continue;
+    const st_weight *mats[] = {&L->wq_a, &L->wq_b, &L->wkv, &L->wo_a, &L->wo_b, &L->gate,
+                               &L->shared_w1, &L->shared_w2, &L->shared_w3};
+    for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) seen[mats[k]->dtype] = 1;
+    for (int e = 0; e < s->cfg->n_routed_experts; e++)
+      seen[L->w1[e].dtype] = seen[L->w2[e].dtype] = seen[L->w3[e].dtype] = 1;
+  }
+  for (int t = 0; t < ST_W_TYPE_COUNT; t++)
+    if (seen[t] && s->ops->supports && !s->ops->supports(s->ctx, ST_OP_MATMUL, t))
+      return st_fail(ST_EUNSUPPORTED, "backend %s cannot read %s weights, which %s holds",
+                     s->ops->name, st_wtype_name((st_wtype)t), st_checkpoint_dir(m->checkpoint));
+  return ST_OK;
+}
+
 static st_status bind_weights(st_session *s) {
   st_model *m = s->model;
   const st_config *cfg = s->cfg;
+  st_status rc = check_formats(s);
+  if (rc) return rc;
   s->embed = m->embed;
   s->head = m->head;
   s->norm = m->norm;
