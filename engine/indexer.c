@@ -34,22 +34,33 @@ void st_indexer_k_used(const st_backend *be, const st_settings *set, float *out,
   prepare(be, set->rotate & ST_ROTATE_K, set->index_k, out, k, rows, dim);
 }
 
+static int topk_width(int topk, int rows) {
+  int width = topk < rows ? topk : rows;
+  return width < 1 ? 1 : width;
+}
+
+void st_indexer_scores(const st_backend *be, float *scores, const float *q_used, const float *w,
+                       const float *k_used, int n, int rows, int heads, int dim, const int *visible) {
+  if (rows == 0) be->ops->fill(be->ctx, scores, -INFINITY, (size_t)n);
+  else be->ops->indexer_scores(be->ctx, scores, q_used, w, k_used, n, rows, heads, dim, visible);
+}
+
+int st_indexer_topk_of(const st_backend *be, int topk, const float *scores, int32_t *idx, int n,
+                       int rows, const int *visible, void *work) {
+  int width = topk_width(topk, rows);
+  if (rows > 0) be->ops->topk(be->ctx, idx, scores, n, rows, visible, topk, width, work);
+  return width;
+}
+
 int st_indexer_select(const st_backend *be, int topk, float *scores, int32_t *idx,
                       const float *q_used, const float *w, const float *k_used, int n, int rows,
                       int heads, int dim, const int *visible, void *work) {
-  const st_backend_ops *ops = be->ops;
-  int width = topk < rows ? topk : rows;
-  if (width < 1) width = 1;
-  if (rows == 0) {
-    if (scores) ops->fill(be->ctx, scores, -INFINITY, (size_t)n);
-    return width; /* idx: the caller's row of -1 (integers are uploaded, not computed) */
-  }
-  if (!scores && ops->indexer_topk) {
-    ops->indexer_topk(be->ctx, idx, q_used, w, k_used, n, rows, heads, dim, visible, topk, width, work);
+  if (!scores && rows > 0 && be->ops->indexer_topk) {
+    int width = topk_width(topk, rows);
+    be->ops->indexer_topk(be->ctx, idx, q_used, w, k_used, n, rows, heads, dim, visible, topk, width, work);
     return width;
   }
-  ST_ASSERT(scores != NULL);
-  ops->indexer_scores(be->ctx, scores, q_used, w, k_used, n, rows, heads, dim, visible);
-  ops->topk(be->ctx, idx, scores, n, rows, visible, topk, width, work);
-  return width;
+  ST_ASSERT(scores != NULL || rows == 0);
+  if (scores) st_indexer_scores(be, scores, q_used, w, k_used, n, rows, heads, dim, visible);
+  return st_indexer_topk_of(be, topk, scores, idx, n, rows, visible, work);
 }

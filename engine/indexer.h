@@ -32,6 +32,16 @@ static inline int st_visible_rows(int64_t position, int ratio, int64_t rows) {
   return (int)(v < rows ? v : rows);
 }
 
+/* The two steps of st_indexer_select, for a caller that scores once and picks several top-k sizes
+** (replay's sweeps): st_indexer_scores fills scores [n, max(rows, 1)] (-inf where j >= visible[i]
+** or when rows == 0); st_indexer_topk_of picks from them into idx [n, width] (-1 padded; when rows
+** == 0 the idx rows are left to the caller) and returns width = max(1, min(topk, rows)). Every
+** pointer is backend memory. */
+void st_indexer_scores(const st_backend *be, float *scores, const float *q_used, const float *w,
+                       const float *k_used, int n, int rows, int heads, int dim, const int *visible);
+int st_indexer_topk_of(const st_backend *be, int topk, const float *scores, int32_t *idx, int n,
+                       int rows, const int *visible, void *work);
+
 /* Each query's top-k rows, ascending, -1 padded, into idx [n, width]; width = max(1, min(topk,
 ** rows)) is returned. scores [n, max(rows, 1)] receives the scores (-inf where j >= visible[i])
 ** when it is non-NULL; with scores NULL a backend's fused indexer_topk may skip the score matrix.

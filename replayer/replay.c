@@ -357,16 +357,13 @@ static st_status replay_indexer(const st_backend *be, const st_replay_request *r
       }
       st_indexer_q_used(be, gs, q_used, q, nb * hI, dI);
       for (int i = 0; i < nb; i++) visible[i] = st_visible_rows(in->positions[p0 + i], in->ratio, R);
-      if (R > 0) be->ops->indexer_scores(be->ctx, scores, q_used, w, k_used, nb, (int)R, hI, dI, visible);
-      else for (int i = 0; i < nb; i++) scores[i] = -INFINITY;
+      st_indexer_scores(be, scores, q_used, w, k_used, nb, (int)R, hI, dI, visible);
       for (int g = 0; g < n_group; g++) {
         int c = group[g];
         st_replay_cell *cell = &rep->cells[c];
         int kk = st_settings_topk(&specs[c].settings, cfg);
-        int width = kk < R ? kk : (int)R;
-        if (width < 1) width = 1;
-        if (R > 0) be->ops->topk(be->ctx, topk, scores, nb, (int)R, visible, kk, width, scratch);
-        else for (int i = 0; i < nb; i++) topk[i] = -1;
+        int width = st_indexer_topk_of(be, kk, scores, topk, nb, (int)R, visible, scratch);
+        if (R == 0) for (int i = 0; i < nb; i++) topk[i] = -1;
         int exact_cell = same_settings(&specs[c].settings, recorded);
         if (rec_scores && rec_score_width == score_width) {
           st_tensor_compare_add(&score_cmp[c], scores, rec_scores, (int64_t)nb * score_width);
