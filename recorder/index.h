@@ -24,7 +24,10 @@
 typedef struct st_index st_index;
 
 typedef enum st_index_mode {
-  ST_INDEX_READ_ONLY = 0,  /* SQLITE_OPEN_READONLY + query_only; the index must exist */
+  ST_INDEX_READ_ONLY = 0,  /* SQLITE_OPEN_READONLY + query_only; the index must exist. A store
+                           ** this process cannot write (or ST_INDEX_READONLY=1 in the
+                           ** environment) is opened by URI, mode=ro or immutable=1, with one
+                           ** line on stderr saying so */
   ST_INDEX_READ_WRITE = 1, /* creates store_dir and the index if absent, applies migrations */
 } st_index_mode;
 
