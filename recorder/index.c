@@ -11,6 +11,7 @@
 #include "index.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -479,7 +480,21 @@ st_status st_index_add_run(st_index *ix, const st_index_run *run, const st_trace
   st_status st = st_index_begin(ix);
   if (st) return st;
   int64_t build_id = 0;
-  if (!(st = st_index_build_id(ix, &run->build, &build_id)) &&
+  if (run->replace_same_path) { /* --force: the row now pointing at this path is stale */
+    char old_id[64], old_at[40];
+    int found = 0;
+    st = st_index_find_trace(ix, run->trace_path, old_id, sizeof old_id, old_at, sizeof old_at,
+                             &found);
+    if (!st && found && strcmp(old_id, run->run_id)) {
+      char detail[256];
+      snprintf(detail, sizeof detail, "run %s (recorded %s) replaced by run %s (--force): its "
+                                      "trace file was overwritten", old_id, old_at, run->run_id);
+      if (!(st = st_index_delete_run(ix, old_id)))
+        st = st_index_note(ix, "replaced", old_id, run->trace_path, detail);
+      if (!st) fprintf(stderr, "sparsetrace: note: %s\n", detail);
+    }
+  }
+  if (!st && !(st = st_index_build_id(ix, &run->build, &build_id)) &&
       !(st = insert_run(ix, run, build_id)) && !(st = insert_taps(ix, run->run_id, taps, n_taps)))
     st = st_index_commit(ix);
   if (st) st_index_rollback(ix);
@@ -515,4 +530,95 @@ st_status st_index_prepare_readonly(st_index *ix, const char *sql, sqlite3_stmt 
   }
   *out = s;
   return ST_OK;
+}
+
+/* ---------------------------------------------------------------- trace paths (one rule) */
+
+/* Absolute, symlink-free form of path; the file itself need not exist, its directory must. */
+static int canonical_path(const char *path, char *out, size_t size) {
+  char buf[PATH_MAX];
+  if (realpath(path, buf)) return snprintf(out, size, "%s", buf) < (int)size ? 0 : -1;
+  const char *slash = strrchr(path, '/');
+  char dir[PATH_MAX];
+  const char *base = slash ? slash + 1 : path;
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == path) snprintf(dir, sizeof dir, "/");
+  else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  if (!*base || !strcmp(base, ".") || !strcmp(base, "..") || !realpath(dir, buf)) return -1;
+  return snprintf(out, size, "%s%s%s", buf, strcmp(buf, "/") ? "/" : "", base) < (int)size ? 0 : -1;
+}
+
+st_status st_index_trace_key(const char *store_dir, const char *trace, char *out, size_t size) {
+  char t[PATH_MAX], s[PATH_MAX];
+  if (canonical_path(trace, t, sizeof t))
+    return st_fail(ST_EINVAL, "trace path %s: its directory does not exist or the path is too "
+                              "long", trace);
+  if (store_dir && realpath(store_dir, s)) {
+    size_t n = strlen(s);
+    if (!strncmp(t, s, n) && t[n] == '/') {
+      if (snprintf(out, size, "%s", t + n + 1) >= (int)size) goto too_long;
+      return ST_OK;
+    }
+  }
+  if (snprintf(out, size, "%s", t) >= (int)size) goto too_long;
+  return ST_OK;
+too_long:
+  return st_fail(ST_EINVAL, "trace path too long: %s", trace);
+}
+
+int st_index_resolve_trace(const char *store_dir, const char *stored, char *out, size_t size) {
+  if (!stored || !*stored) return -1;
+  int n = stored[0] == '/' || !store_dir ? snprintf(out, size, "%s", stored)
+                                         : snprintf(out, size, "%s/%s", store_dir, stored);
+  return n < (int)size ? 0 : -1;
+}
+
+st_status st_index_find_trace(st_index *ix, const char *key, char *run_id, size_t size,
+                              char *created_at, size_t created_size, int *found) {
+  *found = 0;
+  sqlite3_stmt *s = NULL;
+  if (sqlite3_prepare_v2(ix->db, "SELECT run_id, created_at FROM runs WHERE trace_path = ?1", -1,
+                         &s, NULL) != SQLITE_OK)
+    return sql_fail(ix->db, ix->path, "looking up a trace path");
+  bind_text(s, 1, key);
+  int rc = sqlite3_step(s);
+  st_status st = ST_OK;
+  if (rc == SQLITE_ROW) {
+    *found = 1;
+    if (run_id) snprintf(run_id, size, "%s", (const char *)sqlite3_column_text(s, 0));
+    if (created_at) snprintf(created_at, created_size, "%s",
+                             sqlite3_column_text(s, 1) ? (const char *)sqlite3_column_text(s, 1) : "?");
+  } else if (rc != SQLITE_DONE) {
+    st = sql_fail(ix->db, ix->path, "looking up a trace path");
+  }
+  sqlite3_finalize(s);
+  return st;
+}
+
+st_status st_index_note(st_index *ix, const char *kind, const char *run_id,
+                        const char *trace_path, const char *detail) {
+  sqlite3_stmt *s = NULL;
+  char at[40];
+  st_utc_now(at, sizeof at);
+  if (sqlite3_prepare_v2(ix->db, "INSERT INTO store_notes (at, kind, run_id, trace_path, detail) "
+                                 "VALUES (?1, ?2, ?3, ?4, ?5)", -1, &s, NULL) != SQLITE_OK)
+    return sql_fail(ix->db, ix->path, "preparing a store note");
+  bind_text(s, 1, at);
+  bind_text(s, 2, kind);
+  bind_text(s, 3, run_id);
+  bind_text(s, 4, trace_path);
+  bind_text(s, 5, detail);
+  st_status st = sqlite3_step(s) == SQLITE_DONE ? ST_OK : sql_fail(ix->db, ix->path, "writing a store note");
+  sqlite3_finalize(s);
+  return st;
+}
+
+st_status st_index_delete_run(st_index *ix, const char *run_id) {
+  sqlite3_stmt *s = NULL;
+  if (sqlite3_prepare_v2(ix->db, "DELETE FROM runs WHERE run_id = ?1", -1, &s, NULL) != SQLITE_OK)
+    return sql_fail(ix->db, ix->path, "preparing a run delete");
+  bind_text(s, 1, run_id);
+  st_status st = sqlite3_step(s) == SQLITE_DONE ? ST_OK : sql_fail(ix->db, ix->path, "deleting a run");
+  sqlite3_finalize(s);
+  return st;
 }
