@@ -1004,9 +1004,32 @@ static int write_fixture(const char *store) {
   return 0;
 }
 
+/* `test_recorder --truncate FILE TAP ROWS`: cuts /taps/TAP of FILE to ROWS rows in place, as a
+** hostile or careless h5py user would (dataset.resize), leaving every attribute as it was. */
+static int truncate_tap(const char *file, const char *tap, long long rows) {
+  hid_t f = H5Fopen(file, H5F_ACC_RDWR, H5P_DEFAULT);
+  char name[512];
+  snprintf(name, sizeof name, "/taps/%s", tap);
+  hid_t d = f < 0 ? -1 : H5Dopen2(f, name, H5P_DEFAULT);
+  hid_t sp = d < 0 ? -1 : H5Dget_space(d);
+  hsize_t dims[ST_TRACE_MAX_RANK];
+  int rank = sp < 0 ? -1 : H5Sget_simple_extent_dims(sp, dims, NULL);
+  int rc = 1;
+  if (rank >= 1) {
+    dims[0] = (hsize_t)rows;
+    rc = H5Dset_extent(d, dims) < 0;
+  }
+  if (sp >= 0) H5Sclose(sp);
+  if (d >= 0) H5Dclose(d);
+  if (f >= 0) H5Fclose(f);
+  if (rc) fprintf(stderr, "truncate: cannot cut %s of %s\n", name, file);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   if (argc == 3 && !strcmp(argv[1], "--fixture")) return write_fixture(argv[2]);
+  if (argc == 5 && !strcmp(argv[1], "--truncate")) return truncate_tap(argv[2], argv[3], atoll(argv[4]));
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_round_trip_all),
     cmocka_unit_test(test_round_trip_last),
