@@ -10,6 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "commands.h"
 #include "options.h"
@@ -20,9 +24,17 @@
 
 #define CELL_MAX 80 /* table cells longer than this are cut (use --json for full values) */
 
+/* Bounds on one query (issue 14 #12): a statement that would build a huge value, use unbounded
+** memory, print without end or run forever stops with an error saying which bound it hit. */
+#define QUERY_MAX_VALUE (64 << 20)        /* SQLITE_LIMIT_LENGTH: one string or blob, bytes */
+#define QUERY_HEAP_LIMIT (1024LL << 20)   /* sqlite3_hard_heap_limit64: SQLite's memory, bytes */
+#define QUERY_MAX_OUTPUT (256LL << 20)    /* bytes printed (JSON) or buffered (table) */
+#define QUERY_TIMEOUT_S 20.0              /* default of --timeout */
+
 static const st_opt_use query_options[] = {
   {ST_OPT_STORE, NULL, "the trace store (default ./" ST_DEFAULT_STORE ")"},
   {ST_OPT_JSON, NULL, "JSON output"},
+  {ST_OPT_TIMEOUT, "S", "stop the statement after S seconds (default 20)"},
   {0}};
 
 static const st_cmd_spec query_spec = {
@@ -48,6 +60,10 @@ static const st_cmd_spec query_spec = {
   "  sparsetrace query \"SELECT layer, retrieves, answer_positions_kept, answer_positions FROM needle_rank_by_layer\n"
   "                     WHERE run_id = '...' ORDER BY layer\"\n"
   "  sparsetrace query --json \"SELECT run_id, name, nan_count FROM taps WHERE nan_count > 0\"\n"
+  "\n"
+  "Bounds: one value at most 64 MiB, SQLite's memory 1 GiB, output (or the table buffered before\n"
+  "it is printed) 256 MiB, --timeout seconds (default 20); a statement past one stops with an\n"
+  "error naming it.\n"
   "\n"
   "Exit status: 0 answered, 1 the statement failed or was refused, 2 usage error.\n"};
 
@@ -95,11 +111,20 @@ static void json_value(FILE *out, sqlite3_stmt *s, int col) {
   }
 }
 
+static st_status stopped(sqlite3 *db, int rc);
+
 static st_status print_json(sqlite3_stmt *s, sqlite3 *db, FILE *out) {
   int cols = sqlite3_column_count(s);
   int rc, rows = 0;
+  long long printed = 0; /* bytes of values printed so far (names and punctuation not counted) */
   fputc('[', out);
   while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+    for (int c = 0; c < cols; c++) printed += sqlite3_column_bytes(s, c) + 8;
+    if (printed > QUERY_MAX_OUTPUT) {
+      fputs("\n]\n", out);
+      return st_fail(ST_EINVAL, "query output passed its limit of %lld MiB after %d rows (add "
+                                "a LIMIT or select fewer columns)", QUERY_MAX_OUTPUT >> 20, rows);
+    }
     fputs(rows++ ? ",\n  {" : "\n  {", out);
     for (int c = 0; c < cols; c++) {
       const char *name = sqlite3_column_name(s, c);
@@ -111,7 +136,7 @@ static st_status print_json(sqlite3_stmt *s, sqlite3 *db, FILE *out) {
     fputc('}', out);
   }
   fputs(rows ? "\n]\n" : "]\n", out);
-  if (rc != SQLITE_DONE) return st_fail(ST_ESQLITE, "query failed: %s", sqlite3_errmsg(db));
+  if (rc != SQLITE_DONE) return stopped(db, rc);
   return ST_OK;
 }
 
@@ -163,7 +188,7 @@ static st_status print_table(sqlite3_stmt *s, sqlite3 *db, FILE *out) {
   if (cols == 0) { /* a statement without result columns */
     int rc;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {}
-    if (rc != SQLITE_DONE) return st_fail(ST_ESQLITE, "query failed: %s", sqlite3_errmsg(db));
+    if (rc != SQLITE_DONE) return stopped(db, rc);
     return ST_OK;
   }
   /* Cells are kept as NUL-separated strings in one buffer; offsets index them. */
@@ -205,13 +230,18 @@ static st_status print_table(sqlite3_stmt *s, sqlite3 *db, FILE *out) {
       st = st_fail(ST_ENOMEM, "query result");
       goto out;
     }
+    if ((long long)(cells.len + n_cells * sizeof *offsets) > QUERY_MAX_OUTPUT) {
+      st = st_fail(ST_EINVAL, "query result passed its limit of %lld MiB after %lld rows (add a "
+                              "LIMIT, or aggregate)", QUERY_MAX_OUTPUT >> 20, rows);
+      goto out;
+    }
     for (int c = 0; c < cols; c++) {
       size_t w = text_width(cells.data + offsets[n_cells - (size_t)cols + (size_t)c]);
       if (w > width[c]) width[c] = w;
     }
   }
   if (rc != SQLITE_DONE) {
-    st = st_fail(ST_ESQLITE, "query failed: %s", sqlite3_errmsg(db));
+    st = stopped(db, rc);
     goto out;
   }
   for (int c = 0; c < cols; c++) {
@@ -244,6 +274,70 @@ out:
   return st;
 }
 
+/* ---------------------------------------------------------------- bounds */
+
+typedef struct deadline {
+  struct timespec end;
+  int expired;
+} deadline;
+
+static int past_deadline(void *ctx) {
+  deadline *d = ctx;
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  if (now.tv_sec > d->end.tv_sec || (now.tv_sec == d->end.tv_sec && now.tv_nsec >= d->end.tv_nsec))
+    d->expired = 1;
+  return d->expired;
+}
+
+static deadline query_deadline;
+static double query_timeout_s = QUERY_TIMEOUT_S;
+
+/* The hard stop, a second after the deadline: SQLite checks the progress handler between
+** virtual-machine steps only, and one step can run long (printf('%.*c', 2e9, 'x') repeats a
+** character two billion times inside one function call). */
+static void hard_stop(int sig) {
+  (void)sig;
+  static const char msg[] = "sparsetrace query: query stopped after its time limit (--timeout S); "
+                            "one SQL function call ran past it\n";
+  ssize_t ignored = write(2, msg, sizeof msg - 1);
+  (void)ignored;
+  _exit(1);
+}
+
+static void set_bounds(sqlite3 *db, double timeout_s) {
+  sqlite3_limit(db, SQLITE_LIMIT_LENGTH, QUERY_MAX_VALUE);
+  sqlite3_hard_heap_limit64(QUERY_HEAP_LIMIT);
+  clock_gettime(CLOCK_MONOTONIC, &query_deadline.end);
+  double whole = (double)(long long)timeout_s;
+  query_deadline.end.tv_sec += (time_t)whole;
+  query_deadline.end.tv_nsec += (long)((timeout_s - whole) * 1e9);
+  if (query_deadline.end.tv_nsec >= 1000000000L) {
+    query_deadline.end.tv_sec++;
+    query_deadline.end.tv_nsec -= 1000000000L;
+  }
+  query_deadline.expired = 0;
+  sqlite3_progress_handler(db, 10000, past_deadline, &query_deadline);
+  signal(SIGALRM, hard_stop);
+  double hard = timeout_s + 1.0;
+  struct itimerval it = {{0, 0}, {(time_t)hard, (suseconds_t)((hard - (double)(time_t)hard) * 1e6)}};
+  setitimer(ITIMER_REAL, &it, NULL);
+}
+
+/* The error of a statement that did not finish, naming the bound it hit. */
+static st_status stopped(sqlite3 *db, int rc) {
+  if (query_deadline.expired || (rc & 0xff) == SQLITE_INTERRUPT)
+    return st_fail(ST_EINVAL, "query stopped after its time limit of %g s (--timeout S)",
+                   query_timeout_s);
+  if ((rc & 0xff) == SQLITE_TOOBIG)
+    return st_fail(ST_EINVAL, "query failed: a value would exceed the limit of %d MiB (%s)",
+                   QUERY_MAX_VALUE >> 20, sqlite3_errmsg(db));
+  if ((rc & 0xff) == SQLITE_NOMEM)
+    return st_fail(ST_ENOMEM, "query failed: it needs more than the memory limit of %lld MiB (%s)",
+                   QUERY_HEAP_LIMIT >> 20, sqlite3_errmsg(db));
+  return st_fail(ST_ESQLITE, "query failed: %s", sqlite3_errmsg(db));
+}
+
 /* ---------------------------------------------------------------- command */
 
 static char *read_stdin(void) {
@@ -264,7 +358,15 @@ int st_cmd_query(int argc, char **argv) {
   int n_sql = 0, c;
   st_opts o;
   st_opts_init(&o, &query_spec, argc, argv);
-  while ((c = st_opts_next(&o)) == ST_OPT_POSITIONAL) {
+  int bad_timeout = 0;
+  while ((c = st_opts_next(&o)) == ST_OPT_POSITIONAL || c == ST_OPT_TIMEOUT) {
+    if (c == ST_OPT_TIMEOUT) {
+      char *end;
+      double v = strtod(o.arg, &end);
+      if (end == o.arg || *end || !(v > 0 && v <= 86400)) bad_timeout = 1;
+      else query_timeout_s = v;
+      continue;
+    }
     if (n_sql++) st_buf_add(&sql, " ", 1);
     st_buf_str(&sql, o.arg);
   }
@@ -274,6 +376,12 @@ int st_cmd_query(int argc, char **argv) {
   if (c == ST_OPTS_EXIT) {
     free(sql.data);
     return o.exit_code;
+  }
+  if (bad_timeout) {
+    fprintf(stderr, "sparsetrace query: --timeout wants seconds in (0, 86400]\n"
+                    "(sparsetrace query --help lists the options)\n");
+    free(sql.data);
+    return 2;
   }
   if (n_sql == 0) {
     fprintf(stderr, "sparsetrace query: no SQL given\n(sparsetrace query --help lists the options)\n");
@@ -296,6 +404,7 @@ int st_cmd_query(int argc, char **argv) {
   st_index *ix = NULL;
   sqlite3_stmt *stmt = NULL;
   st_status st = st_index_open(store, ST_INDEX_READ_ONLY, &ix);
+  if (!st) set_bounds(st_index_db(ix), query_timeout_s);
   if (!st) st = st_index_prepare_readonly(ix, sql.data, &stmt);
   if (!st) st = json ? print_json(stmt, st_index_db(ix), stdout)
                      : print_table(stmt, st_index_db(ix), stdout);

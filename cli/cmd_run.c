@@ -48,6 +48,9 @@ static const st_opt_use run_options[] = {
   {ST_OPT_NEEDLE_TOKENS, NULL, "the same by token span [A, B)"},
   {ST_OPT_OUT, "OUT.h5", "where to write the trace (default STORE/runs/<run id>.h5)"},
   {ST_OPT_TRACE, "OUT.h5", "the same as --out (the older spelling)"},
+  {ST_OPT_FORCE, NULL, "overwrite an existing trace file, replacing the index row of the run\n"
+                       "that held its path (a note on stderr and in store_notes says which);\n"
+                       "without it such a run is refused before anything is computed"},
   {ST_OPT_STORE, NULL, NULL},
   {ST_OPT_THREADS, NULL, NULL},
   {ST_OPT_CHUNK, NULL, "tokens per internal prefill chunk, 1 to 1048576 (default 256; results\n"
@@ -64,7 +67,7 @@ static const st_cmd_spec run_spec = {
 
 typedef struct run_args {
   const char *model, *prompt_path, *trace, *store, *positions;
-  int max_new, ignore_eos, threads, chunk, json;
+  int max_new, ignore_eos, threads, chunk, json, force;
   const char *backend;
   const char **taps;
   int n_taps;
@@ -293,6 +296,7 @@ static int parse_args(int argc, char **argv, run_args *a) {
       if (st_opt_span(o.name, o.arg, &a->needle_start, &a->needle_end)) goto bad_value;
       break;
     case ST_OPT_OUT: case ST_OPT_TRACE: a->trace = o.arg; break;
+    case ST_OPT_FORCE: a->force = 1; break;
     case ST_OPT_CHUNK:
       if (st_opt_int(o.name, o.arg, 1, 1048576, &v)) goto bad_value;
       a->chunk = (int)v;
@@ -361,6 +365,8 @@ int st_cmd_run(int argc, char **argv) {
   char *request_id = rq.id;
   int64_t server_count = -1;
   if (st_opts_backend_available(a.backend)) goto out;
+  /* A trace path already taken is refused now, not after the run (issue 14 #1). */
+  if (a.trace && st_recorder_check_target(a.trace, a.store, a.force)) goto out;
   if (a.request) {
     if (prompt_from_request(a.request, a.store, a.model, a.render, &tokens, &n_prompt, &rq))
       goto out;
@@ -464,7 +470,7 @@ int st_cmd_run(int argc, char **argv) {
     .model_dir = a.model, .model_name = basename(model_copy), .settings_json = settings_json,
     .config_json = config_text ? config_text : "{}", .backend = backend.ops->name,
     .kernel_mode = backend.ops->kernel_mode, .threads = threads,
-    .command_line = command_line, .positions = a.positions, .n_layers = cfg->num_hidden_layers,
+    .command_line = command_line, .positions = a.positions, .n_layers = cfg->num_hidden_layers, .force = a.force,
     .request_id = request_id[0] ? request_id : NULL};
   st_run_id_new(&meta);
   if (a.trace) snprintf(trace_path, sizeof trace_path, "%s", a.trace);

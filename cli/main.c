@@ -24,6 +24,7 @@ static const command commands[] = {
   {"needle", st_cmd_needle, "make needle-recall requests; sweep them against the engine or a server"},
   {"capture", st_cmd_capture, "proxy between a client and its server, recording every request"},
   {"requests", st_cmd_requests, "list, show and export captured requests"},
+  {"store", st_cmd_store, "check a trace store's index against its files (--repair fixes it)"},
   {"tokenize", st_cmd_tokenize, "text to token ids and back with a model's tokenizer.json"},
   {"render", st_cmd_render, "a chat request as the DeepSeek-V4 prompt (or its ids) an engine builds"},
   {"taps", st_cmd_taps, "list the tap catalogue"},

@@ -116,6 +116,9 @@ static const alias aliases[] = {
   {"effort", 0, 1, ST_OPT_EFFORT, 0, "E", "force reasoning_effort"},
   {"effort-table", 0, 1, ST_OPT_EFFORT_TABLE, 0, "T", "legacy or 0731"},
   {"drop-thinking", 0, 1, ST_OPT_DROP_THINKING, 0, "on|off", "the encoder's drop_thinking"},
+
+  {"force", 0, 0, ST_OPT_FORCE, 0, NULL, "overwrite on purpose"},
+  {"repair", 0, 0, ST_OPT_REPAIR, 0, NULL, "fix what is found"},
 };
 #define N_ALIASES (int)(sizeof aliases / sizeof aliases[0])
 

@@ -65,6 +65,8 @@ typedef enum st_opt_id {
   /* tokenize, render */
   ST_OPT_DECODE, ST_OPT_NO_SPECIAL, ST_OPT_SPLIT_SPECIAL, ST_OPT_SKIP_SPECIAL, ST_OPT_IDS,
   ST_OPT_EFFORT, ST_OPT_EFFORT_TABLE, ST_OPT_DROP_THINKING,
+  /* run, store check */
+  ST_OPT_FORCE, ST_OPT_REPAIR,
   ST_OPT_ID_END
 } st_opt_id;
 

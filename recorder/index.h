@@ -24,7 +24,10 @@
 typedef struct st_index st_index;
 
 typedef enum st_index_mode {
-  ST_INDEX_READ_ONLY = 0,  /* SQLITE_OPEN_READONLY + query_only; the index must exist */
+  ST_INDEX_READ_ONLY = 0,  /* SQLITE_OPEN_READONLY + query_only; the index must exist. A store
+                           ** this process cannot write (or ST_INDEX_READONLY=1 in the
+                           ** environment) is opened by URI, mode=ro or immutable=1, with one
+                           ** line on stderr saying so */
   ST_INDEX_READ_WRITE = 1, /* creates store_dir and the index if absent, applies migrations */
 } st_index_mode;
 
@@ -54,7 +57,7 @@ st_status st_index_build_id(st_index *ix, const st_index_build *b, int64_t *buil
 
 typedef struct st_index_run {
   const char *run_id, *created_at, *model, *model_dir;
-  const char *trace_path;     /* relative to the store */
+  const char *trace_path;     /* the path rule's form: st_index_trace_key() */
   int64_t n_prompt, n_tokens;
   const char *positions;      /* NULL = "all" */
   const char *settings_json;  /* NULL = "{}" */
@@ -62,6 +65,8 @@ typedef struct st_index_run {
   int threads;
   const char *command_line, *request_id; /* NULL ok */
   double duration_s;          /* < 0: unknown */
+  int replace_same_path;      /* 1 (--force): a row of another run with this trace_path is
+                              ** deleted first, with a store_notes row and a note on stderr */
 } st_index_run;
 
 /* Inserts a completed run, its build and its taps (with statistics) in one transaction. */
@@ -83,5 +88,22 @@ typedef struct st_index_migration {
 ** st_index_open uses the compiled-in list; exposed for tests. origin names db in messages. */
 st_status st_index_migrate(sqlite3 *db, const char *origin, const st_index_migration *migrations,
                            int n_migrations);
+
+/* Trace paths in runs.trace_path follow one rule (schemas/trace-layout.md "Trace paths in the
+** index"): a trace inside the store is stored relative to the store directory, any other
+** absolutely; both forms are symlink-free (realpath of the trace's directory). */
+/* The stored form of trace (its directory must exist). */
+st_status st_index_trace_key(const char *store_dir, const char *trace, char *out, size_t size);
+/* A stored trace_path as a path to open: relative ones are joined to store_dir. Every reader of
+** runs.trace_path uses this. -1 when it does not fit. */
+int st_index_resolve_trace(const char *store_dir, const char *stored, char *out, size_t size);
+/* The run recorded at the stored path key, if any (*found 1; run_id and created_at filled). */
+st_status st_index_find_trace(st_index *ix, const char *key, char *run_id, size_t size,
+                              char *created_at, size_t created_size, int *found);
+/* Deletes a run and, by ON DELETE CASCADE, its taps, needles, verdicts and replays. */
+st_status st_index_delete_run(st_index *ix, const char *run_id);
+/* Appends a row to store_notes (migration 0007): what a --force or a repair changed. */
+st_status st_index_note(st_index *ix, const char *kind, const char *run_id,
+                        const char *trace_path, const char *detail);
 
 #endif

@@ -34,6 +34,7 @@ struct st_recorder {
   st_tap_sink sink;
   st_trace_writer *writer;
   char *h5_path, *part_path, *store_dir;
+  int force;
   char run_id[40];
   char created_at[40];
   char *model, *model_dir, *settings, *command_line, *request_id, *positions, *backend,
@@ -230,14 +231,10 @@ st_status st_recorder_open(const char *h5_path, const char *store_dir, const st_
     recorder_free(r);
     return st_fail(ST_ENOMEM, "recorder");
   }
-  struct stat sb;
-  if (stat(h5_path, &sb) == 0) {
+  r->force = meta->force;
+  if ((st = st_recorder_check_target(h5_path, store_dir, meta->force))) {
     recorder_free(r);
-    return st_fail(ST_EINVAL, "trace %s already exists; refusing to overwrite it", h5_path);
-  }
-  if ((st = make_parent_dirs(h5_path))) {
-    recorder_free(r);
-    return st_fail_context(st, "recording trace %s: ", h5_path);
+    return st;
   }
   st_trace_run_attrs attrs = {
     .run_id = r->run_id, .model = r->model, .model_dir = r->model_dir,
@@ -259,19 +256,38 @@ st_status st_recorder_open(const char *h5_path, const char *store_dir, const st_
 
 const st_tap_sink *st_recorder_sink(st_recorder *r) { return &r->sink; }
 
-/* The trace's path as stored in the index: relative to the store when it lies inside it. */
-static void relative_trace_path(const char *trace, const char *store, char *out, size_t size) {
-  char rt[PATH_MAX], rs[PATH_MAX];
-  if (realpath(trace, rt) && realpath(store, rs)) {
-    size_t n = strlen(rs);
-    if (!strncmp(rt, rs, n) && rt[n] == '/') {
-      snprintf(out, size, "%s", rt + n + 1);
-      return;
+st_status st_recorder_check_target(const char *h5_path, const char *store_dir, int force) {
+  st_status st;
+  if (store_dir && (st = make_dirs(store_dir)))
+    return st_fail_context(st, "trace store %s: ", store_dir);
+  if ((st = make_parent_dirs(h5_path))) return st_fail_context(st, "recording trace %s: ", h5_path);
+  struct stat sb;
+  int exists = stat(h5_path, &sb) == 0;
+  if (store_dir) {
+    char key[PATH_MAX], index_path[PATH_MAX];
+    if ((st = st_index_trace_key(store_dir, h5_path, key, sizeof key))) return st;
+    snprintf(index_path, sizeof index_path, "%s/%s", store_dir, ST_INDEX_FILE);
+    if (stat(index_path, &sb) == 0) {
+      st_index *ix = NULL;
+      char run_id[64], created[40];
+      int found = 0;
+      if (!(st = st_index_open(store_dir, ST_INDEX_READ_ONLY, &ix)))
+        st = st_index_find_trace(ix, key, run_id, sizeof run_id, created, sizeof created, &found);
+      st_index_close(ix);
+      if (st) return st_fail_context(st, "checking trace path %s: ", h5_path);
+      if (found && !force)
+        return st_fail(ST_EINVAL, "trace %s %s: the index of store %s gives that path to run %s "
+                                  "(recorded %s); choose another --out, or pass --force to "
+                                  "overwrite it and replace that run's index row%s", h5_path,
+                       exists ? "already exists" : "is missing but its path is taken", store_dir,
+                       run_id, created, exists ? "" : " ('sparsetrace store check --repair' "
+                                                      "removes the dangling row)");
     }
-    snprintf(out, size, "%s", rt);
-    return;
   }
-  snprintf(out, size, "%s", trace);
+  if (exists && !force)
+    return st_fail(ST_EINVAL, "trace %s already exists; refusing to overwrite it (--force "
+                              "overwrites)", h5_path);
+  return ST_OK;
 }
 
 /* Makes the rename durable: fsync of the directory holding path (best effort). */
@@ -304,14 +320,14 @@ st_status st_recorder_finish(st_recorder *r, const int32_t *tokens, int64_t n_to
   sync_parent_dir(r->h5_path);
   if (!r->store_dir) goto out;
   char rel[PATH_MAX];
-  relative_trace_path(r->h5_path, r->store_dir, rel, sizeof rel);
+  if ((st = st_index_trace_key(r->store_dir, r->h5_path, rel, sizeof rel))) goto out;
   st_index_run run = {
     .run_id = r->run_id, .created_at = r->created_at, .model = r->model,
     .model_dir = r->model_dir, .trace_path = rel, .n_prompt = n_prompt, .n_tokens = n_tokens,
     .positions = r->positions, .settings_json = r->settings,
     .build = {ST_GIT_REVISION, ST_COMPILER, ST_BUILD_TYPE, r->backend, r->kernel_mode},
     .threads = r->threads, .command_line = r->command_line, .request_id = r->request_id,
-    .duration_s = seconds_since(&r->started),
+    .duration_s = seconds_since(&r->started), .replace_same_path = r->force,
   };
   st_index *ix = NULL;
   if (!(st = st_index_open(r->store_dir, ST_INDEX_READ_WRITE, &ix)))

@@ -28,6 +28,8 @@ typedef struct st_run_meta {
   const char *request_id;      /* captured request this run replays, or NULL */
   const char *positions;       /* "all" | "last" | "A:B" (half-open token range) */
   int n_layers;                /* for the tap catalogue */
+  int force;                   /* 1: overwrite an existing trace file and replace the index row
+                               ** of the run that held its path (a note says which) */
 } st_run_meta;
 
 /* Fills meta->run_id with a fresh random uuid. */
@@ -41,6 +43,12 @@ typedef struct st_recorder st_recorder;
 ** generated position). */
 st_status st_recorder_open(const char *h5_path, const char *store_dir, const st_run_meta *meta,
                            int64_t n_prompt, st_recorder **out);
+
+/* Refuses, before anything is computed, a trace path the store's index already gives to a run
+** (the message names the run and --force) or a trace file that exists; with force both are
+** allowed. Creates the store and the trace's directory. Called by st_recorder_open; callers may
+** call it earlier (before loading a model). */
+st_status st_recorder_check_target(const char *h5_path, const char *store_dir, int force);
 
 /* The sink to hand to the engine; valid until finish/abort. */
 const st_tap_sink *st_recorder_sink(st_recorder *r);

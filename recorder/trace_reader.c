@@ -472,3 +472,18 @@ st_status st_trace_find_position(st_trace *t, const st_trace_tap *tap, int64_t p
   return st_fail(ST_ENOTFOUND, "trace %s: tap %s holds no row for %s %lld", t->path, tap->name,
                  tap->row_axis ? "compressed row" : "position", (long long)position);
 }
+
+st_status st_trace_check_tap(const st_trace *t, const st_trace_tap *tap) {
+  int64_t total = 1;
+  for (int i = 0; i < tap->rank; i++) total *= tap->shape[i];
+  if (tap->stats.count >= 0 && tap->stats.count != total)
+    return st_fail(ST_EFORMAT, "%s: tap %s holds %lld elements (shape[0] = %lld rows) but its "
+                               "count attribute, written when the trace was finished, says %lld: "
+                               "the dataset was changed after recording", t->path, tap->name,
+                   (long long)total, (long long)tap->shape[0], (long long)tap->stats.count);
+  if (!tap->row_axis && !tap->has_positions && t->n_tokens > 0 && tap->shape[0] > t->n_tokens)
+    return st_fail(ST_EFORMAT, "%s: tap %s has %lld position rows, more than the trace's %lld "
+                               "tokens", t->path, tap->name, (long long)tap->shape[0],
+                   (long long)t->n_tokens);
+  return ST_OK;
+}

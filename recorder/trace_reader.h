@@ -55,6 +55,12 @@ const st_trace_tap *st_trace_tap_at(const st_trace *t, int i);
 const st_trace_tap *st_trace_find_tap(const st_trace *t, const char *name);
 const st_trace_tap *st_trace_find_tap_id(const st_trace *t, st_tap_id id, int layer);
 
+/* Checks a tap against the trace's own metadata: its element count against the count attribute
+** written at finish (a dataset cut or grown afterwards fails), its position rows against
+** /tokens. ST_EFORMAT with a message naming the file and the tap. The replayer checks every tap
+** it reads. */
+st_status st_trace_check_tap(const st_trace *t, const st_trace_tap *tap);
+
 /* Elements per row: the product of shape[1..rank-1] (1 for rank-1 taps). */
 size_t st_trace_row_elements(const st_trace_tap *tap);
 

@@ -222,7 +222,7 @@ static int needle_rows(int m, int64_t rows, int64_t start, int64_t end, int32_t 
 static st_status need_tap(st_trace *t, const char *trace_path, st_tap_id id, int layer,
                           const st_trace_tap **out) {
   *out = st_trace_find_tap_id(t, id, layer);
-  if (*out) return ST_OK;
+  if (*out) return st_trace_check_tap(t, *out); /* issue 14 #9: the trace against itself */
   char name[96];
   st_tap_full_name(name, sizeof name, id, layer);
   return st_fail(ST_ENOTFOUND, "%s holds no tap %s, which this replay needs: record the run with "
@@ -760,11 +760,19 @@ st_status st_replay_run(const st_replay_request *req, st_replay_report **out) {
     in.topk = st_trace_find_tap_id(t, ST_TAP_INDEXER_TOPK, req->layer);
     in.q_used = st_trace_find_tap_id(t, ST_TAP_INDEXER_Q_USED, req->layer);
     in.k_used = st_trace_find_tap_id(t, ST_TAP_INDEXER_K_USED, req->layer);
+    const st_trace_tap *optional[4] = {in.scores, in.topk, in.q_used, in.k_used};
+    for (int i = 0; i < 4; i++)
+      if (optional[i] && (rc = st_trace_check_tap(t, optional[i]))) goto out;
     in.n = in.q->shape[0];
     in.rows = in.k->shape[0];
     if (in.q->shape[1] != in.heads || in.q->shape[2] != in.dim || in.k->shape[1] != in.dim) {
       rc = st_fail(ST_EFORMAT, "%s: indexer taps of layer %d do not match %s (heads %d, dim %d)",
                    req->trace_path, req->layer, config_path, in.heads, in.dim);
+      goto out;
+    }
+    if (in.n == 0) { /* issue 14 #9: nothing replayed is no pass */
+      rc = st_fail(ST_EFORMAT, "%s: %s of layer %d holds 0 positions: nothing to replay (a replay "
+                   "of no position proves nothing)", req->trace_path, in.q->name, req->layer);
       goto out;
     }
     if ((rc = read_positions(t, in.q, in.n, &in.positions))) goto out;
@@ -786,6 +794,13 @@ st_status st_replay_run(const st_replay_request *req, st_replay_report **out) {
       int64_t T = input ? input->shape[0] : 0;
       rep->n_needle_rows = needle_rows(cfg.compress_ratio[req->layer], T / cfg.compress_ratio[req->layer],
                                        req->needle_start, req->needle_end, rep->needle_rows, 64);
+    }
+    const st_trace_tap *input0 = NULL;
+    if ((rc = need_tap(t, req->trace_path, ST_TAP_INPUT, req->layer, &input0))) goto out;
+    if (input0->shape[0] == 0) { /* issue 14 #9: nothing replayed is no pass */
+      rc = st_fail(ST_EFORMAT, "%s: %s holds 0 positions: nothing to replay (a replay of no "
+                   "position proves nothing)", req->trace_path, input0->name);
+      goto out;
     }
     rc = replay_model(&be, req, t, &recorded, specs, n_cells, rep);
     const st_trace_tap *input = st_trace_find_tap_id(t, ST_TAP_INPUT, req->layer);

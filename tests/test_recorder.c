@@ -710,15 +710,13 @@ static void test_unwritable(void **state) {
     assert_non_null(strstr(st_errmsg(), "x.h5.part"));
     chmod(ro, 0755);
   }
-  /* the trace can be written but the store cannot: finish reports it, the trace is complete */
+  /* the trace can be written but the store cannot be created: refused before recording */
   char store[600];
   snprintf(store, sizeof store, "%s/afile/store", dir);
   snprintf(path, sizeof path, "%s/ok.h5", dir);
-  r = record_scenario(path, store, &meta);
-  st_status st = st_recorder_finish(r, tokens, N_TOKENS, N_PROMPT);
-  assert_int_equal(st, ST_EIO);
-  assert_non_null(strstr(st_errmsg(), "indexing it failed"));
-  assert_int_equal(open_and_read_all(path), ST_OK);
+  assert_int_equal(st_recorder_open(path, store, &meta, N_PROMPT, &r), ST_EIO);
+  assert_non_null(strstr(st_errmsg(), "afile"));
+  assert_false(file_exists(path));
   /* an index file that is not SQLite */
   snprintf(store, sizeof store, "%s/garbage-store", dir);
   mkdir(store, 0777);
@@ -729,10 +727,69 @@ static void test_unwritable(void **state) {
   fclose(f);
   snprintf(path, sizeof path, "%s/ok2.h5", dir);
   fill_meta(&meta, "all");
-  r = record_scenario(path, store, &meta);
-  st = st_recorder_finish(r, tokens, N_TOKENS, N_PROMPT);
-  assert_int_equal(st, ST_EFORMAT);
+  /* refused before recording: the trace path is checked against the index at open */
+  assert_int_equal(st_recorder_open(path, store, &meta, N_PROMPT, &r), ST_EFORMAT);
   assert_non_null(strstr(st_errmsg(), "not a SQLite database"));
+}
+
+/* Issue 14 #1. Before: reusing a trace path whose file was removed ran the whole recording and
+** failed at the index insert (UNIQUE constraint failed: runs.trace_path), leaving the old row on
+** a file that held the new run; and the first run into a new store with a trace outside it was
+** indexed with the path as given (relative to the cwd), later ones absolutely. */
+static void test_trace_path_reuse(void **state) {
+  char dir[512], store[600], h5[700], sql[4300];
+  make_tmp(dir, sizeof dir, "pathreuse");
+  snprintf(store, sizeof store, "%s/S", dir);
+  snprintf(h5, sizeof h5, "%s/mine.h5", store);
+  st_run_meta meta;
+  fill_meta(&meta, "all");
+  st_recorder *r = record_scenario(h5, store, &meta);
+  assert_int_equal(st_recorder_finish(r, tokens, N_TOKENS, N_PROMPT), ST_OK);
+  char first[64];
+  snprintf(first, sizeof first, "%s", meta.run_id);
+  assert_int_equal(index_count(store, "SELECT count(*) FROM runs WHERE trace_path = 'mine.h5'"), 1);
+  unlink(h5);
+  /* the same path again: refused at open, naming the run, nothing recorded */
+  fill_meta(&meta, "all");
+  r = NULL;
+  assert_int_equal(st_recorder_open(h5, store, &meta, N_PROMPT, &r), ST_EINVAL);
+  assert_null(r);
+  assert_non_null(strstr(st_errmsg(), first));
+  assert_non_null(strstr(st_errmsg(), "--force"));
+  assert_false(file_exists(h5));
+  /* --force: recorded, the stale row replaced, a note kept */
+  fill_meta(&meta, "all");
+  meta.force = 1;
+  r = record_scenario(h5, store, &meta);
+  assert_int_equal(st_recorder_finish(r, tokens, N_TOKENS, N_PROMPT), ST_OK);
+  assert_int_equal(index_count(store, "SELECT count(*) FROM runs"), 1);
+  snprintf(sql, sizeof sql, "SELECT count(*) FROM runs WHERE run_id = '%s' AND trace_path = 'mine.h5'", meta.run_id);
+  assert_int_equal(index_count(store, sql), 1);
+  snprintf(sql, sizeof sql, "SELECT count(*) FROM taps WHERE run_id = '%s'", first);
+  assert_int_equal(index_count(store, sql), 0);
+  snprintf(sql, sizeof sql, "SELECT count(*) FROM store_notes WHERE kind = 'replaced' AND run_id = '%s'", first);
+  assert_int_equal(index_count(store, sql), 1);
+  /* --force over an existing file too */
+  fill_meta(&meta, "all");
+  assert_int_equal(st_recorder_open(h5, store, &meta, N_PROMPT, &r), ST_EINVAL);
+  meta.force = 1;
+  r = record_scenario(h5, store, &meta);
+  assert_int_equal(st_recorder_finish(r, tokens, N_TOKENS, N_PROMPT), ST_OK);
+  assert_int_equal(index_count(store, "SELECT count(*) FROM runs"), 1);
+  /* one path rule from the first run on: a relative trace outside a new store is absolute */
+  char cwd[4096], real[4096], store2[600];
+  assert_non_null(getcwd(cwd, sizeof cwd));
+  assert_int_equal(chdir(dir), 0);
+  assert_non_null(realpath(".", real));
+  snprintf(store2, sizeof store2, "%s/newstore", dir);
+  fill_meta(&meta, "all");
+  r = record_scenario("outside.h5", store2, &meta);
+  assert_int_equal(st_recorder_finish(r, tokens, N_TOKENS, N_PROMPT), ST_OK);
+  assert_int_equal(chdir(cwd), 0);
+  snprintf(sql, sizeof sql, "SELECT count(*) FROM runs WHERE trace_path = '%s/outside.h5'", real);
+  assert_int_equal(index_count(store2, sql), 1);
+  char resolved[4096];
+  assert_int_equal(st_index_resolve_trace(store2, real, resolved, sizeof resolved), 0);
 }
 
 static void test_bad_emits(void **state) {
@@ -947,9 +1004,32 @@ static int write_fixture(const char *store) {
   return 0;
 }
 
+/* `test_recorder --truncate FILE TAP ROWS`: cuts /taps/TAP of FILE to ROWS rows in place, as a
+** hostile or careless h5py user would (dataset.resize), leaving every attribute as it was. */
+static int truncate_tap(const char *file, const char *tap, long long rows) {
+  hid_t f = H5Fopen(file, H5F_ACC_RDWR, H5P_DEFAULT);
+  char name[512];
+  snprintf(name, sizeof name, "/taps/%s", tap);
+  hid_t d = f < 0 ? -1 : H5Dopen2(f, name, H5P_DEFAULT);
+  hid_t sp = d < 0 ? -1 : H5Dget_space(d);
+  hsize_t dims[ST_TRACE_MAX_RANK];
+  int rank = sp < 0 ? -1 : H5Sget_simple_extent_dims(sp, dims, NULL);
+  int rc = 1;
+  if (rank >= 1) {
+    dims[0] = (hsize_t)rows;
+    rc = H5Dset_extent(d, dims) < 0;
+  }
+  if (sp >= 0) H5Sclose(sp);
+  if (d >= 0) H5Dclose(d);
+  if (f >= 0) H5Fclose(f);
+  if (rc) fprintf(stderr, "truncate: cannot cut %s of %s\n", name, file);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   if (argc == 3 && !strcmp(argv[1], "--fixture")) return write_fixture(argv[2]);
+  if (argc == 5 && !strcmp(argv[1], "--truncate")) return truncate_tap(argv[2], argv[3], atoll(argv[4]));
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_round_trip_all),
     cmocka_unit_test(test_round_trip_last),
@@ -959,6 +1039,7 @@ int main(int argc, char **argv) {
     cmocka_unit_test(test_corrupt_traces),
     cmocka_unit_test(test_concurrent_writers),
     cmocka_unit_test(test_unwritable),
+    cmocka_unit_test(test_trace_path_reuse),
     cmocka_unit_test(test_bad_emits),
     cmocka_unit_test(test_backpressure_and_dtypes),
     cmocka_unit_test(test_growing_width_layout),

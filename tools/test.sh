@@ -15,6 +15,7 @@ cmake --build build-asan -j"$jobs"
 
 echo "== tests, ASan + UBSan build"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  LSAN_OPTIONS=suppressions=$PWD/tools/lsan.supp:print_suppressions=0 \
   ctest --test-dir build-asan --output-on-failure --no-tests=error -j"$jobs"
 echo "== tests, RelWithDebInfo build"
 ctest --test-dir build --output-on-failure --no-tests=error -j"$jobs"
