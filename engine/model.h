@@ -67,6 +67,8 @@ typedef struct st_model {
   void **owned;    /* what the model allocated (fp32 vectors, weights the backends cannot map) */
   int n_owned, cap_owned;
   size_t weight_bytes; /* resident bytes of every loaded weight and vector */
+  int nonfinite_tensors;      /* loaded tensors holding NaN or inf (each warned about once) */
+  uint64_t nonfinite_values;  /* their non-finite elements (and scales) */
 } st_model;
 
 /* Opens the checkpoint in dir and loads the model-level tensors (embed, head, norm, hc_head). */
