@@ -482,6 +482,15 @@ int st_cmd_run(int argc, char **argv) {
   if (st_generate_greedy(session, tokens, n_prompt, a.max_new, !a.ignore_eos, tokens + n_prompt,
                          &n_generated))
     goto out;
+  /* non-finite weights (warned about at load) and activations: a warning and a trace attribute */
+  int64_t nonfinite_logits = st_session_nonfinite_logits(session);
+  if (nonfinite_logits)
+    fprintf(stderr, "warning: the logits of %lld position%s held NaN or inf (greedy picks from them are "
+            "meaningless)\n", (long long)nonfinite_logits, nonfinite_logits == 1 ? "" : "s");
+  if (model->nonfinite_tensors)
+    fprintf(stderr, "warning: %d weight tensor%s held NaN or inf (%llu values)\n", model->nonfinite_tensors,
+            model->nonfinite_tensors == 1 ? "" : "s", (unsigned long long)model->nonfinite_values);
+  st_recorder_note_nonfinite(recorder, model->nonfinite_tensors + nonfinite_logits);
   st_recorder *finishing = recorder;
   recorder = NULL; /* finish frees it, whatever happens */
   if (st_recorder_finish(finishing, tokens, (int64_t)n_prompt + n_generated, n_prompt)) goto out;
@@ -548,7 +557,7 @@ int st_cmd_run(int argc, char **argv) {
       json_object_set_new(o, "needle", json_pack("{s:[I,I],s:o}", "tokens", (json_int_t)a.needle_start,
                                                  (json_int_t)a.needle_end, "layers", layers));
     }
-    if (model->nonfinite_tensors) json_object_set_new(o, "nonfinite_weight_tensors", json_integer(model->nonfinite_tensors));
+    json_object_set_new(o, "nonfinite_warnings", json_integer(model->nonfinite_tensors + nonfinite_logits));
     char *dumped = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
     json_decref(o);
     if (!dumped) { free(text); st_fail(ST_ENOMEM, "run --json output"); goto out; }

@@ -578,6 +578,7 @@ struct st_session {
   float *logits;                       /* [n, V] */
   float *tmp;                          /* [n, max(D, q_lo, H d, ...)] reference-mode copies */
   size_t tmp_size;
+  int64_t nonfinite_logit_rows;        /* positions whose returned logits held NaN or inf */
 };
 
 int64_t st_session_position(const st_session *s) { return s->position; }
@@ -1344,10 +1345,18 @@ st_status st_session_forward_layers(st_session *s, const int32_t *tokens, int n,
                                  is_last ? logits : NULL,
                                  all_logits ? all_logits + (size_t)done * cfg->vocab_size : NULL);
     if (rc) return rc;
+    /* non-finite activations: counted where logits reach the host (nothing is changed) */
+    if (is_last && logits) s->nonfinite_logit_rows += count_nonfinite_floats(logits, cfg->vocab_size) > 0;
+    if (all_logits)
+      for (int r = 0; r < chunk; r++)
+        s->nonfinite_logit_rows +=
+            count_nonfinite_floats(all_logits + (size_t)(done + r) * cfg->vocab_size, cfg->vocab_size) > 0;
     done += chunk;
   }
   return ST_OK;
 }
+
+int64_t st_session_nonfinite_logits(const st_session *s) { return s->nonfinite_logit_rows; }
 
 st_status st_session_forward(st_session *s, const int32_t *tokens, int n, float *logits,
                              float *all_logits) {

@@ -116,6 +116,10 @@ size_t st_model_weight_bytes(const st_model *m);
 size_t st_session_backend_bytes(const st_session *s);
 const st_backend *st_session_backend(const st_session *s);
 
+/* Positions whose logits, as returned by st_session_forward*, held NaN or inf (a warning, not
+** an error: the run goes on and says so). */
+int64_t st_session_nonfinite_logits(const st_session *s);
+
 /* Tokens processed so far. */
 int64_t st_session_position(const st_session *s);
 const st_settings *st_session_settings(const st_session *s);
