@@ -63,9 +63,7 @@ expect_refused "a BF16 matrix relabelled I16" "$work/i16" layers.0.attn.wq_a.wei
 if [ -f "$needle/model.safetensors" ]; then
   craft "$needle" "$work/i8" 'h[key("layers.0.attn.wkv.weight")]["dtype"] = "I8"'
   expect_refused "an FP8 weight relabelled I8" "$work/i8" layers.0.attn.wkv.weight I8 "float format"
-  # the release's packed FP4 experts (I8 + F8_E8M0 scales) still load
-  if "$st" run --model "$needle" --prompt-tokens "$work/prompt.json" --max-new-tokens 1 --store "$work/s-needle" >/dev/null 2>&1; then
-    ok "the FP8/FP4 release still runs"; else bad "the FP8/FP4 release no longer runs"; fi
+  # (the release's packed FP4 experts, I8 + F8_E8M0 scales, still load: test_needle_model.sh)
 else
   echo "skip: no $needle/model.safetensors"
 fi
