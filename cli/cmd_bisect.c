@@ -2,6 +2,8 @@
 ** cmd_bisect.c — `sparsetrace bisect`: which single setting change flips the needle verdict, and
 ** the first layer where it flips (replayer/bisect.c).
 */
+#include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,32 +84,38 @@ int st_cmd_bisect(int argc, char **argv) {
     free(r);
     return st_cli_report_error("bisect");
   }
-  if (json) {
-    printf("{\"first_position\":%lld,\"last_position\":%lld,\"first_flip_layer\":",
-           (long long)r->first_position, (long long)r->last_position);
-    if (r->first_flip_layer >= 0) printf("%d", r->first_flip_layer); else printf("null");
-    printf(",\"first_change_layer\":");
-    if (r->first_change_layer >= 0) printf("%d", r->first_change_layer); else printf("null");
-    printf(",\"explanation\":\"%s\",\"replays\":%d,\"seconds\":%.3f,\"layers\":[", r->explanation, r->replays, r->seconds);
+  if (json) { /* built with jansson: every string escaped */
+    json_t *o = json_object(), *layers = json_array(), *changes = json_array(), *minimal = json_array();
+    json_object_set_new(o, "first_position", json_integer(r->first_position));
+    json_object_set_new(o, "last_position", json_integer(r->last_position));
+    json_object_set_new(o, "first_flip_layer", r->first_flip_layer >= 0 ? json_integer(r->first_flip_layer) : json_null());
+    json_object_set_new(o, "first_change_layer", r->first_change_layer >= 0 ? json_integer(r->first_change_layer) : json_null());
+    json_object_set_new(o, "explanation", json_string(r->explanation));
+    json_object_set_new(o, "replays", json_integer(r->replays));
+    json_object_set_new(o, "seconds", json_real(round(r->seconds * 1000) / 1000));
     for (int i = 0; i < r->n_layers; i++)
-      printf("%s{\"layer\":%d,\"flips\":%s,\"counts_change\":%s,\"good\":{\"retrieves\":%s,\"kept\":%d,\"positions\":%d,\"rank\":%lld},"
-             "\"bad\":{\"retrieves\":%s,\"kept\":%d,\"positions\":%d,\"rank\":%lld},\"topk\":%d}",
-             i ? "," : "", r->layers[i], r->good[i].retrieves != r->bad[i].retrieves ? "true" : "false",
-             r->good[i].kept != r->bad[i].kept ? "true" : "false", r->good[i].retrieves ? "true" : "false", r->good[i].kept,
-             r->good[i].positions, (long long)r->good[i].rank, r->bad[i].retrieves ? "true" : "false",
-             r->bad[i].kept, r->bad[i].positions, (long long)r->bad[i].rank, r->bad[i].topk);
-    printf("],\"changes\":[");
+      json_array_append_new(layers, json_pack("{s:i,s:b,s:b,s:{s:b,s:i,s:i,s:I},s:{s:b,s:i,s:i,s:I},s:i}",
+          "layer", r->layers[i], "flips", r->good[i].retrieves != r->bad[i].retrieves,
+          "counts_change", r->good[i].kept != r->bad[i].kept,
+          "good", "retrieves", r->good[i].retrieves != 0, "kept", r->good[i].kept, "positions", r->good[i].positions,
+          "rank", (json_int_t)r->good[i].rank,
+          "bad", "retrieves", r->bad[i].retrieves != 0, "kept", r->bad[i].kept, "positions", r->bad[i].positions,
+          "rank", (json_int_t)r->bad[i].rank, "topk", r->bad[i].topk));
+    json_object_set_new(o, "layers", layers);
     for (int i = 0; i < r->n_changes; i++) {
       const st_bisect_change *x = &r->changes[i];
-      printf("%s{\"setting\":\"%s\",\"good\":\"%s\",\"bad\":\"%s\",\"alone_flips_at\":", i ? "," : "", x->key, x->good, x->bad);
-      if (x->alone_flips_at >= 0) printf("%d", x->alone_flips_at); else printf("null");
-      printf(",\"alone_changes_at\":");
-      if (x->alone_changes_at >= 0) printf("%d", x->alone_changes_at); else printf("null");
-      printf(",\"restores\":%s}", x->restores ? "true" : "false");
+      json_array_append_new(changes, json_pack("{s:s,s:s,s:s,s:o,s:o,s:b}", "setting", x->key, "good", x->good,
+          "bad", x->bad, "alone_flips_at", x->alone_flips_at >= 0 ? json_integer(x->alone_flips_at) : json_null(),
+          "alone_changes_at", x->alone_changes_at >= 0 ? json_integer(x->alone_changes_at) : json_null(),
+          "restores", x->restores != 0));
     }
-    printf("],\"minimal\":[");
-    for (int i = 0; i < r->n_minimal; i++) printf("%s\"%s\"", i ? "," : "", r->changes[r->minimal[i]].key);
-    printf("]}\n");
+    json_object_set_new(o, "changes", changes);
+    for (int i = 0; i < r->n_minimal; i++) json_array_append_new(minimal, json_string(r->changes[r->minimal[i]].key));
+    json_object_set_new(o, "minimal", minimal);
+    char *dumped = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
+    json_decref(o);
+    if (dumped) printf("%s\n", dumped);
+    free(dumped);
   } else {
     printf("needle over answer positions %lld-%lld (retrieves?  positions in the top-k  worst rank):\n",
            (long long)r->first_position, (long long)r->last_position);

@@ -1,5 +1,7 @@
 /* cmd_catalogue.c — `sparsetrace taps` and `sparsetrace settings`: print the catalogues. */
+#include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "commands.h"
@@ -32,60 +34,46 @@ static int wants_json(const st_cmd_spec *spec, int argc, char **argv) {
   return json;
 }
 
-static void json_string(const char *s) {
-  putchar('"');
-  for (; *s; s++) {
-    if (*s == '"' || *s == '\\') putchar('\\');
-    putchar(*s);
-  }
-  putchar('"');
+/* Prints one JSON value through jansson and frees it. */
+static void print_json(json_t *v) {
+  char *text = v ? json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+  json_decref(v);
+  if (text) printf("%s\n", text);
+  free(text);
 }
 
 int st_cmd_taps(int argc, char **argv) {
   int json = wants_json(&taps_spec, argc, argv);
   if (json < 0) return -1 - json;
-  if (json) putchar('[');
+  json_t *list = json ? json_array() : NULL;
   for (int i = 0; i < ST_TAP_COUNT; i++) {
     const st_tap_info *t = &st_tap_catalogue[i];
     const char *prefix = t->scope == ST_TAP_SCOPE_LAYER ? "layers.<i>." : "";
     if (json) {
       char name[96];
       snprintf(name, sizeof name, "%s%s", prefix, t->suffix);
-      printf("%s{\"name\":", i ? "," : "");
-      json_string(name);
-      printf(",\"shape\":");
-      json_string(t->shape);
-      printf(",\"doc\":");
-      json_string(t->doc);
-      putchar('}');
+      json_array_append_new(list, json_pack("{s:s,s:s,s:s}", "name", name, "shape", t->shape, "doc", t->doc));
     } else {
       printf("%s%-22s %-18s %s\n", prefix, t->suffix, t->shape, t->doc);
     }
   }
-  if (json) printf("]\n");
+  if (json) print_json(list);
   return 0;
 }
 
 int st_cmd_settings(int argc, char **argv) {
   int json = wants_json(&settings_spec, argc, argv);
   if (json < 0) return -1 - json;
-  if (json) putchar('[');
+  json_t *list = json ? json_array() : NULL;
   for (int i = 0; i < ST_SETTING_COUNT; i++) {
     const st_setting_info *s = &st_setting_catalogue[i];
     if (json) {
-      printf("%s{\"name\":", i ? "," : "");
-      json_string(s->name);
-      printf(",\"values\":");
-      json_string(s->values);
-      printf(",\"default\":");
-      json_string(s->default_value);
-      printf(",\"doc\":");
-      json_string(s->doc);
-      putchar('}');
+      json_array_append_new(list, json_pack("{s:s,s:s,s:s,s:s}", "name", s->name, "values", s->values,
+                                            "default", s->default_value, "doc", s->doc));
     } else {
       printf("%-20s %-44s default %-8s %s\n", s->name, s->values, s->default_value, s->doc);
     }
   }
-  if (json) printf("]\n");
+  if (json) print_json(list);
   return 0;
 }

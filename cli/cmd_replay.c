@@ -2,6 +2,8 @@
 ** cmd_replay.c — `sparsetrace replay`: re-execute one layer of a recorded run under alternate
 ** settings, sweep settings, and say where the needle is lost (replayer/replay.c does the work).
 */
+#include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -229,28 +231,43 @@ int st_cmd_replay(int argc, char **argv) {
     all_exact &= rep->cells[i].bit_exact != 0;
     checked |= rep->cells[i].bit_exact >= 0;
   }
-  if (json) {
+  if (json) { /* built with jansson: the trace path and the run id (read from the trace) escaped */
     char *metrics = malloc(8192);
-    printf("{\"trace\":\"%s\",\"run_id\":\"%s\",\"layer\":%d,\"stage\":\"%s\",\"positions\":%lld,"
-           "\"recorded_settings\":%s,\"stored\":%s,\"seconds\":%.4f,\"bit_exact\":%s",
-           req.trace_path, rep->run_id, rep->layer, st_replay_stage_name(rep->stage),
-           (long long)rep->n_positions, rep->recorded_settings, stored ? "true" : "false", rep->seconds,
-           !checked ? "null" : all_exact ? "true" : "false");
+    json_t *o = json_object(), *cells = json_array();
+    json_object_set_new(o, "trace", json_string(req.trace_path));
+    json_object_set_new(o, "run_id", json_string(rep->run_id));
+    json_object_set_new(o, "layer", json_integer(rep->layer));
+    json_object_set_new(o, "stage", json_string(st_replay_stage_name(rep->stage)));
+    json_object_set_new(o, "positions", json_integer(rep->n_positions));
+    json_t *recorded = json_loads(rep->recorded_settings, 0, NULL);
+    json_object_set_new(o, "recorded_settings", recorded ? recorded : json_null());
+    json_object_set_new(o, "stored", json_boolean(stored));
+    json_object_set_new(o, "seconds", json_real(round(rep->seconds * 10000) / 10000));
+    json_object_set_new(o, "bit_exact", !checked ? json_null() : json_boolean(all_exact));
     if (req.needle_end > req.needle_start)
-      printf(",\"needle_tokens\":[%lld,%lld]", (long long)req.needle_start, (long long)req.needle_end);
-    printf(",\"cells\":[");
-    for (int i = 0; i < rep->n_cells; i++) {
+      json_object_set_new(o, "needle_tokens", json_pack("[I,I]", (json_int_t)req.needle_start,
+                                                        (json_int_t)req.needle_end));
+    for (int i = 0; metrics && i < rep->n_cells; i++) {
       const st_replay_cell *x = &rep->cells[i];
       st_replay_metrics_json(rep, x, metrics, 8192);
-      printf("%s{\"settings\":%s,\"same_as_recorded\":%s,\"bit_exact\":%s,\"metrics\":%s", i ? "," : "",
-             x->settings_json, x->same_as_recorded ? "true" : "false",
-             x->bit_exact < 0 ? "null" : x->bit_exact ? "true" : "false", metrics);
+      json_t *cell = json_object(), *settings = json_loads(x->settings_json, 0, NULL);
+      json_t *m = json_loads(metrics, 0, NULL);
+      json_object_set_new(cell, "settings", settings ? settings : json_null());
+      json_object_set_new(cell, "same_as_recorded", json_boolean(x->same_as_recorded));
+      json_object_set_new(cell, "bit_exact", x->bit_exact < 0 ? json_null() : json_boolean(x->bit_exact));
+      json_object_set_new(cell, "metrics", m ? m : json_null());
       char *text = continuation_text_json(req.model_dir, x);
-      if (text) printf(",\"continuation_text\":%s", text);
+      json_t *t = text ? json_loads(text, JSON_DECODE_ANY, NULL) : NULL;
+      if (t) json_object_set_new(cell, "continuation_text", t);
       free(text);
-      printf("}");
+      json_array_append_new(cells, cell);
     }
-    printf("]}\n");
+    json_object_set_new(o, "cells", cells);
+    /* default precision (%.17g): the metrics come back as the doubles they were */
+    char *dumped = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    if (dumped) printf("%s\n", dumped);
+    free(dumped);
     free(metrics);
   } else {
     print_table(rep, req.trace_path, req.model_dir);

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <libgen.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -487,6 +488,15 @@ int st_cmd_run(int argc, char **argv) {
   if (st_generate_greedy(session, tokens, n_prompt, a.max_new, !a.ignore_eos, tokens + n_prompt,
                          &n_generated))
     goto out;
+  /* non-finite weights (warned about at load) and activations: a warning and a trace attribute */
+  int64_t nonfinite_logits = st_session_nonfinite_logits(session);
+  if (nonfinite_logits)
+    fprintf(stderr, "warning: the logits of %lld position%s held NaN or inf (greedy picks from them are "
+            "meaningless)\n", (long long)nonfinite_logits, nonfinite_logits == 1 ? "" : "s");
+  if (model->nonfinite_tensors)
+    fprintf(stderr, "warning: %d weight tensor%s held NaN or inf (%llu values)\n", model->nonfinite_tensors,
+            model->nonfinite_tensors == 1 ? "" : "s", (unsigned long long)model->nonfinite_values);
+  st_recorder_note_nonfinite(recorder, model->nonfinite_tensors + nonfinite_logits);
   st_recorder *finishing = recorder;
   recorder = NULL; /* finish frees it, whatever happens */
   if (st_recorder_finish(finishing, tokens, (int64_t)n_prompt + n_generated, n_prompt)) goto out;
@@ -501,48 +511,64 @@ int st_cmd_run(int argc, char **argv) {
   }
   double seconds = seconds_since(&t0);
   char *text = n_generated ? generated_text_json(a.model, tokens + n_prompt, n_generated) : NULL;
-  if (a.json) {
-    printf("{\"run_id\":\"%s\",\"trace\":\"%s\",\"store\":\"%s\",\"n_prompt\":%d,\"n_generated\":%d,"
-           "\"generated\":[", meta.run_id, trace_path, a.store, n_prompt, n_generated);
-    for (int i = 0; i < n_generated; i++) printf("%s%d", i ? "," : "", tokens[n_prompt + i]);
-    printf("],");
-    if (text) printf("\"text\":%s,", text);
-    printf("\"settings\":%s,\"threads\":%d,\"seconds\":%.3f", settings_json, threads, seconds);
+  if (a.json) { /* built with jansson: every string escaped, whatever the request id holds */
+    json_t *o = json_object(), *gen = json_array();
+    json_object_set_new(o, "run_id", json_string(meta.run_id));
+    json_object_set_new(o, "trace", json_string(trace_path));
+    json_object_set_new(o, "store", json_string(a.store));
+    json_object_set_new(o, "n_prompt", json_integer(n_prompt));
+    json_object_set_new(o, "n_generated", json_integer(n_generated));
+    for (int i = 0; i < n_generated; i++) json_array_append_new(gen, json_integer(tokens[n_prompt + i]));
+    json_object_set_new(o, "generated", gen);
+    if (text) {
+      json_t *t = json_loads(text, JSON_DECODE_ANY, NULL);
+      if (t) json_object_set_new(o, "text", t);
+    }
+    json_t *settings = json_loads(settings_json, 0, NULL);
+    json_object_set_new(o, "settings", settings ? settings : json_null());
+    json_object_set_new(o, "threads", json_integer(threads));
+    json_object_set_new(o, "seconds", json_real(round(seconds * 1000) / 1000));
     uint64_t checkpoint_bytes = 0; /* the checkpoint's own size: every tensor as stored */
     for (size_t k = 0; k < st_checkpoint_count(model->checkpoint); k++) {
       st_checkpoint_tensor_info info;
       if (st_checkpoint_info(model->checkpoint, st_checkpoint_name_at(model->checkpoint, k), &info) == ST_OK)
         checkpoint_bytes += info.n_bytes;
     }
-    printf(",\"backend\":\"%s\",\"kernel_mode\":\"%s\",\"memory\":{\"weights\":%zu,\"checkpoint\":%llu,"
-           "\"session\":%zu}", backend.ops->name, backend.ops->kernel_mode, st_model_weight_bytes(model),
-           (unsigned long long)checkpoint_bytes, session_bytes);
+    json_object_set_new(o, "backend", json_string(backend.ops->name));
+    json_object_set_new(o, "kernel_mode", json_string(backend.ops->kernel_mode));
+    json_object_set_new(o, "memory", json_pack("{s:I,s:I,s:I}", "weights", (json_int_t)st_model_weight_bytes(model),
+                                               "checkpoint", (json_int_t)checkpoint_bytes,
+                                               "session", (json_int_t)session_bytes));
     if (request_id[0]) {
-      printf(",\"request_id\":\"%s\",\"server_prompt_tokens\":", request_id);
-      if (server_count >= 0) printf("%lld,\"token_count_agrees\":%s", (long long)server_count, server_count == n_prompt ? "true" : "false");
-      else printf("null");
-      printf(",\"prompt_source\":\"%s\"", rq.from_server ? "server" : "rendered");
+      json_object_set_new(o, "request_id", json_string(request_id));
+      json_object_set_new(o, "server_prompt_tokens", server_count >= 0 ? json_integer(server_count) : json_null());
+      if (server_count >= 0) json_object_set_new(o, "token_count_agrees", json_boolean(server_count == n_prompt));
+      json_object_set_new(o, "prompt_source", json_string(rq.from_server ? "server" : "rendered"));
       if (rq.from_server) {
-        printf(",\"rendered_prompt_tokens\":");
-        if (rq.n_rendered >= 0) printf("%d,\"rendering_agrees\":%s,\"first_difference\":", rq.n_rendered, rq.first_diff < 0 ? "true" : "false");
-        else printf("null,\"rendering_agrees\":null,\"first_difference\":");
-        if (rq.first_diff >= 0) printf("%lld", (long long)rq.first_diff);
-        else printf("null");
+        json_object_set_new(o, "rendered_prompt_tokens", rq.n_rendered >= 0 ? json_integer(rq.n_rendered) : json_null());
+        json_object_set_new(o, "rendering_agrees", rq.n_rendered >= 0 ? json_boolean(rq.first_diff < 0) : json_null());
+        json_object_set_new(o, "first_difference", rq.first_diff >= 0 ? json_integer(rq.first_diff) : json_null());
       }
     }
     if (needle_summary) { /* the needle verdict per CSA layer (schemas/needle-verdicts.md) */
-      printf(",\"needle\":{\"tokens\":[%lld,%lld],\"layers\":[", (long long)a.needle_start, (long long)a.needle_end);
+      json_t *layers = json_array();
       for (int i = 0; i < needle_summary->n_layers; i++) {
         const st_needle_judgement *j = &needle_summary->judgements[i];
-        printf("%s{\"layer\":%d,\"answer_positions\":[%lld,%lld],\"positions\":%d,\"kept\":%d,\"retrieves\":%s,"
-               "\"best_rank\":%lld,\"worst_rank\":%lld,\"topk\":%d}", i ? "," : "", needle_summary->layers[i],
-               (long long)j->answer_first, (long long)j->answer_end, j->positions, j->kept,
-               j->retrieves < 0 ? "null" : j->retrieves ? "true" : "false", (long long)j->best_rank,
-               (long long)j->worst_rank, j->topk);
+        json_array_append_new(layers, json_pack("{s:i,s:[I,I],s:i,s:i,s:o,s:I,s:I,s:i}",
+            "layer", needle_summary->layers[i], "answer_positions", (json_int_t)j->answer_first,
+            (json_int_t)j->answer_end, "positions", j->positions, "kept", j->kept, "retrieves",
+            j->retrieves < 0 ? json_null() : json_boolean(j->retrieves), "best_rank",
+            (json_int_t)j->best_rank, "worst_rank", (json_int_t)j->worst_rank, "topk", j->topk));
       }
-      printf("]}");
+      json_object_set_new(o, "needle", json_pack("{s:[I,I],s:o}", "tokens", (json_int_t)a.needle_start,
+                                                 (json_int_t)a.needle_end, "layers", layers));
     }
-    printf("}\n");
+    json_object_set_new(o, "nonfinite_warnings", json_integer(model->nonfinite_tensors + nonfinite_logits));
+    char *dumped = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
+    json_decref(o);
+    if (!dumped) { free(text); st_fail(ST_ENOMEM, "run --json output"); goto out; }
+    printf("%s\n", dumped);
+    free(dumped);
   } else {
     printf("run %s: %d prompt tokens, %d generated", meta.run_id, n_prompt, n_generated);
     if (n_generated) {

@@ -750,12 +750,33 @@ st_status st_checkpoint_read_f32(st_checkpoint *ck, const char *canonical, int r
   return ST_OK;
 }
 
+/* The checks st_checkpoint_read_f32 makes, without reading: a buffer is sized from the request
+** only once the checkpoint is known to hold a tensor of that shape (a config value that does not
+** match the file must give a shape error, not an allocation of what the config claims). */
+static st_status check_request(const st_checkpoint *ck, const char *canonical, int rank,
+                               const int64_t *shape) {
+  const entry *e = find(ck, canonical);
+  if (!e) return not_found(ck, canonical);
+  const entry *s;
+  int bo, bi;
+  st_status rc = ST_OK;
+  if (e->t->dtype == ST_SAFETENSORS_F8_E4M3) return check_fp8(ck, e, rank, shape, &s, &bo, &bi);
+  if (match_fp4(ck, e, rank, shape, &s, &rc)) return rc;
+  if (!same_shape(rank, shape, e->t->rank, e->t->shape))
+    return wrong_shape(ck, e, rank, shape,
+                       e->t->dtype == ST_SAFETENSORS_I8 && rank == 2
+                           ? " (packed FP4 would be I8 [out, in/2] with an F8_E8M0 '.scale' [out, in/32])"
+                           : "");
+  return ST_OK;
+}
+
 st_status st_checkpoint_load_f32(st_checkpoint *ck, const char *canonical, int rank,
                                  const int64_t *shape, float **out) {
   *out = NULL;
   uint64_t n;
   st_status rc = requested_count(ck, canonical, rank, shape, &n);
   if (rc != ST_OK) return rc;
+  if ((rc = check_request(ck, canonical, rank, shape)) != ST_OK) return rc;
   float *buf = malloc(n ? (size_t)n * sizeof *buf : 1);
   if (!buf)
     return st_fail(ST_ENOMEM, "%s: tensor '%s': out of memory for %llu floats", ck->dir, canonical,

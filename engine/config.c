@@ -75,10 +75,23 @@ static st_status get_int_in(const cfg *c, json_t *obj, const char *where, const 
   return ST_OK;
 }
 
-static st_status get_int(const cfg *c, const char *field, int def, int lo, int *out) {
+static st_status get_int(const cfg *c, const char *field, int def, int lo, int hi, int *out) {
   long long v;
-  st_status rc = get_int_in(c, c->root, "", field, def, lo, INT_MAX, &v);
+  st_status rc = get_int_in(c, c->root, "", field, def, lo, hi, &v);
   if (rc == ST_OK) *out = (int)v;
+  return rc;
+}
+
+static st_status get_num_in(const cfg *c, json_t *obj, const char *where, const char *field,
+                            double def, double *out);
+
+/* A number field in [lo, hi] (both finite); `def` when absent. */
+static st_status get_num_range(const cfg *c, json_t *obj, const char *where, const char *field,
+                               double def, double lo, double hi, double *out) {
+  st_status rc = get_num_in(c, obj, where, field, def, out);
+  if (rc == ST_OK && !(*out >= lo && *out <= hi))
+    return st_fail(ST_EFORMAT, "%s: field \"%s%s\" = %g is out of range [%g, %g]", c->origin, where,
+                   field, *out, lo, hi);
   return rc;
 }
 
@@ -99,17 +112,25 @@ static st_status get_num_in(const cfg *c, json_t *obj, const char *where, const 
   return ST_OK;
 }
 
-static st_status get_positive(const cfg *c, const char *field, double def, double *out) {
+/* Positive and at most hi. */
+static st_status get_positive(const cfg *c, const char *field, double def, double hi, double *out) {
   st_status rc = get_num_in(c, c->root, "", field, def, out);
   if (rc == ST_OK && !(*out > 0))
     return st_fail(ST_EFORMAT, "%s: field \"%s\" = %g must be positive", c->origin, field, *out);
+  if (rc == ST_OK && *out > hi)
+    return st_fail(ST_EFORMAT, "%s: field \"%s\" = %g is out of range (0, %g]", c->origin, field,
+                   *out, hi);
   return rc;
 }
 
-static st_status get_nonnegative(const cfg *c, const char *field, double def, double *out) {
+/* Non-negative and at most hi. */
+static st_status get_nonnegative(const cfg *c, const char *field, double def, double hi, double *out) {
   st_status rc = get_num_in(c, c->root, "", field, def, out);
   if (rc == ST_OK && !(*out >= 0))
     return st_fail(ST_EFORMAT, "%s: field \"%s\" = %g must not be negative", c->origin, field, *out);
+  if (rc == ST_OK && *out > hi)
+    return st_fail(ST_EFORMAT, "%s: field \"%s\" = %g is out of range [0, %g]", c->origin, field,
+                   *out, hi);
   return rc;
 }
 
@@ -201,14 +222,14 @@ static st_status parse_compress_rates(const cfg *c, st_config *o) {
         return st_fail(ST_EUNSUPPORTED, "%s: field \"compress_rates\" has unknown layer type \"%s\"",
                        c->origin, key);
       }
-      if ((rc = get_int_in(c, rates, "compress_rates.", key, 0, 1, 1 << 20, &v)) != ST_OK) return rc;
+      if ((rc = get_int_in(c, rates, "compress_rates.", key, 0, 1, ST_CONFIG_MAX_COMPRESS, &v)) != ST_OK) return rc;
       *(is_csa ? &o->compress_rate_csa : &o->compress_rate_hca) = (int)v;
     }
   }
-  if ((rc = get_int_in(c, c->root, "", "compress_rate_csa", o->compress_rate_csa, 1, 1 << 20, &v)))
+  if ((rc = get_int_in(c, c->root, "", "compress_rate_csa", o->compress_rate_csa, 1, ST_CONFIG_MAX_COMPRESS, &v)))
     return rc;
   o->compress_rate_csa = (int)v;
-  if ((rc = get_int_in(c, c->root, "", "compress_rate_hca", o->compress_rate_hca, 1, 1 << 20, &v)))
+  if ((rc = get_int_in(c, c->root, "", "compress_rate_hca", o->compress_rate_hca, 1, ST_CONFIG_MAX_COMPRESS, &v)))
     return rc;
   o->compress_rate_hca = (int)v;
   return ST_OK;
@@ -306,7 +327,7 @@ static st_status parse_mlp_types(const cfg *c, st_config *o) {
     return ST_OK;
   }
   int n_hash;
-  if ((rc = get_int(c, "num_hash_layers", 3, 0, &n_hash)) != ST_OK) return rc;
+  if ((rc = get_int(c, "num_hash_layers", 3, 0, ST_MAX_LAYERS, &n_hash)) != ST_OK) return rc;
   for (int i = 0; i < n; i++) o->hash_moe[i] = i < n_hash;
   return ST_OK;
 }
@@ -337,13 +358,19 @@ static st_status parse_compress_rope(const cfg *c, json_t *p, const char *where,
                    "supported on compressed layers", c->origin, where, type_field, type);
   o->yarn = 1;
   double mscale, mscale_all_dim;
-  if ((rc = get_num_in(c, p, where, "factor", 1.0, &o->yarn_factor)) != ST_OK ||
-      (rc = get_num_in(c, p, where, "original_max_position_embeddings",
-                       (double)o->max_position_embeddings, &o->yarn_original_max_position)) != ST_OK ||
-      (rc = get_num_in(c, p, where, "beta_fast", 32.0, &o->yarn_beta_fast)) != ST_OK ||
-      (rc = get_num_in(c, p, where, "beta_slow", 1.0, &o->yarn_beta_slow)) != ST_OK ||
-      (rc = get_num_in(c, p, where, "mscale", 0.0, &mscale)) != ST_OK ||
-      (rc = get_num_in(c, p, where, "mscale_all_dim", 0.0, &mscale_all_dim)) != ST_OK)
+  if ((rc = get_num_range(c, p, where, "factor", 1.0, -ST_CONFIG_MAX_SCALE, ST_CONFIG_MAX_SCALE,
+                          &o->yarn_factor)) != ST_OK ||
+      (rc = get_num_range(c, p, where, "original_max_position_embeddings",
+                          (double)o->max_position_embeddings, -(double)ST_CONFIG_MAX_POSITIONS,
+                          (double)ST_CONFIG_MAX_POSITIONS, &o->yarn_original_max_position)) != ST_OK ||
+      (rc = get_num_range(c, p, where, "beta_fast", 32.0, -ST_CONFIG_MAX_SCALE, ST_CONFIG_MAX_SCALE,
+                          &o->yarn_beta_fast)) != ST_OK ||
+      (rc = get_num_range(c, p, where, "beta_slow", 1.0, -ST_CONFIG_MAX_SCALE, ST_CONFIG_MAX_SCALE,
+                          &o->yarn_beta_slow)) != ST_OK ||
+      (rc = get_num_range(c, p, where, "mscale", 0.0, -ST_CONFIG_MAX_SCALE, ST_CONFIG_MAX_SCALE,
+                          &mscale)) != ST_OK ||
+      (rc = get_num_range(c, p, where, "mscale_all_dim", 0.0, -ST_CONFIG_MAX_SCALE,
+                          ST_CONFIG_MAX_SCALE, &mscale_all_dim)) != ST_OK)
     return rc;
   if (!(o->yarn_factor > 0) || !(o->yarn_original_max_position > 0))
     return st_fail(ST_EFORMAT, "%s: field \"%sfactor\"/\"%soriginal_max_position_embeddings\" "
@@ -352,13 +379,15 @@ static st_status parse_compress_rope(const cfg *c, json_t *p, const char *where,
                       ? yarn_mscale(o->yarn_factor, mscale) / yarn_mscale(o->yarn_factor, mscale_all_dim)
                       : yarn_mscale(o->yarn_factor, 1.0);
   if (force_attention_factor) def_af = 1.0;
-  return get_num_in(c, p, where, "attention_factor", def_af, &o->yarn_attention_factor);
+  return get_num_range(c, p, where, "attention_factor", def_af, -ST_CONFIG_MAX_SCALE,
+                       ST_CONFIG_MAX_SCALE, &o->yarn_attention_factor);
 }
 
 static st_status parse_rope(const cfg *c, st_config *o) {
   st_status rc;
-  if ((rc = get_positive(c, "rope_theta", 10000.0, &o->rope_theta)) != ST_OK ||
-      (rc = get_positive(c, "compress_rope_theta", 160000.0, &o->compress_rope_theta)) != ST_OK)
+  if ((rc = get_positive(c, "rope_theta", 10000.0, ST_CONFIG_MAX_THETA, &o->rope_theta)) != ST_OK ||
+      (rc = get_positive(c, "compress_rope_theta", 160000.0, ST_CONFIG_MAX_THETA,
+                         &o->compress_rope_theta)) != ST_OK)
     return rc;
   o->yarn = 0;
   o->yarn_factor = 1.0;
@@ -382,10 +411,11 @@ static st_status parse_rope(const cfg *c, st_config *o) {
     if (strcmp(type, "default") != 0)
       return st_fail(ST_EUNSUPPORTED, "%s: field \"rope_parameters.main.%s\" = \"%s\": the main "
                      "(sliding-window) RoPE must be default", c->origin, type_field, type);
-    if ((rc = get_num_in(c, main_p, "rope_parameters.main.", "rope_theta", o->rope_theta,
-                         &o->rope_theta)) != ST_OK ||
-        (rc = get_num_in(c, compress_p, "rope_parameters.compress.", "rope_theta",
-                         o->compress_rope_theta, &o->compress_rope_theta)) != ST_OK)
+    if ((rc = get_num_range(c, main_p, "rope_parameters.main.", "rope_theta", o->rope_theta,
+                            -ST_CONFIG_MAX_THETA, ST_CONFIG_MAX_THETA, &o->rope_theta)) != ST_OK ||
+        (rc = get_num_range(c, compress_p, "rope_parameters.compress.", "rope_theta",
+                            o->compress_rope_theta, -ST_CONFIG_MAX_THETA, ST_CONFIG_MAX_THETA,
+                            &o->compress_rope_theta)) != ST_OK)
       return rc;
     if (!(o->rope_theta > 0) || !(o->compress_rope_theta > 0))
       return st_fail(ST_EFORMAT, "%s: field \"rope_parameters.*.rope_theta\" must be positive",
@@ -435,12 +465,56 @@ static st_status parse_quantization(const cfg *c, st_config *o) {
         !json_is_integer(json_array_get(wb, 0)) || !json_is_integer(json_array_get(wb, 1)) ||
         json_integer_value(json_array_get(wb, 0)) <= 0 ||
         json_integer_value(json_array_get(wb, 1)) <= 0 ||
-        json_integer_value(json_array_get(wb, 0)) > INT_MAX ||
-        json_integer_value(json_array_get(wb, 1)) > INT_MAX)
+        json_integer_value(json_array_get(wb, 0)) > ST_CONFIG_MAX_HIDDEN ||
+        json_integer_value(json_array_get(wb, 1)) > ST_CONFIG_MAX_HIDDEN)
       return st_fail(ST_EFORMAT, "%s: field \"quantization_config.weight_block_size\" must be "
-                     "[rows, cols] positive integers", c->origin);
+                     "[rows, cols] integers in [1, %d]", c->origin, ST_CONFIG_MAX_HIDDEN);
     o->weight_block[0] = (int)json_integer_value(json_array_get(wb, 0));
     o->weight_block[1] = (int)json_integer_value(json_array_get(wb, 1));
+  }
+  return ST_OK;
+}
+
+/* ------------------------------------------------------------------ buffer sizes */
+
+/* a * b in int64, or -1 when it would exceed ST_CONFIG_MAX_TENSOR (both non-negative). */
+static int64_t checked_mul(int64_t a, int64_t b) {
+  if (a < 0 || b < 0) return -1;
+  if (a != 0 && b > ST_CONFIG_MAX_TENSOR / a) return -1;
+  return a * b;
+}
+
+/* The products that size the engine's tensors and buffers, in int64: each must stay within
+** ST_CONFIG_MAX_TENSOR elements, and those the engine keeps in an int within INT_MAX. */
+static st_status check_products(const cfg *c, const st_config *o) {
+  int64_t mixes = (int64_t)(2 + o->hc_mult) * o->hc_mult;
+  int64_t ffn_width = o->hidden_size > o->moe_intermediate_size ? o->hidden_size
+                                                                 : o->moe_intermediate_size;
+  const struct {
+    const char *what; /* the fields, as named in the message */
+    int64_t a, b;
+    int64_t limit;
+  } p[] = {
+    {"vocab_size*hidden_size (embed, head)", o->vocab_size, o->hidden_size, ST_CONFIG_MAX_TENSOR},
+    {"num_attention_heads*head_dim (wq_b, wo_a)", o->num_attention_heads, o->head_dim, INT_MAX},
+    {"index_n_heads*index_head_dim (indexer wq_b)", o->index_n_heads, o->index_head_dim, INT_MAX},
+    {"o_groups*o_lora_rank (wo_a, wo_b)", o->o_groups, o->o_lora_rank, INT_MAX},
+    {"hc_mult*hidden_size (residual streams)", o->hc_mult, o->hidden_size, INT_MAX},
+    {"(2+hc_mult)*hc_mult*hc_mult*hidden_size (hc_attn_fn)", mixes, (int64_t)o->hc_mult * o->hidden_size,
+     INT_MAX},
+    {"num_experts_per_tok*max(hidden_size, moe_intermediate_size)", o->num_experts_per_tok,
+     ffn_width, INT_MAX},
+    {"moe_intermediate_size*hidden_size (an expert)", o->moe_intermediate_size, o->hidden_size,
+     ST_CONFIG_MAX_TENSOR},
+    {"n_routed_experts*moe_intermediate_size*hidden_size (a layer's experts)", o->n_routed_experts,
+     (int64_t)o->moe_intermediate_size * o->hidden_size, ST_CONFIG_MAX_TENSOR},
+    {"vocab_size*num_experts_per_tok (tid2eid)", o->vocab_size, o->num_experts_per_tok, INT_MAX},
+  };
+  for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
+    int64_t v = checked_mul(p[i].a, p[i].b);
+    if (v < 0 || v > p[i].limit)
+      return st_fail(ST_EFORMAT, "%s: fields %s = %lld x %lld exceed %lld elements", c->origin,
+                     p[i].what, (long long)p[i].a, (long long)p[i].b, (long long)p[i].limit);
   }
   return ST_OK;
 }
@@ -462,38 +536,41 @@ static st_status parse_root(const cfg *c, st_config *o) {
                    "(expected \"deepseek_v4\")", c->origin, json_string_value(mt));
   snprintf(o->model_type, sizeof o->model_type, "%s", "deepseek_v4");
 
-#define INT_FIELD(name, def, lo)                                                                   \
-  if ((rc = get_int(c, #name, def, lo, &o->name)) != ST_OK) return rc;
-  INT_FIELD(vocab_size, 129280, 1)
-  INT_FIELD(hidden_size, 4096, 1)
-  INT_FIELD(num_hidden_layers, 43, 1)
-  INT_FIELD(num_attention_heads, 64, 1)
-  INT_FIELD(num_key_value_heads, 1, 1)
-  INT_FIELD(head_dim, 512, 1)
-  INT_FIELD(q_lora_rank, 1024, 1)
-  INT_FIELD(o_groups, 8, 1)
-  INT_FIELD(o_lora_rank, 1024, 1)
-  INT_FIELD(sliding_window, 128, 1)
-  INT_FIELD(index_n_heads, 64, 1)
-  INT_FIELD(index_head_dim, 128, 1)
-  INT_FIELD(index_topk, 512, 1)
-  INT_FIELD(n_routed_experts, 256, 1)
-  INT_FIELD(num_experts_per_tok, 6, 1)
-  INT_FIELD(n_shared_experts, 1, 0)
-  INT_FIELD(moe_intermediate_size, 2048, 1)
-  INT_FIELD(hc_mult, 4, 1)
-  INT_FIELD(hc_sinkhorn_iters, 20, 1)
-  INT_FIELD(num_nextn_predict_layers, 1, 0)
+  /* Bounds (config.h, ST_CONFIG_MAX_*): generous for V4-Pro-scale models, small enough that every
+  ** product the engine forms from them fits its integer types (checked below in int64). */
+#define INT_FIELD(name, def, lo, hi)                                                               \
+  if ((rc = get_int(c, #name, def, lo, hi, &o->name)) != ST_OK) return rc;
+  INT_FIELD(vocab_size, 129280, 1, ST_CONFIG_MAX_VOCAB)
+  INT_FIELD(hidden_size, 4096, 1, ST_CONFIG_MAX_HIDDEN)
+  INT_FIELD(num_hidden_layers, 43, 1, 65536) /* above ST_MAX_LAYERS: ST_EUNSUPPORTED below */
+  INT_FIELD(num_attention_heads, 64, 1, ST_CONFIG_MAX_HEADS)
+  INT_FIELD(num_key_value_heads, 1, 1, ST_CONFIG_MAX_HEADS)
+  INT_FIELD(head_dim, 512, 1, ST_CONFIG_MAX_HEAD_DIM)
+  INT_FIELD(q_lora_rank, 1024, 1, ST_CONFIG_MAX_HIDDEN)
+  INT_FIELD(o_groups, 8, 1, ST_CONFIG_MAX_HEADS)
+  INT_FIELD(o_lora_rank, 1024, 1, ST_CONFIG_MAX_HIDDEN)
+  INT_FIELD(sliding_window, 128, 1, ST_CONFIG_MAX_WINDOW)
+  INT_FIELD(index_n_heads, 64, 1, ST_CONFIG_MAX_HEADS)
+  INT_FIELD(index_head_dim, 128, 1, ST_CONFIG_MAX_HEAD_DIM)
+  INT_FIELD(index_topk, 512, 1, ST_CONFIG_MAX_TOPK)
+  INT_FIELD(n_routed_experts, 256, 1, ST_CONFIG_MAX_EXPERTS)
+  INT_FIELD(num_experts_per_tok, 6, 1, ST_CONFIG_MAX_EXPERTS_PER_TOK)
+  INT_FIELD(n_shared_experts, 1, 0, ST_CONFIG_MAX_EXPERTS_PER_TOK)
+  INT_FIELD(moe_intermediate_size, 2048, 1, ST_CONFIG_MAX_FFN)
+  INT_FIELD(hc_mult, 4, 1, ST_CONFIG_MAX_HC)
+  INT_FIELD(hc_sinkhorn_iters, 20, 1, ST_CONFIG_MAX_SINKHORN_ITERS)
+  INT_FIELD(num_nextn_predict_layers, 1, 0, ST_MAX_LAYERS)
 #undef INT_FIELD
   long long max_pos;
-  if ((rc = get_int_in(c, c->root, "", "max_position_embeddings", 1048576, 1, INT64_MAX,
-                       &max_pos)) != ST_OK)
+  if ((rc = get_int_in(c, c->root, "", "max_position_embeddings", 1048576, 1,
+                       ST_CONFIG_MAX_POSITIONS, &max_pos)) != ST_OK)
     return rc;
   o->max_position_embeddings = max_pos;
-  if ((rc = get_nonnegative(c, "hc_eps", 1e-6, &o->hc_eps)) != ST_OK ||
-      (rc = get_nonnegative(c, "rms_norm_eps", 1e-6, &o->rms_norm_eps)) != ST_OK ||
-      (rc = get_positive(c, "routed_scaling_factor", 1.5, &o->routed_scaling_factor)) != ST_OK ||
-      (rc = get_positive(c, "swiglu_limit", 10.0, &o->swiglu_limit)) != ST_OK ||
+  if ((rc = get_nonnegative(c, "hc_eps", 1e-6, 1.0, &o->hc_eps)) != ST_OK ||
+      (rc = get_nonnegative(c, "rms_norm_eps", 1e-6, 1.0, &o->rms_norm_eps)) != ST_OK ||
+      (rc = get_positive(c, "routed_scaling_factor", 1.5, ST_CONFIG_MAX_SCALE,
+                         &o->routed_scaling_factor)) != ST_OK ||
+      (rc = get_positive(c, "swiglu_limit", 10.0, ST_CONFIG_MAX_SCALE, &o->swiglu_limit)) != ST_OK ||
       (rc = get_string_in(c, c->root, "", "scoring_func", "sqrtsoftplus", o->scoring_func,
                           sizeof o->scoring_func)) != ST_OK ||
       (rc = get_string_in(c, c->root, "", "expert_dtype", "", o->expert_dtype,
@@ -512,10 +589,11 @@ static st_status parse_root(const cfg *c, st_config *o) {
   json_t *qkr = field_get(c->root, "qk_rope_head_dim");
   double factor;
   if (prf) {
-    if ((rc = get_num_in(c, c->root, "", "partial_rotary_factor", 0, &factor)) != ST_OK) return rc;
+    if ((rc = get_num_range(c, c->root, "", "partial_rotary_factor", 0, 0, 1, &factor)) != ST_OK)
+      return rc;
   } else if (qkr) {
     int r;
-    if ((rc = get_int(c, "qk_rope_head_dim", 0, 0, &r)) != ST_OK) return rc;
+    if ((rc = get_int(c, "qk_rope_head_dim", 0, 0, ST_CONFIG_MAX_HEAD_DIM, &r)) != ST_OK) return rc;
     factor = (double)r / (double)o->head_dim;
   } else {
     factor = 64.0 / 512.0;
@@ -549,6 +627,7 @@ static st_status parse_root(const cfg *c, st_config *o) {
   if (o->num_experts_per_tok > o->n_routed_experts)
     return st_fail(ST_EFORMAT, "%s: field \"num_experts_per_tok\" = %d exceeds n_routed_experts %d",
                    c->origin, o->num_experts_per_tok, o->n_routed_experts);
+  if ((rc = check_products(c, o)) != ST_OK) return rc;
 
   if ((rc = parse_compress_rates(c, o)) != ST_OK || (rc = parse_layer_types(c, o)) != ST_OK ||
       (rc = parse_mlp_types(c, o)) != ST_OK || (rc = parse_rope(c, o)) != ST_OK ||

@@ -16,6 +16,54 @@
 
 #define ST_MAX_LAYERS 256
 
+/* Bounds on config.json values (st_config_parse refuses a value outside them, naming the field).
+** Generous for V4-Pro-scale models (hidden 7168, 128 heads of 512, 384 experts, vocab 129280),
+** small enough that every product the engine forms from them fits its integer types; the
+** products that size buffers are also checked in int64 (ST_CONFIG_MAX_TENSOR elements per
+** tensor). This table is the documentation of the bounds.
+**   field                                   range
+**   vocab_size                              1 .. 4194304
+**   hidden_size, q_lora_rank, o_lora_rank   1 .. 65536
+**   num_hidden_layers                       1 .. 256 (ST_MAX_LAYERS; more is ST_EUNSUPPORTED)
+**   num_attention_heads, index_n_heads,
+**   num_key_value_heads, o_groups           1 .. 1024
+**   head_dim, index_head_dim                1 .. 4096 (qk_rope_head_dim 0 .. 4096)
+**   sliding_window                          1 .. 1048576
+**   index_topk                              1 .. 1048576
+**   n_routed_experts                        1 .. 4096
+**   num_experts_per_tok                     1 .. 256 (and <= n_routed_experts)
+**   n_shared_experts                        0 .. 256
+**   moe_intermediate_size                   1 .. 262144
+**   hc_mult                                 1 .. 16
+**   hc_sinkhorn_iters                       1 .. 1000
+**   num_nextn_predict_layers, num_hash_layers 0 .. 256
+**   compress_rates / compress_rate_csa/hca  1 .. 65536
+**   max_position_embeddings                 1 .. 2^40 (yarn original_max_position_embeddings too)
+**   weight_block_size                       1 .. 65536 each
+**   hc_eps, rms_norm_eps                    0 .. 1
+**   routed_scaling_factor, swiglu_limit     (0, 1e6]
+**   rope_theta, compress_rope_theta         (0, 1e12]
+**   partial_rotary_factor                   0 .. 1
+**   yarn factor, beta_fast, beta_slow,
+**   mscale, mscale_all_dim, attention_factor |x| <= 1e6 (factor > 0)
+**   token ids                               -1 (null) .. 2^31-1 */
+#define ST_CONFIG_MAX_VOCAB (1 << 22)
+#define ST_CONFIG_MAX_HIDDEN 65536
+#define ST_CONFIG_MAX_HEADS 1024
+#define ST_CONFIG_MAX_HEAD_DIM 4096
+#define ST_CONFIG_MAX_WINDOW (1 << 20)
+#define ST_CONFIG_MAX_TOPK (1 << 20)
+#define ST_CONFIG_MAX_EXPERTS 4096
+#define ST_CONFIG_MAX_EXPERTS_PER_TOK 256
+#define ST_CONFIG_MAX_FFN (1 << 18)
+#define ST_CONFIG_MAX_HC 16
+#define ST_CONFIG_MAX_SINKHORN_ITERS 1000
+#define ST_CONFIG_MAX_COMPRESS 65536
+#define ST_CONFIG_MAX_POSITIONS (1LL << 40)
+#define ST_CONFIG_MAX_SCALE 1e6
+#define ST_CONFIG_MAX_THETA 1e12
+#define ST_CONFIG_MAX_TENSOR (1LL << 36) /* elements of one tensor sized from the config */
+
 typedef enum st_layer_kind {
   ST_LAYER_SLIDING = 0, /* compress ratio 0: window only, rope_theta, no YaRN */
   ST_LAYER_CSA = 1,     /* overlapping compressor (ratio m, 2m tokens pooled) + lightning indexer */

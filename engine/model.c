@@ -50,29 +50,141 @@ static st_status keep(st_model *m, void *p) {
   return ST_OK;
 }
 
+/* Weights and parameter vectors are real numbers: a tensor stored as an integer type (I8 that is
+** not packed FP4, I16/I32/I64, U8, BOOL) is refused, never converted by value (an F32 norm
+** relabelled I32, an FP8 weight relabelled I8 whose scale would be ignored). Integers belong to
+** routing tables only (tid2eid). The packed-FP4 I8 is recognised by st_checkpoint_view first. */
+static st_status refuse_integer_dtype(st_model *m, const char *name) {
+  st_checkpoint_tensor_info info;
+  if (st_checkpoint_info(m->checkpoint, name, &info) != ST_OK) return ST_OK; /* reported by the load */
+  static const char *const ints[] = {"I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64", "BOOL"};
+  for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
+    if (strcmp(info.dtype, ints[k]) == 0)
+      return st_fail(ST_EFORMAT, "%s: tensor %s: dtype %s is an integer type, but a weight must be "
+                     "a float format (F32, BF16, F16, F8_E4M3 + '.scale', or packed FP4: I8 [out, "
+                     "in/2] + F8_E8M0 '.scale' [out, in/32])", info.file, info.stored, info.dtype);
+  return ST_OK;
+}
+
+/* Non-finite values of the stored data (and scales) of a weight; 0 for the formats without NaN
+** or inf encodings. A pass over the bytes: cheap beside loading them. */
+static uint64_t count_nonfinite_floats(const float *x, int64_t n) {
+  uint64_t bad = 0;
+  int64_t work = n;
+  (void)work;
+#ifdef _OPENMP
+#pragma omp parallel for reduction(+ : bad) schedule(static) if (work > 1048576)
+#endif
+  for (int64_t i = 0; i < n; i++) bad += !isfinite(x[i]);
+  return bad;
+}
+
+/* 16-bit floats: exponent all ones (mask) is inf or NaN. */
+static uint64_t count_nonfinite_16(const void *p, int64_t n, uint16_t mask) {
+  const unsigned char *b = p;
+  uint64_t bad = 0;
+  int64_t work = n;
+  (void)work;
+#ifdef _OPENMP
+#pragma omp parallel for reduction(+ : bad) schedule(static) if (work > 1048576)
+#endif
+  for (int64_t i = 0; i < n; i++) {
+    uint16_t v;
+    memcpy(&v, b + 2 * i, 2);
+    bad += (v & mask) == mask;
+  }
+  return bad;
+}
+
+static uint64_t count_nonfinite_f32_bytes(const void *p, int64_t n) {
+  const unsigned char *b = p;
+  uint64_t bad = 0;
+  int64_t work = n;
+  (void)work;
+#ifdef _OPENMP
+#pragma omp parallel for reduction(+ : bad) schedule(static) if (work > 1048576)
+#endif
+  for (int64_t i = 0; i < n; i++) {
+    float v;
+    memcpy(&v, b + 4 * i, 4);
+    bad += !isfinite(v);
+  }
+  return bad;
+}
+
+static uint64_t count_nonfinite_weight(const st_weight *w) {
+  int64_t n = w->rows * w->cols;
+  uint64_t bad = 0;
+  switch (w->dtype) {
+  case ST_W_F32: bad = count_nonfinite_f32_bytes(w->data, n); break;
+  case ST_W_BF16: bad = count_nonfinite_16(w->data, n, 0x7f80); break;
+  case ST_W_F16: bad = count_nonfinite_16(w->data, n, 0x7c00); break;
+  case ST_W_FP8_E4M3: { /* e4m3fn: 0x7f and 0xff are NaN, no inf */
+    const unsigned char *b = w->data;
+    for (int64_t i = 0; i < n; i++) bad += (b[i] & 0x7f) == 0x7f;
+    break;
+  }
+  default: break; /* FP4 e2m1 has no NaN or inf */
+  }
+  if (w->scales) {
+    int64_t ns = (int64_t)((w->rows + w->block[0] - 1) / w->block[0]) *
+                 ((w->cols + w->block[1] - 1) / w->block[1]);
+    const unsigned char *b = w->scales;
+    switch (w->scale_dtype) {
+    case ST_WSCALE_F32: bad += count_nonfinite_f32_bytes(b, ns); break;
+    case ST_WSCALE_BF16: bad += count_nonfinite_16(b, ns, 0x7f80); break;
+    case ST_WSCALE_UE8M0: for (int64_t i = 0; i < ns; i++) bad += b[i] == 0xff; break;
+    default: break;
+    }
+  }
+  return bad;
+}
+
+/* One warning per tensor holding NaN or inf (the run goes on: a trace of what such weights do is
+** still worth having, but nobody should mistake its output for the model's). */
+static void note_nonfinite(st_model *m, const char *name, uint64_t bad) {
+  if (!bad) return;
+  m->nonfinite_tensors++;
+  m->nonfinite_values += bad;
+  st_checkpoint_tensor_info info;
+  const char *file = st_checkpoint_info(m->checkpoint, name, &info) == ST_OK ? info.file
+                                                                              : st_checkpoint_dir(m->checkpoint);
+  fprintf(stderr, "warning: %s: tensor %s holds %llu non-finite value%s (NaN or inf)\n", file, name,
+          (unsigned long long)bad, bad == 1 ? "" : "s");
+}
+
 /* A parameter vector (or small tensor) as fp32, owned by the model. */
 static st_status load_vector(st_model *m, const char *name, int rank, int64_t a, int64_t b,
                              float **out) {
   int64_t shape[2] = {a, b};
-  st_status rc = st_checkpoint_load_f32(m->checkpoint, name, rank, shape, out);
+  st_status rc = refuse_integer_dtype(m, name);
   if (rc) return rc;
-  m->weight_bytes += sizeof(float) * (size_t)a * (size_t)(rank > 1 ? b : 1);
+  rc = st_checkpoint_load_f32(m->checkpoint, name, rank, shape, out);
+  if (rc) return rc;
+  int64_t n = a * (rank > 1 ? b : 1);
+  m->weight_bytes += sizeof(float) * (size_t)n;
+  note_nonfinite(m, name, count_nonfinite_floats(*out, n));
   return keep(m, *out);
 }
 
-/* A matrix in its stored format, mapped; a dtype no backend reads (F64, integers) is converted
-** to an fp32 copy instead. */
+/* A matrix in its stored format, mapped; a float dtype no backend reads (F64, F8_E5M2) is
+** converted to an fp32 copy instead. Integer dtypes are refused (refuse_integer_dtype). */
 static st_status load_matrix(st_model *m, const char *name, int64_t rows, int64_t cols, st_weight *w) {
   st_status rc = st_checkpoint_view(m->checkpoint, name, rows, cols, w);
   if (rc == ST_EUNSUPPORTED) {
+    st_status why = rc;
+    if ((rc = refuse_integer_dtype(m, name)) != ST_OK) return rc;
     float *f = NULL;
     int64_t shape[2] = {rows, cols};
-    if (st_checkpoint_load_f32(m->checkpoint, name, 2, shape, &f) != ST_OK) return rc;
+    if (st_checkpoint_load_f32(m->checkpoint, name, 2, shape, &f) != ST_OK) return why;
     st_clear_error();
     *w = (st_weight){.dtype = ST_W_F32, .block = {1, 1}, .rows = rows, .cols = cols, .data = f};
     rc = keep(m, f);
   }
-  if (rc == ST_OK) m->weight_bytes += st_weight_data_bytes(w) + st_weight_scale_bytes(w);
+  if (rc == ST_OK) {
+    m->weight_bytes += st_weight_data_bytes(w) + st_weight_scale_bytes(w);
+    note_nonfinite(m, name, count_nonfinite_weight(w));
+  }
   return rc;
 }
 
@@ -82,6 +194,9 @@ static st_status load_matrix(st_model *m, const char *name, int64_t rows, int64_
   do { if ((rc = load_vector(m, name, 2, a, b, &(field))) != ST_OK) goto out; } while (0)
 #define LOADW(field, name, rows, cols) \
   do { if ((rc = load_matrix(m, name, rows, cols, &(field))) != ST_OK) goto out; } while (0)
+
+static st_status expect_dim(st_model *m, const char *dir, const char *tensor, int rank, int dim,
+                            int64_t want, const char *fields);
 
 static st_status load_compressor(st_model *m, const char *prefix, int ratio, int dim, int overlap,
                                  st_compressor_weights *c) {
@@ -132,6 +247,17 @@ st_status st_model_load_layer(st_model *m, int i) {
   LOAD1(L->attn_sink, NAME("attn.attn_sink"), H);
   if (cfg->layer_kind[i] != ST_LAYER_SLIDING) {
     int overlap = cfg->layer_kind[i] == ST_LAYER_CSA;
+    /* the compress ratio sizes the ape tables and the compressor state: check it first */
+    char field[96];
+    snprintf(field, sizeof field, "\"compress_rates\" (%s, layer_types[%d])",
+             overlap ? "compressed_sparse_attention" : "heavily_compressed_attention", i);
+    if ((rc = expect_dim(m, st_checkpoint_dir(m->checkpoint), NAME("attn.compressor.ape"), 2, 0,
+                         cfg->compress_ratio[i], field)))
+      goto out;
+    if (overlap && (rc = expect_dim(m, st_checkpoint_dir(m->checkpoint),
+                                    NAME("attn.indexer.compressor.ape"), 2, 0, cfg->compress_ratio[i],
+                                    field)))
+      goto out;
     snprintf(name, sizeof name, "layers.%d.attn.compressor", i);
     if ((rc = load_compressor(m, name, cfg->compress_ratio[i], d, overlap, &L->compressor))) goto out;
   }
@@ -145,6 +271,16 @@ st_status st_model_load_layer(st_model *m, int i) {
   LOADW(L->gate, NAME("ffn.gate.weight"), E, D);
   if (cfg->hash_moe[i]) {
     int64_t shape[2] = {cfg->vocab_size, cfg->num_experts_per_tok};
+    /* the file's shape first: the buffer is sized from the config */
+    st_checkpoint_tensor_info info;
+    if ((rc = st_checkpoint_info(m->checkpoint, NAME("ffn.gate.tid2eid"), &info))) goto out;
+    if (info.rank != 2 || info.shape[0] != shape[0] || info.shape[1] != shape[1]) {
+      rc = st_fail(ST_EFORMAT, "%s: tensor %s: expected shape [%lld, %lld] (config.json vocab_size, "
+                   "num_experts_per_tok), found %s of rank %d [%lld, %lld]", info.file, info.stored,
+                   (long long)shape[0], (long long)shape[1], info.dtype, info.rank,
+                   (long long)info.shape[0], (long long)(info.rank > 1 ? info.shape[1] : 0));
+      goto out;
+    }
     L->tid2eid = malloc(sizeof(int32_t) * (size_t)shape[0] * (size_t)shape[1]);
     if (!L->tid2eid) { rc = st_fail(ST_ENOMEM, "tid2eid of layer %d", i); goto out; }
     if ((rc = keep(m, L->tid2eid))) goto out;
@@ -178,6 +314,12 @@ st_status st_model_load_layer(st_model *m, int i) {
 #undef NAME
   L->loaded = 1;
 out:
+  if (rc == ST_EFORMAT && strstr(st_errmsg(), "expected shape")) {
+    /* every expected shape in a layer comes from the config: say so */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", st_errmsg());
+    rc = st_fail(rc, "%s (shape from %s/config.json)", msg, st_checkpoint_dir(m->checkpoint));
+  }
   return rc;
 }
 
@@ -185,6 +327,87 @@ st_status st_model_load_all(st_model *m) {
   for (int i = 0; i < m->cfg->num_hidden_layers; i++) {
     st_status rc = st_model_load_layer(m, i);
     if (rc) return rc;
+  }
+  return ST_OK;
+}
+
+/* One dimension of a tensor against the config fields it comes from. An I8 tensor's columns may
+** be packed FP4 (two an byte). Absent tensors are left to the load, which names them. */
+static st_status expect_dim(st_model *m, const char *dir, const char *tensor, int rank, int dim,
+                            int64_t want, const char *fields) {
+  st_checkpoint_tensor_info info;
+  if (st_checkpoint_info(m->checkpoint, tensor, &info) != ST_OK) {
+    st_clear_error();
+    return ST_OK;
+  }
+  int64_t got = info.rank == rank && dim < info.rank ? info.shape[dim] : -1;
+  if (got >= 0 && dim == 1 && strcmp(info.dtype, "I8") == 0 && got * 2 == want) got = want;
+  if (got == want) return ST_OK;
+  char shape[160];
+  int k = 0;
+  k += snprintf(shape + k, sizeof shape - (size_t)k, "[");
+  for (int i = 0; i < info.rank && k < (int)sizeof shape - 24; i++)
+    k += snprintf(shape + k, sizeof shape - (size_t)k, "%s%lld", i ? ", " : "", (long long)info.shape[i]);
+  snprintf(shape + k, sizeof shape - (size_t)k, "]");
+  return st_fail(ST_EFORMAT, "%s/config.json: field %s gives %lld for dimension %d of tensor %s "
+                 "(rank %d), but %s holds it as %s %s", dir, fields, (long long)want, dim, tensor,
+                 rank, info.file, info.dtype, shape);
+}
+
+/* The config against the checkpoint's tensor shapes, before anything is sized from it: layer 0
+** (and the first CSA and hash layers) carry every dimension the config names. Each layer's load
+** checks its own tensors again before allocating. */
+static st_status check_config_shapes(st_model *m, const char *dir) {
+  const st_config *c = m->cfg;
+  st_status rc;
+  int64_t hd = (int64_t)c->num_attention_heads * c->head_dim;
+  int64_t mixes = (int64_t)(2 + c->hc_mult) * c->hc_mult;
+#define DIM(t, rank, dim, want, fields) \
+  if ((rc = expect_dim(m, dir, t, rank, dim, want, fields)) != ST_OK) return rc;
+  DIM("embed.weight", 2, 0, c->vocab_size, "\"vocab_size\"")
+  DIM("embed.weight", 2, 1, c->hidden_size, "\"hidden_size\"")
+  DIM("hc_head_base", 1, 0, c->hc_mult, "\"hc_mult\"")
+  DIM("layers.0.attn.wq_a.weight", 2, 0, c->q_lora_rank, "\"q_lora_rank\"")
+  DIM("layers.0.attn.wq_b.weight", 2, 0, hd, "\"num_attention_heads\" x \"head_dim\"")
+  DIM("layers.0.attn.wq_b.weight", 2, 1, c->q_lora_rank, "\"q_lora_rank\"")
+  DIM("layers.0.attn.attn_sink", 1, 0, c->num_attention_heads, "\"num_attention_heads\"")
+  DIM("layers.0.attn.wkv.weight", 2, 0, c->head_dim, "\"head_dim\"")
+  DIM("layers.0.attn.wo_a.weight", 2, 0, (int64_t)c->o_groups * c->o_lora_rank,
+      "\"o_groups\" x \"o_lora_rank\"")
+  DIM("layers.0.attn.wo_a.weight", 2, 1, hd / c->o_groups,
+      "\"num_attention_heads\" x \"head_dim\" / \"o_groups\"")
+  DIM("layers.0.hc_attn_base", 1, 0, mixes, "\"hc_mult\" (2 + hc_mult) x hc_mult")
+  DIM("layers.0.ffn.gate.weight", 2, 0, c->n_routed_experts, "\"n_routed_experts\"")
+  DIM("layers.0.ffn.shared_experts.w1.weight", 2, 0, c->moe_intermediate_size,
+      "\"moe_intermediate_size\"")
+  char name[160];
+  for (int i = 0; i < c->num_hidden_layers; i++)
+    if (c->layer_kind[i] == ST_LAYER_CSA) {
+      snprintf(name, sizeof name, "layers.%d.attn.indexer.wq_b.weight", i);
+      DIM(name, 2, 0, (int64_t)c->index_n_heads * c->index_head_dim,
+          "\"index_n_heads\" x \"index_head_dim\"")
+      snprintf(name, sizeof name, "layers.%d.attn.indexer.weights_proj.weight", i);
+      DIM(name, 2, 0, c->index_n_heads, "\"index_n_heads\"")
+      break;
+    }
+  for (int i = 0; i < c->num_hidden_layers; i++)
+    if (c->hash_moe[i]) {
+      snprintf(name, sizeof name, "layers.%d.ffn.gate.tid2eid", i);
+      DIM(name, 2, 0, c->vocab_size, "\"vocab_size\"")
+      DIM(name, 2, 1, c->num_experts_per_tok, "\"num_experts_per_tok\"")
+      break;
+    }
+#undef DIM
+  /* the expert count: experts 0 .. E-1 of layer 0, and no expert E */
+  if (st_checkpoint_has(m->checkpoint, "layers.0.ffn.gate.weight")) {
+    snprintf(name, sizeof name, "layers.0.ffn.experts.%d.w1.weight", c->n_routed_experts - 1);
+    if (!st_checkpoint_has(m->checkpoint, name))
+      return st_fail(ST_EFORMAT, "%s/config.json: field \"n_routed_experts\" = %d, but the "
+                     "checkpoint has no tensor %s", dir, c->n_routed_experts, name);
+    snprintf(name, sizeof name, "layers.0.ffn.experts.%d.w1.weight", c->n_routed_experts);
+    if (st_checkpoint_has(m->checkpoint, name))
+      return st_fail(ST_EFORMAT, "%s/config.json: field \"n_routed_experts\" = %d, but the "
+                     "checkpoint also holds tensor %s", dir, c->n_routed_experts, name);
   }
   return ST_OK;
 }
@@ -197,15 +420,17 @@ st_status st_model_open(const char *dir, st_model **out) {
   if (rc) goto out;
   m->cfg = st_checkpoint_config(m->checkpoint);
   const st_config *cfg = m->cfg;
-  if (cfg->hc_mult < 1 || cfg->hc_mult > 16) {
-    rc = st_fail(ST_EUNSUPPORTED, "%s/config.json: hc_mult %d outside 1..16", dir, cfg->hc_mult);
+  if (cfg->hc_mult < 1 || cfg->hc_mult > ST_CONFIG_MAX_HC) {
+    rc = st_fail(ST_EUNSUPPORTED, "%s/config.json: hc_mult %d outside 1..%d", dir, cfg->hc_mult,
+                 ST_CONFIG_MAX_HC);
     goto out;
   }
-  if ((cfg->num_attention_heads * cfg->head_dim) % cfg->o_groups) {
+  if (((int64_t)cfg->num_attention_heads * cfg->head_dim) % cfg->o_groups) {
     rc = st_fail(ST_EUNSUPPORTED, "%s/config.json: num_attention_heads*head_dim not divisible by o_groups",
                  dir);
     goto out;
   }
+  if ((rc = check_config_shapes(m, dir))) goto out;
   m->layers = calloc((size_t)cfg->num_hidden_layers, sizeof *m->layers);
   if (!m->layers) { rc = st_fail(ST_ENOMEM, "layer table"); goto out; }
   int64_t V = cfg->vocab_size, D = cfg->hidden_size, hc = cfg->hc_mult;
@@ -353,6 +578,7 @@ struct st_session {
   float *logits;                       /* [n, V] */
   float *tmp;                          /* [n, max(D, q_lo, H d, ...)] reference-mode copies */
   size_t tmp_size;
+  int64_t nonfinite_logit_rows;        /* positions whose returned logits held NaN or inf */
 };
 
 int64_t st_session_position(const st_session *s) { return s->position; }
@@ -1142,10 +1368,18 @@ st_status st_session_forward_layers(st_session *s, const int32_t *tokens, int n,
                                  is_last ? logits : NULL,
                                  all_logits ? all_logits + (size_t)done * cfg->vocab_size : NULL);
     if (rc) return rc;
+    /* non-finite activations: counted where logits reach the host (nothing is changed) */
+    if (is_last && logits) s->nonfinite_logit_rows += count_nonfinite_floats(logits, cfg->vocab_size) > 0;
+    if (all_logits)
+      for (int r = 0; r < chunk; r++)
+        s->nonfinite_logit_rows +=
+            count_nonfinite_floats(all_logits + (size_t)(done + r) * cfg->vocab_size, cfg->vocab_size) > 0;
     done += chunk;
   }
   return ST_OK;
 }
+
+int64_t st_session_nonfinite_logits(const st_session *s) { return s->nonfinite_logit_rows; }
 
 st_status st_session_forward(st_session *s, const int32_t *tokens, int n, float *logits,
                              float *all_logits) {

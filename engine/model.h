@@ -67,6 +67,8 @@ typedef struct st_model {
   void **owned;    /* what the model allocated (fp32 vectors, weights the backends cannot map) */
   int n_owned, cap_owned;
   size_t weight_bytes; /* resident bytes of every loaded weight and vector */
+  int nonfinite_tensors;      /* loaded tensors holding NaN or inf (each warned about once) */
+  uint64_t nonfinite_values;  /* their non-finite elements (and scales) */
 } st_model;
 
 /* Opens the checkpoint in dir and loads the model-level tensors (embed, head, norm, hc_head). */
@@ -113,6 +115,10 @@ size_t st_model_weight_bytes(const st_model *m);
 /* Bytes the session allocated from its backend (state, scratch, uploaded weights). */
 size_t st_session_backend_bytes(const st_session *s);
 const st_backend *st_session_backend(const st_session *s);
+
+/* Positions whose logits, as returned by st_session_forward*, held NaN or inf (a warning, not
+** an error: the run goes on and says so). */
+int64_t st_session_nonfinite_logits(const st_session *s);
 
 /* Tokens processed so far. */
 int64_t st_session_position(const st_session *s);

@@ -303,6 +303,10 @@ static void sync_parent_dir(const char *path) {
   }
 }
 
+void st_recorder_note_nonfinite(st_recorder *r, int64_t n) {
+  if (r) st_trace_writer_set_nonfinite(r->writer, n);
+}
+
 st_status st_recorder_finish(st_recorder *r, const int32_t *tokens, int64_t n_tokens,
                              int64_t n_prompt) {
   st_trace_tap *taps = NULL;

@@ -53,6 +53,10 @@ st_status st_recorder_check_target(const char *h5_path, const char *store_dir, i
 /* The sink to hand to the engine; valid until finish/abort. */
 const st_tap_sink *st_recorder_sink(st_recorder *r);
 
+/* The run's non-finite warnings (NaN/inf weight tensors plus positions with non-finite logits),
+** recorded as the trace attribute nonfinite_warnings at finish. */
+void st_recorder_note_nonfinite(st_recorder *r, int64_t n);
+
 /* Writes /tokens (prompt then generated) with attribute n_prompt, drains the writer thread,
 ** closes and renames the file, inserts the run, its build and its taps (with shape, dtype and
 ** summary statistics) into the index. Frees r in every case. */

@@ -106,6 +106,7 @@ struct st_trace_writer {
   int n_taps, cap_taps;
   const int32_t *tokens;
   int64_t n_tokens, n_prompt;
+  int64_t nonfinite_warnings; /* set by the caller before finish (st_trace_writer_set_nonfinite) */
   double last_flush; /* CLOCK_MONOTONIC seconds */
   double wait_s;     /* under lock: seconds appends waited for queue space */
 };
@@ -455,6 +456,7 @@ static st_status write_tokens(st_trace_writer *w) {
   if (d < 0 || (n && H5Dwrite(d, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, w->tokens) < 0))
     st = st_h5_fail(ST_EHDF5, "writing /tokens");
   if (!st) st = st_h5_attr_write_int(d, "n_prompt", w->n_prompt);
+  if (!st) st = st_h5_attr_write_int(w->file, "nonfinite_warnings", w->nonfinite_warnings);
   if (d >= 0) H5Dclose(d);
   if (space >= 0) H5Sclose(space);
   return st;
@@ -805,6 +807,10 @@ st_status st_trace_writer_append(st_trace_writer *w, st_tap_id id, int layer, in
   pthread_cond_signal(&w->nonempty);
   pthread_mutex_unlock(&w->lock);
   return ST_OK;
+}
+
+void st_trace_writer_set_nonfinite(st_trace_writer *w, int64_t n) {
+  if (w) w->nonfinite_warnings = n;
 }
 
 st_status st_trace_writer_finish(st_trace_writer *w, const int32_t *tokens, int64_t n_tokens,

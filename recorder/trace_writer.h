@@ -40,6 +40,11 @@ st_status st_trace_writer_open(const char *path, const st_trace_run_attrs *attrs
 st_status st_trace_writer_append(st_trace_writer *w, st_tap_id id, int layer, int64_t pos0,
                                  st_dtype dtype, int rank, const int64_t *shape, const void *data);
 
+/* The run's count of non-finite warnings (weight tensors holding NaN/inf, positions with
+** non-finite logits), written at finish as the file attribute nonfinite_warnings (0 when none).
+** Call before st_trace_writer_finish. */
+void st_trace_writer_set_nonfinite(st_trace_writer *w, int64_t n);
+
 /* Drains the queue, writes /tokens (borrowed, n_tokens values) with attribute n_prompt, the
 ** positions datasets, per-tap statistics and the recording cost (file attributes writer_cpu_s,
 ** emit_wait_s, writer_peak_queued), marks the file complete and closes it. On success

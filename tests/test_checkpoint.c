@@ -945,6 +945,29 @@ static void test_bad_tensor_requests(void **state) {
 
 /* Cut a valid file at every length inside its header region (and a sample beyond): each prefix
 ** must be refused cleanly, never crash or be accepted. Then flip random header bytes. */
+/* issue 14 defect 7: a request sized from a config value the file does not match is a shape
+** error, found before the buffer is allocated (it was an allocation of 2^40 floats: ENOMEM in
+** Release, an allocation-size abort under ASan). */
+static void test_shape_checked_before_allocation(void **state) {
+  (void)state;
+  char *dir = make_dir();
+  write_config(dir, "");
+  float v[4] = {1, 2, 3, 4};
+  tensor_spec t[] = {{"norm.weight", "F32", 1, {4}, v, sizeof v}};
+  write_tensors(dir, "model.safetensors", t, 1);
+  st_checkpoint *ck = open_ok(dir);
+  float *out = NULL;
+  int64_t huge[2] = {1LL << 20, 1LL << 20};
+  assert_int_equal(st_checkpoint_load_f32(ck, "norm.weight", 2, huge, &out), ST_EFORMAT);
+  expect_message("norm.weight", "expected shape", NULL);
+  assert_null(out);
+  int64_t one = 1LL << 40;
+  assert_int_equal(st_checkpoint_load_f32(ck, "norm.weight", 1, &one, &out), ST_EFORMAT);
+  assert_int_equal(st_checkpoint_load_f32(ck, "absent.weight", 2, huge, &out), ST_ENOTFOUND);
+  st_checkpoint_close(ck);
+  drop_dir(dir);
+}
+
 static void test_truncation_and_mutation_fuzz(void **state) {
   (void)state;
   char *dir = make_dir();
@@ -1200,6 +1223,28 @@ static void test_config_refusals(void **state) {
   expect_config_error(V4 "\"num_experts_per_tok\": 9, \"n_routed_experts\": 8}", ST_EFORMAT,
                       "num_experts_per_tok", NULL);
   expect_config_error(V4 "\"model_type\": \"deepseek_v4\"}", ST_EFORMAT, "duplicate", NULL);
+  /* issue 14 defect 7: every numeric field is bounded (config.h, ST_CONFIG_MAX_*) */
+  expect_config_error(V4 "\"num_attention_heads\": 1000000000}", ST_EFORMAT, "num_attention_heads",
+                      "[1, 1024]", NULL);
+  expect_config_error(V4 "\"hc_sinkhorn_iters\": 1e9}", ST_EFORMAT, "hc_sinkhorn_iters", "[1, 1000]", NULL);
+  expect_config_error(V4 "\"hidden_size\": 65537}", ST_EFORMAT, "hidden_size", "[1, 65536]", NULL);
+  expect_config_error(V4 "\"n_routed_experts\": 4097}", ST_EFORMAT, "n_routed_experts", NULL);
+  expect_config_error(V4 "\"vocab_size\": 2147483647}", ST_EFORMAT, "vocab_size", NULL);
+  expect_config_error(V4 "\"hc_mult\": 17}", ST_EFORMAT, "hc_mult", NULL);
+  expect_config_error(V4 "\"max_position_embeddings\": 9000000000000000000}", ST_EFORMAT,
+                      "max_position_embeddings", NULL);
+  expect_config_error(V4 "\"rope_theta\": 1e300}", ST_EFORMAT, "rope_theta", NULL);
+  expect_config_error(V4 "\"rms_norm_eps\": 2}", ST_EFORMAT, "rms_norm_eps", NULL);
+  expect_config_error(V4 "\"partial_rotary_factor\": 2}", ST_EFORMAT, "partial_rotary_factor", NULL);
+  expect_config_error(V4 "\"quantization_config\": {\"weight_block_size\": [128, 100000]}}", ST_EFORMAT,
+                      "weight_block_size", NULL);
+  /* a product that sizes a buffer, each factor in range: vocab x hidden beyond 2^36 elements */
+  expect_config_error(V4 "\"vocab_size\": 4194304, \"hidden_size\": 65536}", ST_EFORMAT, "vocab_size",
+                      "hidden_size", NULL);
+  /* at the bounds, accepted */
+  st_config ok;
+  assert_int_equal(parse(V4 "\"hc_sinkhorn_iters\": 1000, \"num_attention_heads\": 1024, "
+                         "\"o_groups\": 8}", &ok), ST_OK);
   /* st_config_load names the file it could not read */
   st_config c;
   assert_int_equal(st_config_load("/nonexistent/dir/config.json", &c), ST_EIO);
@@ -1221,6 +1266,7 @@ int main(void) {
     cmocka_unit_test(test_transformers_fixtures),
     cmocka_unit_test(test_bad_safetensors_files),
     cmocka_unit_test(test_bad_tensor_requests),
+    cmocka_unit_test(test_shape_checked_before_allocation),
     cmocka_unit_test(test_truncation_and_mutation_fuzz),
     cmocka_unit_test(test_config_defaults),
     cmocka_unit_test(test_config_legacy_fields),

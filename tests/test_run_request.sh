@@ -53,6 +53,24 @@ grep -q "they DIFFER" <<<"$out" && ok "a different server count is reported" || 
 out=$($st run --model "$work/model" --request "$work/differ.json" --store "$work/s2" --json 2>&1)
 grep -q '"token_count_agrees":false' <<<"$out" && ok "--json says token_count_agrees false" || bad "json: $out"
 
+# issue 14 defect 11: the request id is a JSON string in --json output, whatever it holds
+inj='x","injected":true,"y":"'
+/usr/bin/python3 - "$work/agree.json" "$work/inject.json" "$inj" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1])); r["id"] = sys.argv[3]; json.dump(r, open(sys.argv[2], "w"))
+PY
+out=$($st run --model "$work/model" --request "$work/inject.json" --max-new-tokens 1 --store "$work/s3" --json 2>/dev/null)
+if /usr/bin/python3 - "$out" "$inj" <<'PY'
+import json, sys
+o = json.loads(sys.argv[1])
+assert o["request_id"] == sys.argv[2], o["request_id"]
+assert "injected" not in o and "y" not in o, sorted(o)
+assert isinstance(o["generated"], list) and isinstance(o["settings"], dict) and isinstance(o["seconds"], float)
+assert isinstance(o["memory"]["weights"], int) and o["server_prompt_tokens"] == o["n_prompt"]
+assert o["token_count_agrees"] is True and o["prompt_source"] == "rendered"
+PY
+then ok "an id with quotes round-trips as one string and adds no key"; else bad "json injection: $out"; fi
+
 # errors: not a record, unknown id, a model without a tokenizer
 echo '{"hello": 1}' >"$work/not-a-record.json"
 out=$($st run --model "$work/model" --request "$work/not-a-record.json" 2>&1); rc=$?

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# issue 14 defect 11: every --json output of the CLI is built by the JSON library, so strings the
+# user or a file controls (a trace path with a quote, a request id) stay one string value.
+# (run --request's id is held by test_run_request.sh.)
+set -uo pipefail
+st=${ST_BIN:?}
+model=${ST_TEST_DATA:?}/oracle/tiny
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+ok() { echo "ok: $1"; }
+bad() { echo "FAIL: $1"; failures=$((failures + 1)); }
+echo '[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]' >"$work/p.json"
+trace="$work/x\",\"injected\":true,\"y\":\".h5"
+out=$("$st" run --model "$model" --prompt-tokens "$work/p.json" --max-new-tokens 2 --tap 'layers.1.*' \
+      --positions all --store "$work/s" --out "$trace" --json 2>/dev/null)
+/usr/bin/python3 - "$out" "$trace" <<'PY' && ok "run --json: a trace path with quotes is one string" || bad "run --json: $out"
+import json, sys
+o = json.loads(sys.argv[1]); assert o["trace"] == sys.argv[2] and "injected" not in o, o
+PY
+out=$("$st" replay --trace "$trace" --model "$model" --layer 1 --store "$work/s" --sweep topk=32,4 --json 2>/dev/null)
+/usr/bin/python3 - "$out" "$trace" <<'PY' && ok "replay --json: the trace path round-trips, cells intact" || bad "replay --json: $out"
+import json, sys
+o = json.loads(sys.argv[1])
+assert o["trace"] == sys.argv[2] and "injected" not in o, o
+assert isinstance(o["cells"], list) and len(o["cells"]) == 2 and all(isinstance(c["metrics"], dict) for c in o["cells"])
+assert isinstance(o["recorded_settings"], dict) and isinstance(o["positions"], int)
+PY
+for cmd in taps settings; do
+  "$st" $cmd --json | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); assert isinstance(d, list) and d and all("name" in x and "doc" in x for x in d)' \
+    && ok "$cmd --json parses" || bad "$cmd --json"
+done
+echo "$failures failure(s)"
+[ $failures -eq 0 ]
