@@ -246,6 +246,8 @@ st_status st_recorder_open(const char *h5_path, const char *store_dir, const st_
     .backend = r->backend, .kernel_mode = r->kernel_mode, .created_at = r->created_at,
     .command_line = r->command_line, .request_id = r->request_id, .positions = r->positions,
     .threads = meta->threads, .n_layers = meta->n_layers,
+    .needle_start = meta->needle_start, .needle_end = meta->needle_end,
+    .needle_text = meta->needle_text,
   };
   if ((st = st_trace_writer_open(r->part_path, &attrs, NULL, &r->writer))) {
     recorder_free(r);

@@ -28,6 +28,8 @@ typedef struct st_run_meta {
   const char *request_id;      /* captured request this run replays, or NULL */
   const char *positions;       /* "all" | "last" | "A:B" (half-open token range) */
   int n_layers;                /* for the tap catalogue */
+  int64_t needle_start, needle_end; /* run --needle/--needle-tokens span (end > start), else 0, 0 */
+  const char *needle_text;     /* --needle TEXT, or NULL */
 } st_run_meta;
 
 /* Fills meta->run_id with a fresh random uuid. */
