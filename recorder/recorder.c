@@ -2,7 +2,7 @@
 ** recorder.c — the engine's tap sink: filters rows by the positions spec, hands copies to the
 ** trace writer thread, and at finish renames the trace into place and indexes it.
 **
-** Order of events is the crash-safety contract (DESIGN.md "Trace format"): the HDF5 file is
+** Order of events is the crash-safety contract (docs/design.md "Trace format"): the HDF5 file is
 ** written as <trace>.part; finish drains the writer, marks the file complete and closes it,
 ** renames it to <trace> (atomic on POSIX), and only then inserts the run into index.sqlite. A
 ** crash at any point leaves either a .part file and no index row, or a complete trace that the

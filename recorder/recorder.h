@@ -5,7 +5,7 @@
 ** The engine calls the sink (engine/taps.h) from its own thread; the recorder filters rows by
 ** the positions spec, copies them, and queues them to a writer thread that owns every HDF5 call.
 ** The trace is written as <path>.part and renamed to <path> by st_recorder_finish(); only then is
-** the run inserted into the index (DESIGN.md "Trace format").
+** the run inserted into the index (docs/design.md "Trace format").
 */
 #ifndef ST_RECORDER_H
 #define ST_RECORDER_H
