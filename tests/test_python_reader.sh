@@ -34,7 +34,7 @@ $st run --model "$tiny" --prompt-tokens "$work/p.json" --store "$work/s" --trace
 ta=$(ls "$work"/s/runs/*.h5 2>/dev/null | head -1)
 $st inspect --json "$ta" >"$work/a.json" || bad "inspect a"
 $st inspect --json "$work/b.h5" >"$work/b.json" || bad "inspect b"
-$st query --store "$work/s" --json "SELECT run_id, settings, positions FROM runs" >"$work/runs.json" || bad "query runs"
+$st query --store "$work/s" --json "SELECT run_id, settings, tap_positions FROM runs" >"$work/runs.json" || bad "query runs"
 $st query --store "$work/s" --json "SELECT run_id, layer, position, best_row, in_topk, score FROM needle_verdicts" \
   >"$work/verdicts.json" || bad "query needle_verdicts"
 
@@ -57,7 +57,7 @@ check(isinstance(runs, list) and len(runs) == 2 and all(isinstance(r, dict) for 
 indexed = {r["run_id"]: r for r in json.load(open(os.path.join(work, "runs.json")))}
 for r in runs:
     check(r["settings"] == json.loads(indexed[r["run_id"]]["settings"]), f"settings of {r['run_id']}")
-    check(r["positions"] == indexed[r["run_id"]]["positions"], f"positions spec of {r['run_id']}")
+    check(r["tap_positions"] == indexed[r["run_id"]]["tap_positions"], f"positions filter of {r['run_id']}")
 a_info = json.load(open(os.path.join(work, "a.json")))
 b_info = json.load(open(os.path.join(work, "b.json")))
 run_a, run_b = a_info["run_id"], b_info["run_id"]

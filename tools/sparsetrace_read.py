@@ -163,11 +163,14 @@ class Store:
 
     def runs(self):
         """Every run, oldest first, as dicts: the runs table's columns (settings decoded to a
-        dict) and the build's (revision, compiler, build_type, backend, kernel_mode)."""
+        dict; tap_positions, the positions filter) and the build's (revision, compiler,
+        build_type, backend, kernel_mode)."""
         rows = self.query("SELECT r.*, b.revision, b.compiler, b.build_type, b.backend, b.kernel_mode "
                           "FROM runs r JOIN builds b USING (build_id) ORDER BY r.created_at, r.run_id")
         for r in rows:
             r["settings"] = json.loads(r["settings"] or "{}")
+            if "tap_positions" not in r and "positions" in r:  # an index from before migration 0008
+                r["tap_positions"] = r.pop("positions")
         return rows
 
     def run(self, which):
@@ -253,7 +256,7 @@ def main(argv):
                     for r in rows:
                         sets = " ".join(f"{k}={v}" for k, v in r["settings"].items() if not isinstance(v, (dict, list)))
                         print(f"{r['run_id']}  {r['created_at']}  {r['model']}  {r['n_prompt']}+{r['n_generated']} tokens  "
-                              f"positions {r['positions']}  {sets}")
+                              f"positions {r['tap_positions']}  {sets}")
                 return 0
             t = s.tap(args[2], args[3])
             if as_json:
