@@ -191,7 +191,11 @@ class Store:
     def trace_path(self, which):
         """The trace file of a run (the index stores it relative to the store)."""
         p = self.run(which)["trace_path"]
-        return p if os.path.isabs(p) else os.path.join(self.path, p)
+        if os.path.isabs(p):
+            return p
+        inside = os.path.join(self.path, p)
+        # older indexes stored a trace outside the store as given on the command line
+        return inside if os.path.exists(inside) or not os.path.exists(p) else p
 
     def needles(self, which):
         """The run's needle spans from the index: [{'start', 'end', 'text', 'source', ...}]."""
