@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <sys/time.h>
 #include <time.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "commands.h"
@@ -22,7 +23,7 @@
 #include "recorder/index.h"
 #include "recorder/recorder.h"
 
-#define CELL_MAX 80 /* table cells longer than this are cut (use --json for full values) */
+#define CELL_MAX 80 /* on a terminal, table cells longer than this are cut (unless --full) */
 
 /* Bounds on one query (issue 14 #12): a statement that would build a huge value, use unbounded
 ** memory, print without end or run forever stops with an error saying which bound it hit. */
@@ -33,15 +34,19 @@
 
 static const st_opt_use query_options[] = {
   {ST_OPT_STORE, NULL, "the trace store (default ./" ST_DEFAULT_STORE ")"},
-  {ST_OPT_JSON, NULL, "JSON output"},
+  {ST_OPT_JSON, NULL, "JSON output (never cut; shape columns as arrays)"},
+  {ST_OPT_FULL, NULL, "print every table cell whole (the default when the output is not a\n"
+                      "terminal)"},
   {ST_OPT_TIMEOUT, "S", "stop the statement after S seconds (default 20)"},
   {0}};
 
 static const st_cmd_spec query_spec = {
-  "query", "sparsetrace query [--store DIR] [--json] \"SQL\"\n",
+  "query", "sparsetrace query [--store DIR] [--json] [--full] \"SQL\"\n",
   "Runs one read-only SQL statement against DIR/index.sqlite and prints the result as an\n"
-  "aligned table (cells over 80 characters are cut; NULL prints as NULL) or, with --json, as a\n"
-  "JSON array with one object per row (blobs as hex strings, non-finite reals as null).\n",
+  "aligned table (NULL prints as NULL; on a terminal, cells over 80 characters are cut with\n"
+  "\"...\" unless --full; piped or redirected output is never cut) or, with --json, as a JSON\n"
+  "array with one object per row (blobs as hex strings, non-finite reals as null, a column\n"
+  "named shape holding a JSON array of integers as that array: \"shape\": [4, 128]).\n",
   query_options,
   "The index is opened read-only, and statements that would change it (INSERT, UPDATE, DELETE,\n"
   "CREATE, DROP, writing PRAGMAs, ...) are refused. One statement per call: a trailing ';' or\n"
@@ -87,7 +92,46 @@ static void json_string(FILE *out, const unsigned char *s, size_t n) {
   fputc('"', out);
 }
 
+/* A shape as the index stores it (taps.shape: JSON text "[4,4,128]"): '[' integers separated by
+** commas (and blanks) ']'. Such text is valid JSON and is printed as the array it is. */
+static int is_int_array(const unsigned char *t, size_t n) {
+  size_t i = 0;
+  while (i < n && t[i] == ' ') i++;
+  if (i == n || t[i++] != '[') return 0;
+  int want_value = 1, empty = 1;
+  for (; i < n && t[i] != ']'; i++) {
+    if (t[i] == ' ') continue;
+    if (want_value) {
+      if (t[i] == '-') i++;
+      if (i >= n || t[i] < '0' || t[i] > '9') return 0;
+      while (i + 1 < n && t[i + 1] >= '0' && t[i + 1] <= '9') i++;
+      want_value = 0, empty = 0;
+    } else if (t[i] == ',') {
+      want_value = 1;
+    } else {
+      return 0;
+    }
+  }
+  if (i == n || (want_value && !empty)) return 0;
+  for (i++; i < n; i++)
+    if (t[i] != ' ') return 0;
+  return 1;
+}
+
+static int is_shape_column(const char *name) {
+  size_t n = name ? strlen(name) : 0;
+  return n >= 5 && !strcasecmp(name + n - 5, "shape") && (n == 5 || name[n - 6] == '_');
+}
+
 static void json_value(FILE *out, sqlite3_stmt *s, int col) {
+  if (sqlite3_column_type(s, col) == SQLITE_TEXT && is_shape_column(sqlite3_column_name(s, col))) {
+    const unsigned char *t = sqlite3_column_text(s, col);
+    size_t n = (size_t)sqlite3_column_bytes(s, col);
+    if (t && is_int_array(t, n)) {
+      fwrite(t, 1, n, out);
+      return;
+    }
+  }
   switch (sqlite3_column_type(s, col)) {
   case SQLITE_INTEGER: fprintf(out, "%lld", (long long)sqlite3_column_int64(s, col)); break;
   case SQLITE_FLOAT: {
@@ -150,8 +194,8 @@ static size_t text_width(const char *s) {
   return w;
 }
 
-/* The cell text of one value: one line, at most CELL_MAX code points. */
-static void cell_text(sqlite3_stmt *s, int col, st_buf *out) {
+/* The cell text of one value: one line; at most CELL_MAX code points when cut. */
+static void cell_text(sqlite3_stmt *s, int col, int cut, st_buf *out) {
   char num[64];
   switch (sqlite3_column_type(s, col)) {
   case SQLITE_NULL: st_buf_str(out, "NULL"); return;
@@ -173,7 +217,7 @@ static void cell_text(sqlite3_stmt *s, int col, st_buf *out) {
   size_t width = 0;
   for (size_t i = 0; t && t[i]; i++) {
     unsigned char c = (unsigned char)t[i];
-    if ((c & 0xC0) != 0x80 && ++width > CELL_MAX - 3) {
+    if (cut && (c & 0xC0) != 0x80 && ++width > CELL_MAX - 3) {
       st_buf_str(out, "...");
       return;
     }
@@ -183,7 +227,7 @@ static void cell_text(sqlite3_stmt *s, int col, st_buf *out) {
   }
 }
 
-static st_status print_table(sqlite3_stmt *s, sqlite3 *db, FILE *out) {
+static st_status print_table(sqlite3_stmt *s, sqlite3 *db, int cut, FILE *out) {
   int cols = sqlite3_column_count(s);
   if (cols == 0) { /* a statement without result columns */
     int rc;
@@ -223,7 +267,7 @@ static st_status print_table(sqlite3_stmt *s, sqlite3 *db, FILE *out) {
       int type = sqlite3_column_type(s, c);
       if (type != SQLITE_INTEGER && type != SQLITE_FLOAT && type != SQLITE_NULL) numeric[c] = 0;
       offsets[n_cells++] = cells.len;
-      cell_text(s, c, &cells);
+      cell_text(s, c, cut, &cells);
       st_buf_add(&cells, "", 1); /* the NUL that ends this cell */
     }
     if (cells.failed) {
@@ -355,11 +399,15 @@ static char *read_stdin(void) {
 
 int st_cmd_query(int argc, char **argv) {
   st_buf sql = {0};
-  int n_sql = 0, c;
+  int n_sql = 0, c, full = 0;
   st_opts o;
   st_opts_init(&o, &query_spec, argc, argv);
   int bad_timeout = 0;
-  while ((c = st_opts_next(&o)) == ST_OPT_POSITIONAL || c == ST_OPT_TIMEOUT) {
+  while ((c = st_opts_next(&o)) > 0) {
+    if (c == ST_OPT_FULL) {
+      full = 1;
+      continue;
+    }
     if (c == ST_OPT_TIMEOUT) {
       char *end;
       double v = strtod(o.arg, &end);
@@ -407,7 +455,7 @@ int st_cmd_query(int argc, char **argv) {
   if (!st) set_bounds(st_index_db(ix), query_timeout_s);
   if (!st) st = st_index_prepare_readonly(ix, sql.data, &stmt);
   if (!st) st = json ? print_json(stmt, st_index_db(ix), stdout)
-                     : print_table(stmt, st_index_db(ix), stdout);
+                     : print_table(stmt, st_index_db(ix), !full && isatty(STDOUT_FILENO), stdout);
   sqlite3_finalize(stmt);
   st_index_close(ix);
   free(sql.data);

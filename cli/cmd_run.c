@@ -472,7 +472,8 @@ int st_cmd_run(int argc, char **argv) {
     .config_json = config_text ? config_text : "{}", .backend = backend.ops->name,
     .kernel_mode = backend.ops->kernel_mode, .threads = threads,
     .command_line = command_line, .positions = a.positions, .n_layers = cfg->num_hidden_layers, .force = a.force,
-    .request_id = request_id[0] ? request_id : NULL};
+    .request_id = request_id[0] ? request_id : NULL,
+    .needle_start = a.needle_start, .needle_end = a.needle_end, .needle_text = a.needle_text};
   st_run_id_new(&meta);
   if (a.trace) snprintf(trace_path, sizeof trace_path, "%s", a.trace);
   else snprintf(trace_path, sizeof trace_path, "%s/runs/%s.h5", a.store, meta.run_id);

@@ -107,6 +107,8 @@ static const alias aliases[] = {
 
   {"limit", 0, 1, ST_OPT_LIMIT, 0, "N", "at most N"},
   {"body", 0, 0, ST_OPT_BODY, 0, NULL, "print request and response bodies too"},
+  {"full", 0, 0, ST_OPT_FULL, 0, NULL, "never cut long cells"},
+  {"no-truncate", 0, 0, ST_OPT_FULL, 1, NULL, NULL},
 
   {"decode", 0, 0, ST_OPT_DECODE, 0, NULL, "ids -> text"},
   {"no-special", 0, 0, ST_OPT_NO_SPECIAL, 0, NULL, "do not add BOS/EOS"},

@@ -62,6 +62,8 @@ typedef enum st_opt_id {
   ST_OPT_ASK_PROMPT_IDS,
   /* requests */
   ST_OPT_LIMIT, ST_OPT_BODY,
+  /* query */
+  ST_OPT_FULL,
   /* tokenize, render */
   ST_OPT_DECODE, ST_OPT_NO_SPECIAL, ST_OPT_SPLIT_SPECIAL, ST_OPT_SKIP_SPECIAL, ST_OPT_IDS,
   ST_OPT_EFFORT, ST_OPT_EFFORT_TABLE, ST_OPT_DROP_THINKING,

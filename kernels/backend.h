@@ -1,7 +1,7 @@
 /*
 ** backend.h — the device boundary: one table of operations and memory entries that the forward
 ** pass, replay and the benchmarks call for everything that touches activations or weights
-** (DESIGN.md "Backends are the device boundary"; the shape of ggml's backend + buffer layer,
+** (docs/design.md "Architecture", kernels/; the shape of ggml's backend + buffer layer,
 ** shrunk to what DeepSeek-V4 needs).
 **
 ** A backend is a handle { ops, ctx }. Every entry takes the context first: a GPU backend keeps

@@ -390,7 +390,7 @@ st_status st_index_build_id(st_index *ix, const st_index_build *b, int64_t *buil
 static st_status insert_run(st_index *ix, const st_index_run *r, int64_t build_id) {
   static const char *sql =
     "INSERT INTO runs (run_id, created_at, model, model_dir, trace_path, n_prompt, n_tokens, "
-    "positions, settings, build_id, threads, status, command_line, request_id, duration_s) "
+    "tap_positions, settings, build_id, threads, status, command_line, request_id, duration_s) "
     "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'complete', ?12, ?13, ?14)";
   sqlite3_stmt *s = NULL;
   if (sqlite3_prepare_v2(ix->db, sql, -1, &s, NULL) != SQLITE_OK)

@@ -2,7 +2,7 @@
 ** recorder.c — the engine's tap sink: filters rows by the positions spec, hands copies to the
 ** trace writer thread, and at finish renames the trace into place and indexes it.
 **
-** Order of events is the crash-safety contract (DESIGN.md "Trace format"): the HDF5 file is
+** Order of events is the crash-safety contract (docs/design.md "Trace format"): the HDF5 file is
 ** written as <trace>.part; finish drains the writer, marks the file complete and closes it,
 ** renames it to <trace> (atomic on POSIX), and only then inserts the run into index.sqlite. A
 ** crash at any point leaves either a .part file and no index row, or a complete trace that the
@@ -243,6 +243,8 @@ st_status st_recorder_open(const char *h5_path, const char *store_dir, const st_
     .backend = r->backend, .kernel_mode = r->kernel_mode, .created_at = r->created_at,
     .command_line = r->command_line, .request_id = r->request_id, .positions = r->positions,
     .threads = meta->threads, .n_layers = meta->n_layers,
+    .needle_start = meta->needle_start, .needle_end = meta->needle_end,
+    .needle_text = meta->needle_text,
   };
   if ((st = st_trace_writer_open(r->part_path, &attrs, NULL, &r->writer))) {
     recorder_free(r);

@@ -5,7 +5,7 @@
 ** The engine calls the sink (engine/taps.h) from its own thread; the recorder filters rows by
 ** the positions spec, copies them, and queues them to a writer thread that owns every HDF5 call.
 ** The trace is written as <path>.part and renamed to <path> by st_recorder_finish(); only then is
-** the run inserted into the index (DESIGN.md "Trace format").
+** the run inserted into the index (docs/design.md "Trace format").
 */
 #ifndef ST_RECORDER_H
 #define ST_RECORDER_H
@@ -30,6 +30,8 @@ typedef struct st_run_meta {
   int n_layers;                /* for the tap catalogue */
   int force;                   /* 1: overwrite an existing trace file and replace the index row
                                ** of the run that held its path (a note says which) */
+  int64_t needle_start, needle_end; /* run --needle/--needle-tokens span (end > start), else 0, 0 */
+  const char *needle_text;     /* --needle TEXT, or NULL */
 } st_run_meta;
 
 /* Fills meta->run_id with a fresh random uuid. */

@@ -62,6 +62,11 @@ typedef struct st_trace_run_attrs {
   const char *created_at, *command_line, *request_id, *positions;
   int threads;
   int n_layers;
+  /* the needle span of run --needle / --needle-tokens: [needle_start, needle_end) token
+  ** positions of the prompt, written as file attributes when needle_end > needle_start;
+  ** needle_text (NULL: none) is the --needle text */
+  int64_t needle_start, needle_end;
+  const char *needle_text;
 } st_trace_run_attrs;
 
 #endif

@@ -433,6 +433,11 @@ static st_status write_file_attrs(st_trace_writer *w, const st_trace_run_attrs *
       (st = st_h5_attr_write_string(f, "request_id", a->request_id)) ||
       (st = st_h5_attr_write_string(f, "positions", a->positions ? a->positions : "all")))
     return st;
+  if (a->needle_end > a->needle_start &&
+      ((st = st_h5_attr_write_int(f, "needle_start", a->needle_start)) ||
+       (st = st_h5_attr_write_int(f, "needle_end", a->needle_end)) ||
+       (st = st_h5_attr_write_string(f, "needle_text", a->needle_text))))
+    return st;
   return ST_OK;
 }
 

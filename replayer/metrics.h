@@ -1,5 +1,5 @@
 /*
-** metrics.h — the comparison metrics of DESIGN.md "Metrics", as pure functions: no I/O, no
+** metrics.h — the comparison metrics of docs/design.md "Metrics", as pure functions: no I/O, no
 ** allocation, no global state. `replay`, `diff` and `bisect` all measure with these, so a number
 ** means the same thing wherever it is printed or stored in the index.
 **

@@ -46,7 +46,7 @@ typedef struct st_replay_request {
   const char *backend;       /* NULL: the backend that recorded the trace (its build attribute) */
 } st_replay_request;
 
-/* One query position's needle verdict (DESIGN.md "needle rank"). */
+/* One query position's needle verdict (docs/design.md "Needle verdicts"). */
 typedef struct st_needle_verdict {
   int64_t position;
   int64_t best_rank;  /* -1: no needle row visible yet */

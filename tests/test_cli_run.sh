@@ -57,7 +57,7 @@ PY
 # 3. sqlite3 reads the index; sparsetrace query answers from it, read-only
 check "sqlite3 reads the index" bash -c "sqlite3 '$work/store/index.sqlite' 'SELECT count(*) FROM taps' | grep -qx 16"
 out=$($st query --store "$work/store" --json "SELECT name, shape FROM taps WHERE name = 'layers.3.indexer.topk'")
-check "query --json answers" grep -q '"\[603,32\]"' <<<"$out"
+check "query --json answers (shape as an array)" grep -q '"shape": \[603,32\]' <<<"$out"
 expect_error "query refuses writes" "read-only|readonly" $st query --store "$work/store" "DELETE FROM runs"
 
 # 4. determinism: the same run twice gives the same bits (threads 1 and 2)

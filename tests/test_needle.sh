@@ -215,7 +215,7 @@ import sqlite3, sys, os
 work, n_cells = sys.argv[1], int(sys.argv[2])
 db = sqlite3.connect(f"{work}/eng/index.sqlite")
 rows = db.execute("SELECT a.run_id, a.needle_start, a.needle_end, a.tokens_actual, a.tokens_measure, a.position_actual,"
-                  " a.needle, a.answer, a.render, r.n_prompt, r.trace_path, r.positions, a.api, a.error, a.pass,"
+                  " a.needle, a.answer, a.render, r.n_prompt, r.trace_path, r.tap_positions, a.api, a.error, a.pass,"
                   " a.expected, a.tokens_requested"
                   " FROM needle_attempts a JOIN runs r USING (run_id) ORDER BY attempt_id").fetchall()
 assert len(rows) == n_cells == db.execute("SELECT count(*) FROM needle_attempts").fetchone()[0], rows

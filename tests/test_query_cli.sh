@@ -46,7 +46,7 @@ run "$BIN" query --help
 expect_rc 0 "query --help"
 expect_in "$out" "read-only" "query --help text"
 
-run "$BIN" query --store "$STORE" "SELECT model, positions, n_prompt, n_generated FROM run_summary ORDER BY positions"
+run "$BIN" query --store "$STORE" "SELECT model, tap_positions, n_prompt, n_generated FROM run_summary ORDER BY tap_positions"
 expect_rc 0 "query table"
 expect_in "$out" "model" "table header"
 expect_in "$out" "tiny-dsv4" "table row"
@@ -59,7 +59,7 @@ run "$BIN" query --store "$STORE" --json "SELECT name, layer, rms, shape FROM ta
 expect_rc 1 "query with unknown column"
 expect_in "$err" "no such column" "SQL error text"
 
-run "$BIN" query --store "$STORE" --json "SELECT name, layer, rms FROM tap_summary WHERE positions = 'last' ORDER BY name"
+run "$BIN" query --store "$STORE" --json "SELECT name, layer, rms FROM tap_summary WHERE tap_positions = 'last' ORDER BY name"
 expect_rc 0 "query --json"
 if [[ -n "$PY" ]]; then
   printf '%s' "$out" | "$PY" -c '

@@ -448,7 +448,7 @@ static void round_trip(const char *name, const char *spec, int64_t lo, int64_t h
   char sql[512];
   snprintf(sql, sizeof sql, "SELECT count(*) FROM runs WHERE run_id = '%s' AND n_prompt = 6 AND "
            "n_tokens = 9 AND n_generated = 3 AND trace_path = 'runs/sub/run.h5' AND precision = "
-           "'exact' AND rotate = 'none' AND topk = '64' AND positions = '%s' AND duration_s >= 0",
+           "'exact' AND rotate = 'none' AND topk = '64' AND tap_positions = '%s' AND duration_s >= 0",
            meta.run_id, spec);
   assert_int_equal(index_count(store, sql), 1);
   snprintf(sql, sizeof sql, "SELECT count(*) FROM taps WHERE run_id = '%s'", meta.run_id);
