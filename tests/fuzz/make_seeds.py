@@ -102,3 +102,9 @@ sse = {
 }
 for k, v in sse.items():
     put("sse", k, b"\x05" + v.encode())
+
+# text for fuzz_tokenize (first byte: encode flags; 2 = split special tokens, lossless check)
+for i, line in enumerate((root / "tests/data/tokenizer/corpus.jsonl").read_text().splitlines()[:400:20]):
+    put("tokenize", f"corpus_{i:02d}.txt", b"\x02" + json.loads(line)["text"].encode("utf-8", "surrogatepass"))
+put("tokenize", "specials.txt", b"\x01<\xef\xbd\x9cbegin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>Hi<\xef\xbd\x9cUser\xef\xbd\x9c> 12345")
+put("tokenize", "bad_utf8.txt", b"\x00abc\xc3\x28\xed\xa0\x80\xf4\x90\x80\x80")
