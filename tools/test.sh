@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The test suite, as CI runs it: a normal build and an AddressSanitizer + UndefinedBehaviorSanitizer
-# build, each running every ctest test. GPU tests exit 77 (skipped) where there is no GPU.
+# build, each running every ctest test. GPU tests exit 77 (skipped) where there is no GPU. Between
+# the builds and the tests, every libFuzzer fuzzer (tools/fuzz.sh) runs ST_FUZZ_SECONDS (default 10),
+# two at a time: about 2 minutes on 2 cores with the fuzz build. ctest's summary stays the last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/deps.sh
@@ -12,6 +14,9 @@ cmake --build build -j"$jobs"
 echo "== build (ASan + UBSan)"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DST_SANITIZE=ON -DCMAKE_C_FLAGS=-O1 >/dev/null
 cmake --build build-asan -j"$jobs"
+
+echo "== fuzz (libFuzzer, every parser of untrusted input, ${ST_FUZZ_SECONDS:-10} s each)"
+tools/fuzz.sh "${ST_FUZZ_SECONDS:-10}"
 
 echo "== tests, ASan + UBSan build"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \

@@ -200,7 +200,7 @@ static st_status tools_dump(st_render_profile p, const json_t *tools, json_t **o
     if (!fn && p == ST_RENDER_ATOM && json_object_get(t, "name")) {
       json_t *conv = json_object();
       json_object_set(conv, "name", json_object_get(t, "name"));
-      json_object_set_new(conv, "description", json_incref(json_object_get(t, "description") ? json_object_get(t, "description") : json_string("")));
+      json_object_set_new(conv, "description", json_object_get(t, "description") ? json_incref(json_object_get(t, "description")) : json_string(""));
       json_object_set(conv, "parameters", json_object_get(t, "input_schema") ? json_object_get(t, "input_schema") : json_object_get(t, "parameters"));
       json_array_append_new(list, openai_tool(conv));
       continue;
@@ -338,11 +338,11 @@ static st_status anthropic_user(st_render_profile p, const json_t *content, json
     if (is_type(b, "text")) {
       json_t *part = json_object();
       json_object_set_new(part, "type", json_string("text"));
-      json_object_set(part, "text", json_object_get(b, "text") ? json_object_get(b, "text") : json_string(""));
+      json_object_set_new(part, "text", json_object_get(b, "text") ? json_incref(json_object_get(b, "text")) : json_string(""));
       json_array_append_new(texts, part);
     } else if (is_type(b, "tool_result")) {
       json_t *tm = make_msg("tool");
-      json_object_set(tm, "tool_call_id", json_object_get(b, "tool_use_id") ? json_object_get(b, "tool_use_id") : json_string(""));
+      json_object_set_new(tm, "tool_call_id", json_object_get(b, "tool_use_id") ? json_incref(json_object_get(b, "tool_use_id")) : json_string(""));
       json_object_set_new(tm, "content", tool_result_content(p, b));
       if (p == ST_RENDER_ATOM) {
         /* ATOM: all user text first, then all tool messages (§4). */
@@ -397,9 +397,11 @@ static st_status anthropic_assistant(st_render_profile p, const json_t *content,
     } else if (is_type(b, "tool_use")) {
       /* arguments = json.dumps(input) in every engine (§4); the encoder parses them back. */
       json_t *fn = json_object(), *call = json_object();
-      json_object_set(fn, "name", json_object_get(b, "name") ? json_object_get(b, "name") : json_string(""));
-      json_object_set_new(fn, "arguments", python_dumps(json_object_get(b, "input") ? json_object_get(b, "input") : json_object()));
-      json_object_set(call, "id", json_object_get(b, "id") ? json_object_get(b, "id") : json_string(""));
+      json_object_set_new(fn, "name", json_object_get(b, "name") ? json_incref(json_object_get(b, "name")) : json_string(""));
+      json_t *input = json_object_get(b, "input"), *no_input = input ? NULL : json_object();
+      json_object_set_new(fn, "arguments", python_dumps(input ? input : no_input));
+      json_decref(no_input);
+      json_object_set_new(call, "id", json_object_get(b, "id") ? json_incref(json_object_get(b, "id")) : json_string(""));
       json_object_set_new(call, "type", json_string("function"));
       json_object_set_new(call, "function", fn);
       json_array_append_new(calls, call);
@@ -455,7 +457,7 @@ static st_status from_anthropic(st_render_profile p, const json_t *req, chat_req
       /* role "system" inside messages: kept as a system message (sglang without
       ** merge_inline_system, ATOM pass-through, §4); reference does the same. */
       json_t *sm = make_msg("system");
-      json_object_set_new(sm, "content", json_is_array(content) ? joined_text(content, "\n") : json_incref(content ? content : json_string("")));
+      json_object_set_new(sm, "content", json_is_array(content) ? joined_text(content, "\n") : content ? json_incref(content) : json_string(""));
       json_array_append_new(c->messages, sm);
     } else st = st_fail(ST_EINVAL, "messages[%zu].role: expected user or assistant", i);
     if (st) return st;
@@ -554,7 +556,7 @@ static st_status from_responses(st_render_profile p, const json_t *req, chat_req
           ** turn opened by a reasoning item [I]. */
           json_t *text = json_is_string(content) ? json_incref(content) : NULL;
           if (!text && json_is_array(content) && json_array_size(content))
-            text = json_incref(json_object_get(json_array_get(content, 0), "text") ? json_object_get(json_array_get(content, 0), "text") : json_string(""));
+            text = json_object_get(json_array_get(content, 0), "text") ? json_incref(json_object_get(json_array_get(content, 0), "text")) : json_string("");
           if (!text) text = json_string("");
           if (prev_assistant && !json_object_get(prev, "content") && !json_object_get(prev, "tool_calls")) {
             json_object_set_new(prev, "content", text);
@@ -566,13 +568,13 @@ static st_status from_responses(st_render_profile p, const json_t *req, chat_req
           continue;
         }
         json_t *m = make_msg(role);
-        json_object_set(m, "content", content ? content : json_string(""));
+        json_object_set_new(m, "content", content ? json_incref(content) : json_string(""));
         json_array_append_new(c->messages, m);
       } else if (type && !strcmp(type, "function_call")) {
         json_t *fn = json_object(), *call = json_object();
-        json_object_set(fn, "name", json_object_get(it, "name") ? json_object_get(it, "name") : json_string(""));
-        json_object_set(fn, "arguments", json_object_get(it, "arguments") ? json_object_get(it, "arguments") : json_string("{}"));
-        json_object_set(call, "id", json_object_get(it, "call_id") ? json_object_get(it, "call_id") : json_string(""));
+        json_object_set_new(fn, "name", json_object_get(it, "name") ? json_incref(json_object_get(it, "name")) : json_string(""));
+        json_object_set_new(fn, "arguments", json_object_get(it, "arguments") ? json_incref(json_object_get(it, "arguments")) : json_string("{}"));
+        json_object_set_new(call, "id", json_object_get(it, "call_id") ? json_incref(json_object_get(it, "call_id")) : json_string(""));
         json_object_set_new(call, "type", json_string("function"));
         json_object_set_new(call, "function", fn);
         /* Appended to the preceding assistant message when there is one (§5). */
@@ -586,8 +588,8 @@ static st_status from_responses(st_render_profile p, const json_t *req, chat_req
         json_array_append_new(calls, call);
       } else if (type && !strcmp(type, "function_call_output")) {
         json_t *m = make_msg("tool");
-        json_object_set(m, "tool_call_id", json_object_get(it, "call_id") ? json_object_get(it, "call_id") : json_string(""));
-        json_object_set(m, "content", json_object_get(it, "output") ? json_object_get(it, "output") : json_string(""));
+        json_object_set_new(m, "tool_call_id", json_object_get(it, "call_id") ? json_incref(json_object_get(it, "call_id")) : json_string(""));
+        json_object_set_new(m, "content", json_object_get(it, "output") ? json_incref(json_object_get(it, "output")) : json_string(""));
         json_array_append_new(c->messages, m);
       } else if (type && !strcmp(type, "reasoning")) {
         if (truthy_encrypted(it)) {
@@ -598,7 +600,7 @@ static st_status from_responses(st_render_profile p, const json_t *req, chat_req
         json_t *first = json_array_get(json_object_get(it, "content"), 0);
         if (!first) first = json_array_get(json_object_get(it, "summary"), 0);
         json_t *m = make_msg("assistant");
-        json_object_set(m, "reasoning_content", json_object_get(first, "text") ? json_object_get(first, "text") : json_string(""));
+        json_object_set_new(m, "reasoning_content", json_object_get(first, "text") ? json_incref(json_object_get(first, "text")) : json_string(""));
         json_array_append_new(c->messages, m);
       } else {
         st_buf_free(&developer);
@@ -637,7 +639,7 @@ static st_status from_responses(st_render_profile p, const json_t *req, chat_req
       } else if (is_type(t, "custom") && p == ST_RENDER_SGLANG) {
         fn = json_object();
         json_object_set(fn, "name", json_object_get(t, "name"));
-        json_object_set(fn, "description", json_object_get(t, "description") ? json_object_get(t, "description") : json_string(""));
+        json_object_set_new(fn, "description", json_object_get(t, "description") ? json_incref(json_object_get(t, "description")) : json_string(""));
         json_object_set_new(fn, "parameters", json_pack("{s:s, s:{s:{s:s}}, s:[s]}", "type", "object", "properties",
                                                         "input", "type", "string", "required", "input"));
       }
@@ -764,7 +766,7 @@ static st_status to_encoder(st_render_profile p, chat_request *c, json_t **tail)
     if (c->sig.continue_final) {
       /* §3.1 step 3: the final assistant message is removed and its text tokenised on its own,
       ** after the rest. */
-      *tail = json_incref(json_is_string(content) ? content : json_string(""));
+      *tail = json_is_string(content) ? json_incref(content) : json_string("");
       json_array_remove(msgs, n - 1);
     } else if (json_is_string(content)) {
       /* ... otherwise a trailing assistant with string content is rewritten as a user turn. */

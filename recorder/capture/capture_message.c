@@ -404,7 +404,7 @@ static json_t *acc_result(acc *a) {
         json_object_set_new(call, "arguments_malformed", json_true());
       }
     } else {
-      json_object_set(call, "arguments", p->input ? p->input : json_object());
+      json_object_set_new(call, "arguments", p->input ? json_incref(p->input) : json_object());
     }
   }
   json_object_set_new(out, "api", json_string(capture_api_name(a->api)));
