@@ -319,6 +319,42 @@ static void bench_matmul(st_backend *best, int quick, int checks_only) {
   for (int a = 0; a < 3; a++) st_backend_close(&isa[a]);
 }
 
+/* matmul [4096x4096] by token count: decode steps and MoE experts (~3 tokens each) run at small n,
+** where decoding the weight into panels, not the FMAs, sets the pace. Both ISA paths. */
+static void bench_matmul_small(st_backend *best) {
+  struct { st_wtype t; st_wscale s; int b0, b1; } kinds[] = {
+    {ST_W_BF16, ST_WSCALE_NONE, 1, 1}, {ST_W_FP8_E4M3, ST_WSCALE_UE8M0, 128, 128},
+    {ST_W_FP4_E2M1, ST_WSCALE_UE8M0, 1, 32},
+  };
+  int ns[] = {1, 3, 8, 64, 512}, O = 4096, K = 4096;
+  st_backend avx2 = open_cpu("avx2");
+  printf("\n## matmul by token count [4096x4096]\n\n");
+  printf("GFLOP/s wall clock (GFLOP per core-second in brackets), 2 threads\n\n");
+  printf("| weight | path | n=1 | n=3 | n=8 | n=64 | n=512 |\n|---|---|---:|---:|---:|---:|---:|\n");
+  for (int q = 0; q < 3; q++) {
+    wbuf wb = make_weight(kinds[q].t, kinds[q].s, kinds[q].b0, kinds[q].b1, O, K);
+    for (int p = 0; p < 2; p++) {
+      st_backend *b = p ? &avx2 : best;
+      printf("| %s | %s |", weight_label(&wb.w), p ? "avx2" : "best");
+      for (int a = 0; a < 5; a++) {
+        int n = ns[a];
+        float *x = malloc(sizeof(float) * n * K), *y = malloc(sizeof(float) * n * O);
+        fill_rand(x, (size_t)n * K);
+        b->ops->matmul(b->ctx, y, x, &wb.w, n); /* warm */
+        int reps = n <= 8 ? 10 : n <= 64 ? 4 : 1;
+        double t0 = now(), c0 = cpu_now();
+        for (int r = 0; r < reps; r++) b->ops->matmul(b->ctx, y, x, &wb.w, n);
+        double dt = (now() - t0) / reps, ct = (cpu_now() - c0) / reps, f = 2.0 * n * O * K / 1e9;
+        printf(" %.2f (%.2f) |", f / dt, f / ct);
+        free(x), free(y);
+      }
+      printf("\n");
+    }
+    free(wb.data), free(wb.scales);
+  }
+  st_backend_close(&avx2);
+}
+
 /* ---------------------------------------------------------------- indexer */
 
 static double ref_score(const float *q, const float *w, const float *k, int i, int j, int heads, int dim) {
@@ -609,6 +645,12 @@ int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   omp_set_num_threads(2);
   __builtin_cpu_init();
+  if (argc > 1 && !strcmp(argv[1], "--small-n")) { /* only the matmul-by-token-count table */
+    st_backend b = open_cpu(NULL);
+    bench_matmul_small(&b);
+    st_backend_close(&b);
+    return 0;
+  }
   int has512 = __builtin_cpu_supports("avx512f");
   double peak1 = measure_peak(has512, 1, PEAK_ITERS / 4), peak = measure_peak(has512, 2, PEAK_ITERS / 4);
   double peak_avx2 = measure_peak(0, 2, PEAK_ITERS / 4);
@@ -628,6 +670,7 @@ int main(int argc, char **argv) {
   check_other_ops();
   attention(&best, 24, 20, 72, 16, 40, 1, peak);
   bench_matmul(&best, quick, checks_only);
+  if (!checks_only) bench_matmul_small(&best);
   if (checks_only) {
     printf("\n%s (%d failures)\n", failures ? "FAILED" : "all checks passed", failures);
     return failures ? 1 : 0;

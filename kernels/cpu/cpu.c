@@ -122,12 +122,11 @@ static void gemm_task(const cpu_ctx *c, float *y, int64_t ldy, const float *x, i
   }
   for (int k0 = 0; k0 < K; k0 += CPU_KC) {
     int kc = K - k0 < CPU_KC ? K - k0 : CPU_KC;
-    for (int o = 0; o < cols; o += nr)
-      isa->pack(panels + (size_t)(o / nr) * CPU_KC * nr, w, wrow0 + o, cols - o < nr ? cols - o : nr,
-                k0, kc);
-    for (int o = 0; o < cols; o += nr)
-      isa->gemm(y + o, ldy, x + k0, ldx, m, panels + (size_t)(o / nr) * CPU_KC * nr,
-                cols - o < nr ? cols - o : nr, kc, k0 > 0);
+    /* each panel is used by all m rows right after it is packed, while it is in L1 */
+    for (int o = 0; o < cols; o += nr) {
+      isa->pack(panels, w, wrow0 + o, cols - o < nr ? cols - o : nr, k0, kc);
+      isa->gemm(y + o, ldy, x + k0, ldx, m, panels, cols - o < nr ? cols - o : nr, kc, k0 > 0);
+    }
   }
 }
 

@@ -5,6 +5,8 @@
 */
 #include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/weight.h"
@@ -86,15 +88,134 @@ static void decode_row(const st_weight *w, int64_t r, int64_t k0, int count, flo
   if (k < count) st_weight_decode(w, r, k0 + k, count - k, out + k);
 }
 
-static void pack(float *panel, const st_weight *w, int64_t r0, int cols, int64_t k0, int kc) {
+/* The scalar path: decode a row, scatter it into the panel (odd shapes, the k tail). */
+static void pack_rows(float *panel, const st_weight *w, int64_t r0, int cols, int64_t k0, int kb, int kc) {
   float row[CPU_KC];
   for (int j = 0; j < cols; j++) {
-    decode_row(w, r0 + j, k0, kc, row);
-    for (int kk = 0; kk < kc; kk++) panel[(size_t)kk * NR + j] = row[kk];
+    if (kb == 0) decode_row(w, r0 + j, k0, kc, row);
+    else st_weight_decode(w, r0 + j, k0 + kb, kc - kb, row + kb);
+    for (int kk = kb; kk < kc; kk++) panel[(size_t)kk * NR + j] = row[kk];
   }
   if (cols < NR)
-    for (int kk = 0; kk < kc; kk++)
+    for (int kk = kb; kk < kc; kk++)
       for (int j = cols; j < NR; j++) panel[(size_t)kk * NR + j] = 0.0f;
+}
+
+/* v[t] (t < 8) := column t of the 8 x 8 matrix whose rows are v[0..8) */
+INLINE void transpose8(__m256 v[8]) {
+  __m256 t[8];
+  #pragma GCC unroll 8
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+  }
+  #pragma GCC unroll 8
+  for (int i = 0; i < 8; i += 4) {
+    v[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    v[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    v[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    v[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  #pragma GCC unroll 8
+  for (int i = 0; i < 4; i++) {
+    t[i] = _mm256_permute2f128_ps(v[i], v[i + 4], 0x20);
+    t[i + 4] = _mm256_permute2f128_ps(v[i], v[i + 4], 0x31);
+  }
+  #pragma GCC unroll 8
+  for (int i = 0; i < 8; i++) v[i] = t[i];
+}
+
+/* W[r, k .. k + 8) as decode_row gives it; s the row's scale at k (fp8, fp4). */
+INLINE __m256 decode8(int dtype, const st_weight *w, int64_t r, int64_t k, float s) {
+  const unsigned char *p = w->data;
+  switch (dtype) {
+  case ST_W_F32: return _mm256_loadu_ps((const float *)p + r * w->cols + k);
+  case ST_W_BF16: {
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + r * w->cols + k)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  }
+  case ST_W_F16:
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + r * w->cols + k)));
+  case ST_W_FP8_E4M3: {
+    /* integer construction of the f32 bits (no subnormal f32 operand: see cpu_avx512.c) */
+    const __m256 sub = _mm256_setr_ps(0.0f, 0x1p-9f, 0x2p-9f, 0x3p-9f, 0x4p-9f, 0x5p-9f, 0x6p-9f, 0x7p-9f);
+    const __m256i m7f = _mm256_set1_epi32(0x7f);
+    const __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
+    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + r * w->cols + k)));
+    __m256i mag = _mm256_and_si256(b, m7f);
+    __m256 v = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23)));
+    v = _mm256_blendv_ps(v, _mm256_permutevar8x32_ps(sub, mag),
+                         _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), mag)));
+    v = _mm256_blendv_ps(v, nan, _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, m7f)));
+    __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(b, 7), 31);
+    v = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), sign));
+    return _mm256_mul_ps(v, _mm256_set1_ps(s));
+  }
+  default: { /* ST_W_FP4_E2M1 */
+    const __m256 table = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+    const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i shifts = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
+    int32_t four;
+    memcpy(&four, p + r * (w->cols / 2) + k / 2, 4);
+    __m256i b = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(_mm_cvtsi32_si128(four), dup));
+    __m256i nib = _mm256_srlv_epi32(b, shifts);
+    __m256 v = _mm256_permutevar8x32_ps(table, _mm256_and_si256(nib, _mm256_set1_epi32(7)));
+    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(nib, _mm256_set1_epi32(8)), 28);
+    v = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), sign));
+    return _mm256_mul_ps(v, _mm256_set1_ps(s));
+  }
+  }
+}
+
+/* The vector path: 8 rows x 8 k decoded into registers, transposed, stored as 8 panel half-rows
+** (the same values as pack_rows, element for element). kc8 % 8 == 0. */
+INLINE void pack_tiles(int dtype, float *panel, const st_weight *w, int64_t r0, int cols, int64_t k0, int kc8) {
+  int scaled = (dtype == ST_W_FP8_E4M3 || dtype == ST_W_FP4_E2M1) && w->scale_dtype != ST_WSCALE_NONE;
+  int64_t b1 = scaled ? w->block[1] : 1;
+  for (int j0 = 0; j0 < NR; j0 += 8) {
+    int nj = cols - j0 < 0 ? 0 : cols - j0 > 8 ? 8 : cols - j0;
+    if (nj == 0) {
+      for (int kk = 0; kk < kc8; kk++) _mm256_store_ps(panel + (size_t)kk * NR + j0, _mm256_setzero_ps());
+      continue;
+    }
+    float sc[8];
+    int64_t next[8];
+    for (int jj = 0; jj < 8; jj++) sc[jj] = 1.0f, next[jj] = scaled ? k0 : INT64_MAX;
+    for (int kb = 0; kb < kc8; kb += 8) {
+      __m256 v[8];
+      int64_t k = k0 + kb;
+      #pragma GCC unroll 8
+      for (int jj = 0; jj < 8; jj++) {
+        if (jj < nj) {
+          int64_t r = r0 + j0 + jj;
+          if (k >= next[jj]) sc[jj] = st_wscale_at(w, r, k), next[jj] = (k / b1 + 1) * b1;
+          v[jj] = decode8(dtype, w, r, k, sc[jj]);
+        } else {
+          v[jj] = _mm256_setzero_ps();
+        }
+      }
+      transpose8(v);
+      #pragma GCC unroll 8
+      for (int t = 0; t < 8; t++) _mm256_store_ps(panel + (size_t)(kb + t) * NR + j0, v[t]);
+    }
+  }
+}
+
+static void pack(float *panel, const st_weight *w, int64_t r0, int cols, int64_t k0, int kc) {
+  int kc8 = kc / 8 * 8;
+  if ((w->dtype == ST_W_FP8_E4M3 || w->dtype == ST_W_FP4_E2M1) && w->scale_dtype != ST_WSCALE_NONE &&
+      w->block[1] % 8)
+    kc8 = 0;
+  if (k0 % 8) kc8 = 0;
+  switch (kc8 ? w->dtype : ST_W_TYPE_COUNT) {
+  case ST_W_F32: pack_tiles(ST_W_F32, panel, w, r0, cols, k0, kc8); break;
+  case ST_W_BF16: pack_tiles(ST_W_BF16, panel, w, r0, cols, k0, kc8); break;
+  case ST_W_F16: pack_tiles(ST_W_F16, panel, w, r0, cols, k0, kc8); break;
+  case ST_W_FP8_E4M3: pack_tiles(ST_W_FP8_E4M3, panel, w, r0, cols, k0, kc8); break;
+  case ST_W_FP4_E2M1: pack_tiles(ST_W_FP4_E2M1, panel, w, r0, cols, k0, kc8); break;
+  default: kc8 = 0; break;
+  }
+  if (kc8 < kc) pack_rows(panel, w, r0, cols, k0, kc8, kc);
 }
 
 /* ---------------------------------------------------------------- GEMM */

@@ -5,6 +5,7 @@
 */
 #include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
 
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/weight.h"
@@ -81,15 +82,138 @@ static void decode_row(const st_weight *w, int64_t r, int64_t k0, int count, flo
   if (k < count) st_weight_decode(w, r, k0 + k, count - k, out + k);
 }
 
-static void pack(float *panel, const st_weight *w, int64_t r0, int cols, int64_t k0, int kc) {
+/* The scalar path: decode a row, scatter it into the panel (odd shapes, the k tail). */
+static void pack_rows(float *panel, const st_weight *w, int64_t r0, int cols, int64_t k0, int kb, int kc) {
   float row[CPU_KC];
   for (int j = 0; j < cols; j++) {
-    decode_row(w, r0 + j, k0, kc, row);
-    for (int kk = 0; kk < kc; kk++) panel[(size_t)kk * NR + j] = row[kk];
+    if (kb == 0) decode_row(w, r0 + j, k0, kc, row);
+    else st_weight_decode(w, r0 + j, k0 + kb, kc - kb, row + kb);
+    for (int kk = kb; kk < kc; kk++) panel[(size_t)kk * NR + j] = row[kk];
   }
   if (cols < NR)
-    for (int kk = 0; kk < kc; kk++)
+    for (int kk = kb; kk < kc; kk++)
       for (int j = cols; j < NR; j++) panel[(size_t)kk * NR + j] = 0.0f;
+}
+
+/* v[t] (t < 16) := column t of the 16 x 16 matrix whose rows are v[0..16) */
+INLINE void transpose16(__m512 v[16]) {
+  __m512 t[16];
+  #pragma GCC unroll 16
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(v[i], v[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(v[i], v[i + 1]);
+  }
+  #pragma GCC unroll 16
+  for (int i = 0; i < 16; i += 4) {
+    v[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    v[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    v[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    v[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+  }
+  #pragma GCC unroll 16
+  for (int h = 0; h < 16; h += 8)
+    #pragma GCC unroll 16
+    for (int i = 0; i < 4; i++) {
+      t[h + i] = _mm512_shuffle_f32x4(v[h + i], v[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_f32x4(v[h + i], v[h + i + 4], 0xdd);
+    }
+  #pragma GCC unroll 16
+  for (int i = 0; i < 8; i++) {
+    v[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    v[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
+/* W[r, k .. k + 16) as decode_row gives it; s the row's scale at k (fp8, fp4). */
+INLINE __m512 decode16(int dtype, const st_weight *w, int64_t r, int64_t k, float s) {
+  const unsigned char *p = w->data;
+  switch (dtype) {
+  case ST_W_F32: return _mm512_loadu_ps((const float *)p + r * w->cols + k);
+  case ST_W_BF16: {
+    __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + r * w->cols + k)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+  }
+  case ST_W_F16:
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + r * w->cols + k)));
+  case ST_W_FP8_E4M3: {
+    /* the f32 bits built with integer operations (no subnormal f32 operand, which costs a
+    ** microcode assist): normal codes (mag << 20) + (120 << 23), subnormal ones m * 2^-9 from a
+    ** table, NaN as 0x7fc00000, then the sign; the same values as decode_row, bit for bit */
+    const __m512 sub = _mm512_setr_ps(0.0f, 0x1p-9f, 0x2p-9f, 0x3p-9f, 0x4p-9f, 0x5p-9f, 0x6p-9f, 0x7p-9f,
+                                      0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i m7f = _mm512_set1_epi32(0x7f), nan = _mm512_set1_epi32(0x7fc00000);
+    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + r * w->cols + k)));
+    __m512i mag = _mm512_and_si512(b, m7f);
+    __m512i v = _mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23));
+    v = _mm512_mask_mov_epi32(v, _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(8)),
+                              _mm512_castps_si512(_mm512_permutexvar_ps(mag, sub)));
+    v = _mm512_mask_mov_epi32(v, _mm512_cmpeq_epi32_mask(mag, m7f), nan);
+    /* v | (b << 24 & sign bit) */
+    v = _mm512_ternarylogic_epi32(v, _mm512_slli_epi32(b, 24), _mm512_set1_epi32((int)0x80000000u), 0xF8);
+    return _mm512_mul_ps(_mm512_castsi512_ps(v), _mm512_set1_ps(s));
+  }
+  default: { /* ST_W_FP4_E2M1 */
+    const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f,
+                                        -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+    __m128i bytes = _mm_loadl_epi64((const __m128i *)(p + r * (w->cols / 2) + k / 2));
+    __m512i b = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(bytes, dup));
+    __m512i nib = _mm512_and_si512(_mm512_srlv_epi32(b, shifts), _mm512_set1_epi32(15));
+    return _mm512_mul_ps(_mm512_permutexvar_ps(nib, table), _mm512_set1_ps(s));
+  }
+  }
+}
+
+/* The vector path: 16 rows x 16 k decoded into registers, transposed, stored as 16 panel rows
+** (the same values as pack_rows, element for element). k0 + kc16 within the row, kc16 % 16 == 0. */
+INLINE void pack_tiles(int dtype, float *panel, const st_weight *w, int64_t r0, int cols, int64_t k0, int kc16) {
+  int scaled = (dtype == ST_W_FP8_E4M3 || dtype == ST_W_FP4_E2M1) && w->scale_dtype != ST_WSCALE_NONE;
+  int64_t b1 = scaled ? w->block[1] : 1;
+  for (int j0 = 0; j0 < NR; j0 += 16) {
+    int nj = cols - j0 < 0 ? 0 : cols - j0 > 16 ? 16 : cols - j0;
+    if (nj == 0) {
+      for (int kk = 0; kk < kc16; kk++) _mm512_store_ps(panel + (size_t)kk * NR + j0, _mm512_setzero_ps());
+      continue;
+    }
+    float sc[16];
+    int64_t next[16];
+    for (int jj = 0; jj < 16; jj++) sc[jj] = 1.0f, next[jj] = scaled ? k0 : INT64_MAX;
+    for (int kb = 0; kb < kc16; kb += 16) {
+      __m512 v[16];
+      int64_t k = k0 + kb;
+      #pragma GCC unroll 16
+      for (int jj = 0; jj < 16; jj++) {
+        if (jj < nj) {
+          int64_t r = r0 + j0 + jj;
+          if (k >= next[jj]) sc[jj] = st_wscale_at(w, r, k), next[jj] = (k / b1 + 1) * b1;
+          v[jj] = decode16(dtype, w, r, k, sc[jj]);
+        } else {
+          v[jj] = _mm512_setzero_ps();
+        }
+      }
+      transpose16(v);
+      #pragma GCC unroll 16
+      for (int t = 0; t < 16; t++) _mm512_store_ps(panel + (size_t)(kb + t) * NR + j0, v[t]);
+    }
+  }
+}
+
+static void pack(float *panel, const st_weight *w, int64_t r0, int cols, int64_t k0, int kc) {
+  int kc16 = kc / 16 * 16;
+  if ((w->dtype == ST_W_FP8_E4M3 || w->dtype == ST_W_FP4_E2M1) && w->scale_dtype != ST_WSCALE_NONE &&
+      w->block[1] % 16)
+    kc16 = 0;
+  if (k0 % 16) kc16 = 0;
+  switch (kc16 ? w->dtype : ST_W_TYPE_COUNT) {
+  case ST_W_F32: pack_tiles(ST_W_F32, panel, w, r0, cols, k0, kc16); break;
+  case ST_W_BF16: pack_tiles(ST_W_BF16, panel, w, r0, cols, k0, kc16); break;
+  case ST_W_F16: pack_tiles(ST_W_F16, panel, w, r0, cols, k0, kc16); break;
+  case ST_W_FP8_E4M3: pack_tiles(ST_W_FP8_E4M3, panel, w, r0, cols, k0, kc16); break;
+  case ST_W_FP4_E2M1: pack_tiles(ST_W_FP4_E2M1, panel, w, r0, cols, k0, kc16); break;
+  default: kc16 = 0; break;
+  }
+  if (kc16 < kc) pack_rows(panel, w, r0, cols, k0, kc16, kc);
 }
 
 /* ---------------------------------------------------------------- GEMM */
