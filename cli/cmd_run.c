@@ -338,6 +338,76 @@ out:
   return rc;
 }
 
+/* Positions the run forwards: the prompt and every generated token but the last. */
+static int64_t forwarded_positions(int n_prompt, int max_new) {
+  return (int64_t)n_prompt + (max_new > 0 ? max_new - 1 : 0);
+}
+
+/* --positions A:B (or A:) with A at or past the last forwarded position keeps nothing. */
+static st_status check_positions(const char *spec, int n_prompt, int max_new) {
+  const char *colon = spec ? strchr(spec, ':') : NULL;
+  if (!colon || colon == spec) return ST_OK; /* all, last, :B; malformed specs: the recorder says */
+  char *end;
+  errno = 0;
+  long long lo = strtoll(spec, &end, 10);
+  if (errno || end != colon || lo < 0) return ST_OK;
+  int64_t n = forwarded_positions(n_prompt, max_new);
+  if (lo < n) return ST_OK;
+  if (max_new > 0)
+    return st_fail(ST_EINVAL, "--positions %s lies beyond the run's tokens: %d prompt tokens and up to %d "
+                   "generated, positions 0 to %lld are recorded (nothing would be kept)", spec, n_prompt,
+                   max_new, (long long)n - 1);
+  return st_fail(ST_EINVAL, "--positions %s lies beyond the run's tokens: the prompt has %d tokens, "
+                 "positions 0 to %d (nothing would be kept; --max-new-tokens adds positions)", spec,
+                 n_prompt, n_prompt - 1);
+}
+
+static const char *layer_kind_name(st_layer_kind k) {
+  return k == ST_LAYER_CSA ? "CSA" : k == ST_LAYER_HCA ? "HCA" : "sliding-window";
+}
+
+/* The layers of one kind, "2, 4, 6" (at most out_len bytes). */
+static void layers_of_kind(const st_config *cfg, st_layer_kind kind, char *out, size_t out_len) {
+  size_t n = 0;
+  out[0] = 0;
+  for (int l = 0; l < cfg->num_hidden_layers && n + 16 < out_len; l++)
+    if (cfg->layer_kind[l] == kind) n += (size_t)snprintf(out + n, out_len - n, "%s%d", n ? ", " : "", l);
+  if (!n) snprintf(out, out_len, "none");
+}
+
+/* --layer-set L:KEY=VALUE where the setting changes nothing on layer L: the indexer settings on a
+** layer without an indexer (sliding, HCA), the compressed-RoPE settings on a sliding layer. A
+** warning naming the layer and its kind, not an error (issue 13 #7). */
+static void warn_layer_set(const st_config *cfg, const char *spec, const char *colon) {
+  const char *kv = colon + 1, *eq = strchr(kv, '=');
+  size_t klen = eq ? (size_t)(eq - kv) : strlen(kv);
+  static const char *const indexer_keys[] = {"index_k", "index_q", "rotate", "topk", "index_rope"};
+  static const char *const compressed_keys[] = {"compress_rope_theta", "yarn"};
+  int indexer = 0, compressed = 0;
+  for (size_t i = 0; i < sizeof indexer_keys / sizeof *indexer_keys; i++)
+    if (strlen(indexer_keys[i]) == klen && !strncmp(kv, indexer_keys[i], klen)) indexer = 1;
+  for (size_t i = 0; i < sizeof compressed_keys / sizeof *compressed_keys; i++)
+    if (strlen(compressed_keys[i]) == klen && !strncmp(kv, compressed_keys[i], klen)) compressed = 1;
+  if (!indexer && !compressed) return;
+  for (const char *p = spec; p < colon;) {
+    char *end;
+    long layer = strtol(p, &end, 10);
+    st_layer_kind kind = cfg->layer_kind[layer];
+    if ((indexer && kind != ST_LAYER_CSA) || (compressed && kind == ST_LAYER_SLIDING)) {
+      char csa[256];
+      layers_of_kind(cfg, ST_LAYER_CSA, csa, sizeof csa);
+      if (indexer)
+        fprintf(stderr, "warning: --layer-set '%s': layer %ld is a%s %s layer, which has no indexer: "
+                "%.*s changes nothing there (the CSA layers, with an indexer: %s)\n", spec, layer,
+                kind == ST_LAYER_HCA ? "n" : "", layer_kind_name(kind), (int)klen, kv, csa);
+      else
+        fprintf(stderr, "warning: --layer-set '%s': layer %ld is a sliding-window layer, which has no "
+                "compressor: %.*s changes nothing there\n", spec, layer, (int)klen, kv);
+    }
+    p = *end == ',' ? end + 1 : end;
+  }
+}
+
 int st_cmd_run(int argc, char **argv) {
   run_args a;
   int usage = parse_args(argc, argv, &a);
@@ -399,6 +469,12 @@ int st_cmd_run(int argc, char **argv) {
   } else if (read_prompt(a.prompt_path, &tokens, &n_prompt)) {
     goto out;
   }
+  /* A token range that starts past every position the run forwards records nothing: refused,
+  ** saying how many tokens there are (issue 13 #7). */
+  if (check_positions(a.positions, n_prompt, a.max_new)) {
+    exit_code = 2;
+    goto out;
+  }
   if (st_model_open(a.model, &model) || st_model_load_all(model)) goto out;
   if (st_backend_open(a.backend ? a.backend : ST_BACKEND_DEFAULT, &backend)) goto out;
   const st_config *cfg = model->cfg;
@@ -443,6 +519,7 @@ int st_cmd_run(int argc, char **argv) {
       if (p < colon && *end != ',') { st_fail(ST_EINVAL, "--layer-set '%s': expected LAYERS:KEY=VALUE", a.layer_sets[k]); goto out; }
     }
     if (st_settings_set(&alt, colon + 1)) goto out;
+    warn_layer_set(cfg, a.layer_sets[k], colon);
   }
 
   st_settings resolved = a.settings;
