@@ -13,6 +13,7 @@
 
 #include "commands.h"
 #include "options.h"
+#include "progress.h"
 #include "engine/model.h"
 #include "engine/text/chat.h"
 #include "engine/text/pyjson.h"
@@ -58,6 +59,7 @@ static const st_opt_use run_options[] = {
                        "identical)"},
   {ST_OPT_BACKEND, NULL, NULL},
   {ST_OPT_JSON, NULL, "print the result as one JSON object"},
+  {ST_OPT_QUIET, NULL, "no progress line on stderr (shown only when stderr is a terminal)"},
   {0}};
 
 static const st_cmd_spec run_spec = {
@@ -68,7 +70,7 @@ static const st_cmd_spec run_spec = {
 
 typedef struct run_args {
   const char *model, *prompt_path, *trace, *store, *positions;
-  int max_new, ignore_eos, threads, chunk, json, force;
+  int max_new, ignore_eos, threads, chunk, json, force, quiet;
   const char *backend;
   const char **taps;
   int n_taps;
@@ -321,6 +323,7 @@ static int parse_args(int argc, char **argv, run_args *a) {
   a->threads = o.threads;
   a->backend = o.backend;
   a->json = o.json;
+  a->quiet = o.quiet;
   for (int i = 0; i < o.n_taps; i++) a->taps[a->n_taps++] = o.taps[i];
   for (int i = 0; i < o.n_layer_sets; i++) a->layer_sets[a->n_layer_sets++] = o.layer_sets[i];
   for (int i = 0; i < o.n_sets; i++)
@@ -406,6 +409,46 @@ static void warn_layer_set(const st_config *cfg, const char *spec, const char *c
     }
     p = *end == ',' ? end + 1 : end;
   }
+}
+
+static int32_t argmax(const float *v, int n) { /* ties to the lower id, as st_generate_greedy */
+  int32_t best = 0;
+  for (int i = 1; i < n; i++)
+    if (v[i] > v[best]) best = i;
+  return best;
+}
+
+/* st_generate_greedy, with the prompt fed in pieces (a multiple of the engine's chunk, about 1024
+** tokens) so that a progress line can follow it: the engine's results are bit-identical for any
+** chunking (tests/test_digests.c), and the pieces keep its chunk boundaries anyway. Logits are
+** computed only for the last piece, as one call would. Generated ids follow the prompt in tokens. */
+static st_status generate(st_session *s, const st_config *cfg, int32_t *tokens, int n_prompt, int max_new,
+                          int stop_at_eos, int chunk, int quiet, int *n_out) {
+  *n_out = 0;
+  int V = cfg->vocab_size;
+  float *last = malloc(sizeof(float) * (size_t)V);
+  if (!last) return st_fail(ST_ENOMEM, "logits");
+  int c = chunk > 0 ? chunk : 256, piece = c >= 1024 ? c : (1024 + c - 1) / c * c;
+  st_progress pr;
+  st_progress_start(&pr, "run", "tokens", (int64_t)n_prompt + max_new, quiet);
+  st_status rc = ST_OK;
+  for (int done = 0; rc == ST_OK && done < n_prompt;) {
+    int n = n_prompt - done < piece ? n_prompt - done : piece;
+    rc = st_session_forward(s, tokens + done, n, done + n == n_prompt ? last : NULL, NULL);
+    done += n;
+    st_progress_update(&pr, done);
+  }
+  int32_t *out = tokens + n_prompt;
+  for (int k = 0; rc == ST_OK && k < max_new; k++) {
+    int32_t next = argmax(last, V);
+    out[(*n_out)++] = next;
+    st_progress_update(&pr, (int64_t)n_prompt + *n_out);
+    if (stop_at_eos && next == cfg->eos_token_id) break;
+    if (k + 1 < max_new) rc = st_session_forward(s, &next, 1, last, NULL);
+  }
+  st_progress_end(&pr);
+  free(last);
+  return rc;
 }
 
 int st_cmd_run(int argc, char **argv) {
@@ -563,8 +606,8 @@ int st_cmd_run(int argc, char **argv) {
                             .backend = &backend};
   if (st_session_create(model, &opt, &session)) goto out;
   size_t session_bytes = st_session_backend_bytes(session);
-  if (st_generate_greedy(session, tokens, n_prompt, a.max_new, !a.ignore_eos, tokens + n_prompt,
-                         &n_generated))
+  if (generate(session, cfg, tokens, n_prompt, a.max_new, !a.ignore_eos, a.chunk, a.quiet,
+               &n_generated))
     goto out;
   /* non-finite weights (warned about at load) and activations: a warning and a trace attribute */
   int64_t nonfinite_logits = st_session_nonfinite_logits(session);
