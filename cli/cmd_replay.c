@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "options.h"
+#include "progress.h"
 #include "engine/text/pyjson.h"
 #include "engine/text/tokenizer.h"
 #include "recorder/recorder.h"
@@ -41,6 +42,7 @@ static const st_opt_use replay_options[] = {
                          "recorded the trace)"},
   {ST_OPT_JSON, NULL, "one JSON object: recorded settings, cells with metrics, bit_exact\n"
                       "(null when no cell ran the recorded settings: nothing was checked)"},
+  {ST_OPT_QUIET, NULL, "no progress line on stderr (shown only when stderr is a terminal)"},
   {0}};
 
 static const st_cmd_spec replay_spec = {
@@ -149,6 +151,13 @@ static void print_table(const st_replay_report *r, const char *trace, const char
            "--tap logits)\n", trace);
 }
 
+/* st_replay_request.progress: the cells done, on the progress line. */
+static void replay_progress(void *ctx, int cells_done, int n_cells) {
+  st_progress *p = ctx;
+  p->total = n_cells;
+  st_progress_update(p, cells_done);
+}
+
 int st_cmd_replay(int argc, char **argv) {
   const char *needle_text = NULL;
   st_replay_request req = {.layer = -1, .stage = ST_REPLAY_INDEXER};
@@ -218,7 +227,13 @@ int st_cmd_replay(int argc, char **argv) {
     exit_code = st_cli_report_error("replay");
     goto done;
   }
-  if (st_replay_run(&req, &rep)) {
+  st_progress pr;
+  st_progress_start(&pr, "replay", "cells", 0, o.quiet);
+  req.progress = replay_progress;
+  req.progress_ctx = &pr;
+  st_status replay_rc = st_replay_run(&req, &rep);
+  st_progress_end(&pr);
+  if (replay_rc) {
     exit_code = st_cli_report_error("replay");
     goto done;
   }

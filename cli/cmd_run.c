@@ -13,6 +13,7 @@
 
 #include "commands.h"
 #include "options.h"
+#include "progress.h"
 #include "engine/model.h"
 #include "engine/text/chat.h"
 #include "engine/text/pyjson.h"
@@ -58,6 +59,7 @@ static const st_opt_use run_options[] = {
                        "identical)"},
   {ST_OPT_BACKEND, NULL, NULL},
   {ST_OPT_JSON, NULL, "print the result as one JSON object"},
+  {ST_OPT_QUIET, NULL, "no progress line on stderr (shown only when stderr is a terminal)"},
   {0}};
 
 static const st_cmd_spec run_spec = {
@@ -68,7 +70,7 @@ static const st_cmd_spec run_spec = {
 
 typedef struct run_args {
   const char *model, *prompt_path, *trace, *store, *positions;
-  int max_new, ignore_eos, threads, chunk, json, force;
+  int max_new, ignore_eos, threads, chunk, json, force, quiet;
   const char *backend;
   const char **taps;
   int n_taps;
@@ -321,6 +323,7 @@ static int parse_args(int argc, char **argv, run_args *a) {
   a->threads = o.threads;
   a->backend = o.backend;
   a->json = o.json;
+  a->quiet = o.quiet;
   for (int i = 0; i < o.n_taps; i++) a->taps[a->n_taps++] = o.taps[i];
   for (int i = 0; i < o.n_layer_sets; i++) a->layer_sets[a->n_layer_sets++] = o.layer_sets[i];
   for (int i = 0; i < o.n_sets; i++)
@@ -335,6 +338,116 @@ bad_value:
   st_opts_fail(&o);
 out:
   st_opts_free(&o);
+  return rc;
+}
+
+/* Positions the run forwards: the prompt and every generated token but the last. */
+static int64_t forwarded_positions(int n_prompt, int max_new) {
+  return (int64_t)n_prompt + (max_new > 0 ? max_new - 1 : 0);
+}
+
+/* --positions A:B (or A:) with A at or past the last forwarded position keeps nothing. */
+static st_status check_positions(const char *spec, int n_prompt, int max_new) {
+  const char *colon = spec ? strchr(spec, ':') : NULL;
+  if (!colon || colon == spec) return ST_OK; /* all, last, :B; malformed specs: the recorder says */
+  char *end;
+  errno = 0;
+  long long lo = strtoll(spec, &end, 10);
+  if (errno || end != colon || lo < 0) return ST_OK;
+  int64_t n = forwarded_positions(n_prompt, max_new);
+  if (lo < n) return ST_OK;
+  if (max_new > 0)
+    return st_fail(ST_EINVAL, "--positions %s lies beyond the run's tokens: %d prompt tokens and up to %d "
+                   "generated, positions 0 to %lld are recorded (nothing would be kept)", spec, n_prompt,
+                   max_new, (long long)n - 1);
+  return st_fail(ST_EINVAL, "--positions %s lies beyond the run's tokens: the prompt has %d tokens, "
+                 "positions 0 to %d (nothing would be kept; --max-new-tokens adds positions)", spec,
+                 n_prompt, n_prompt - 1);
+}
+
+static const char *layer_kind_name(st_layer_kind k) {
+  return k == ST_LAYER_CSA ? "CSA" : k == ST_LAYER_HCA ? "HCA" : "sliding-window";
+}
+
+/* The layers of one kind, "2, 4, 6" (at most out_len bytes). */
+static void layers_of_kind(const st_config *cfg, st_layer_kind kind, char *out, size_t out_len) {
+  size_t n = 0;
+  out[0] = 0;
+  for (int l = 0; l < cfg->num_hidden_layers && n + 16 < out_len; l++)
+    if (cfg->layer_kind[l] == kind) n += (size_t)snprintf(out + n, out_len - n, "%s%d", n ? ", " : "", l);
+  if (!n) snprintf(out, out_len, "none");
+}
+
+/* --layer-set L:KEY=VALUE where the setting changes nothing on layer L: the indexer settings on a
+** layer without an indexer (sliding, HCA), the compressed-RoPE settings on a sliding layer. A
+** warning naming the layer and its kind, not an error (issue 13 #7). */
+static void warn_layer_set(const st_config *cfg, const char *spec, const char *colon) {
+  const char *kv = colon + 1, *eq = strchr(kv, '=');
+  size_t klen = eq ? (size_t)(eq - kv) : strlen(kv);
+  static const char *const indexer_keys[] = {"index_k", "index_q", "rotate", "topk", "index_rope"};
+  static const char *const compressed_keys[] = {"compress_rope_theta", "yarn"};
+  int indexer = 0, compressed = 0;
+  for (size_t i = 0; i < sizeof indexer_keys / sizeof *indexer_keys; i++)
+    if (strlen(indexer_keys[i]) == klen && !strncmp(kv, indexer_keys[i], klen)) indexer = 1;
+  for (size_t i = 0; i < sizeof compressed_keys / sizeof *compressed_keys; i++)
+    if (strlen(compressed_keys[i]) == klen && !strncmp(kv, compressed_keys[i], klen)) compressed = 1;
+  if (!indexer && !compressed) return;
+  for (const char *p = spec; p < colon;) {
+    char *end;
+    long layer = strtol(p, &end, 10);
+    st_layer_kind kind = cfg->layer_kind[layer];
+    if ((indexer && kind != ST_LAYER_CSA) || (compressed && kind == ST_LAYER_SLIDING)) {
+      char csa[256];
+      layers_of_kind(cfg, ST_LAYER_CSA, csa, sizeof csa);
+      if (indexer)
+        fprintf(stderr, "warning: --layer-set '%s': layer %ld is a%s %s layer, which has no indexer: "
+                "%.*s changes nothing there (the CSA layers, with an indexer: %s)\n", spec, layer,
+                kind == ST_LAYER_HCA ? "n" : "", layer_kind_name(kind), (int)klen, kv, csa);
+      else
+        fprintf(stderr, "warning: --layer-set '%s': layer %ld is a sliding-window layer, which has no "
+                "compressor: %.*s changes nothing there\n", spec, layer, (int)klen, kv);
+    }
+    p = *end == ',' ? end + 1 : end;
+  }
+}
+
+static int32_t argmax(const float *v, int n) { /* ties to the lower id, as st_generate_greedy */
+  int32_t best = 0;
+  for (int i = 1; i < n; i++)
+    if (v[i] > v[best]) best = i;
+  return best;
+}
+
+/* st_generate_greedy, with the prompt fed in pieces (a multiple of the engine's chunk, about 1024
+** tokens) so that a progress line can follow it: the engine's results are bit-identical for any
+** chunking (tests/test_digests.c), and the pieces keep its chunk boundaries anyway. Logits are
+** computed only for the last piece, as one call would. Generated ids follow the prompt in tokens. */
+static st_status generate(st_session *s, const st_config *cfg, int32_t *tokens, int n_prompt, int max_new,
+                          int stop_at_eos, int chunk, int quiet, int *n_out) {
+  *n_out = 0;
+  int V = cfg->vocab_size;
+  float *last = malloc(sizeof(float) * (size_t)V);
+  if (!last) return st_fail(ST_ENOMEM, "logits");
+  int c = chunk > 0 ? chunk : 256, piece = c >= 1024 ? c : (1024 + c - 1) / c * c;
+  st_progress pr;
+  st_progress_start(&pr, "run", "tokens", (int64_t)n_prompt + max_new, quiet);
+  st_status rc = ST_OK;
+  for (int done = 0; rc == ST_OK && done < n_prompt;) {
+    int n = n_prompt - done < piece ? n_prompt - done : piece;
+    rc = st_session_forward(s, tokens + done, n, done + n == n_prompt ? last : NULL, NULL);
+    done += n;
+    st_progress_update(&pr, done);
+  }
+  int32_t *out = tokens + n_prompt;
+  for (int k = 0; rc == ST_OK && k < max_new; k++) {
+    int32_t next = argmax(last, V);
+    out[(*n_out)++] = next;
+    st_progress_update(&pr, (int64_t)n_prompt + *n_out);
+    if (stop_at_eos && next == cfg->eos_token_id) break;
+    if (k + 1 < max_new) rc = st_session_forward(s, &next, 1, last, NULL);
+  }
+  st_progress_end(&pr);
+  free(last);
   return rc;
 }
 
@@ -399,6 +512,12 @@ int st_cmd_run(int argc, char **argv) {
   } else if (read_prompt(a.prompt_path, &tokens, &n_prompt)) {
     goto out;
   }
+  /* A token range that starts past every position the run forwards records nothing: refused,
+  ** saying how many tokens there are (issue 13 #7). */
+  if (check_positions(a.positions, n_prompt, a.max_new)) {
+    exit_code = 2;
+    goto out;
+  }
   if (st_model_open(a.model, &model) || st_model_load_all(model)) goto out;
   if (st_backend_open(a.backend ? a.backend : ST_BACKEND_DEFAULT, &backend)) goto out;
   const st_config *cfg = model->cfg;
@@ -443,6 +562,7 @@ int st_cmd_run(int argc, char **argv) {
       if (p < colon && *end != ',') { st_fail(ST_EINVAL, "--layer-set '%s': expected LAYERS:KEY=VALUE", a.layer_sets[k]); goto out; }
     }
     if (st_settings_set(&alt, colon + 1)) goto out;
+    warn_layer_set(cfg, a.layer_sets[k], colon);
   }
 
   st_settings resolved = a.settings;
@@ -486,8 +606,8 @@ int st_cmd_run(int argc, char **argv) {
                             .backend = &backend};
   if (st_session_create(model, &opt, &session)) goto out;
   size_t session_bytes = st_session_backend_bytes(session);
-  if (st_generate_greedy(session, tokens, n_prompt, a.max_new, !a.ignore_eos, tokens + n_prompt,
-                         &n_generated))
+  if (generate(session, cfg, tokens, n_prompt, a.max_new, !a.ignore_eos, a.chunk, a.quiet,
+               &n_generated))
     goto out;
   /* non-finite weights (warned about at load) and activations: a warning and a trace attribute */
   int64_t nonfinite_logits = st_session_nonfinite_logits(session);

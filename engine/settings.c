@@ -33,8 +33,9 @@ void st_settings_default(st_settings *s) {
 
 static st_status bad_value(const char *key, const char *value) {
   int id = st_setting_find(key);
-  return st_fail(ST_EINVAL, "--set %s=%s: allowed values are %s", key, value,
-                 st_setting_catalogue[id].values);
+  return st_fail(ST_EINVAL, "--set %s=%s: allowed values are %s%s", key, value,
+                 st_setting_catalogue[id].values,
+                 strcmp(st_setting_catalogue[id].default_value, "auto") ? "" : "|auto (the default)");
 }
 
 st_status st_settings_set(st_settings *s, const char *key_value) {
@@ -60,6 +61,11 @@ st_status st_settings_set(st_settings *s, const char *key_value) {
   case ST_SET_INDEX_K:
   case ST_SET_INDEX_Q: {
     st_number_format f = ST_FORMAT_AUTO;
+    if (!strcmp(v, "auto")) { /* the default (settings.def): resolved from precision */
+      if (id == ST_SET_INDEX_K) s->index_k = f;
+      else s->index_q = f;
+      return ST_OK;
+    }
     for (int i = ST_FORMAT_FP32; i <= ST_FORMAT_FP8_E4M3FN_AS_FNUZ; i++)
       if (!strcmp(v, format_names[i])) f = (st_number_format)i;
     if (f == ST_FORMAT_AUTO) return bad_value(key, v);
@@ -68,7 +74,8 @@ st_status st_settings_set(st_settings *s, const char *key_value) {
     return ST_OK;
   }
   case ST_SET_ROTATE:
-    if (!strcmp(v, "none")) s->rotate = 0;
+    if (!strcmp(v, "auto")) s->rotate = -1; /* the default: resolved from precision */
+    else if (!strcmp(v, "none")) s->rotate = 0;
     else if (!strcmp(v, "q")) s->rotate = ST_ROTATE_Q;
     else if (!strcmp(v, "k")) s->rotate = ST_ROTATE_K;
     else if (!strcmp(v, "both")) s->rotate = ST_ROTATE_Q | ST_ROTATE_K;

@@ -323,6 +323,7 @@ static st_status replay_indexer(const st_backend *be, const st_replay_request *r
   }
 
   /* one pass per group of cells with the same score-shaping settings */
+  int cells_done = 0;
   for (int lead = 0; lead < n_cells; lead++) {
     if (done[lead]) continue;
     const st_settings *gs = &specs[lead].settings;
@@ -386,6 +387,8 @@ static st_status replay_indexer(const st_backend *be, const st_replay_request *r
     }
     double spent = (now() - t0) / n_group;
     for (int g = 0; g < n_group; g++) rep->cells[group[g]].seconds = spent;
+    cells_done += n_group;
+    if (req->progress) req->progress(req->progress_ctx, cells_done, n_cells);
   }
 
   for (int c = 0; c < n_cells; c++) {
@@ -656,6 +659,7 @@ static st_status replay_model(const st_backend *be, const st_replay_request *req
       }
     }
     cell->seconds = now() - t0;
+    if (!rc && req->progress) req->progress(req->progress_ctx, c + 1, n_cells);
   }
   free(alt);
   free(set_scratch);

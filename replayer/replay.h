@@ -44,6 +44,10 @@ typedef struct st_replay_request {
   int64_t needle_start, needle_end; /* token span [start, end); end <= start: no needle */
   int continue_tokens;       /* rest: greedy tokens after the prompt (0 = none) */
   const char *backend;       /* NULL: the backend that recorded the trace (its build attribute) */
+  /* Called after each cell (or group of cells computed together) with the cells done so far,
+  ** for a progress line (cli/progress.c); NULL: none. */
+  void (*progress)(void *ctx, int cells_done, int n_cells);
+  void *progress_ctx;
 } st_replay_request;
 
 /* One query position's needle verdict (docs/design.md "Needle verdicts"). */
