@@ -173,7 +173,7 @@ static st_status check_identity(st_index *ix) {
     return st_fail(ST_EFORMAT, "%s is a SQLite database but not a sparsetrace index (no "
                                "application_id)", ix->path);
   if (ix->mode == ST_INDEX_READ_ONLY && version == 0)
-    return st_fail(ST_EFORMAT, "%s is an empty index (no schema yet)", ix->path);
+    return st_fail(ST_ENOTFOUND, "%s is an empty index (no schema yet)", ix->path);
   if (ix->mode == ST_INDEX_READ_WRITE && version > st_index_latest_version())
     return st_fail(ST_EUNSUPPORTED, "%s has schema version %lld, newer than this build's %d: "
                                     "update sparsetrace before writing to this store", ix->path,

@@ -275,6 +275,8 @@ st_status st_recorder_check_target(const char *h5_path, const char *store_dir, i
       int found = 0;
       if (!(st = st_index_open(store_dir, ST_INDEX_READ_ONLY, &ix)))
         st = st_index_find_trace(ix, key, run_id, sizeof run_id, created, sizeof created, &found);
+      else if (st == ST_ENOTFOUND) /* another recorder created the index and is migrating it */
+        st = ST_OK, found = 0, st_clear_error();
       st_index_close(ix);
       if (st) return st_fail_context(st, "checking trace path %s: ", h5_path);
       if (found && !force)
