@@ -222,6 +222,7 @@ int st_cmd_replay(int argc, char **argv) {
   req.sets = o.sets;
   req.n_sets = o.n_sets;
   req.sweeps = sweeps;
+  req.store_dir = store;
   if (needle_text &&
       st_needle_locate_in_trace(req.model_dir, req.trace_path, needle_text, &req.needle_start, &req.needle_end)) {
     exit_code = st_cli_report_error("replay");

@@ -3,10 +3,13 @@
 ** the trace files? (issue 14 #1; the path rule: schemas/trace-layout.md "Trace paths in the
 ** index").
 **
-** Reports rows whose trace file is missing (or holds another run, or is unreadable), complete
+** Reports rows whose trace file is missing (or holds another run, or is unreadable), rows whose
+** trace's recomputed content digest differs from runs.content_digest or from the trace's own
+** content_digest attribute (modified after recording: reported, never repaired), complete
 ** traces under the store that no row points at, and leftover .part files (a recorder that was
 ** killed leaves one). --repair deletes dangling rows, indexes orphan complete traces whose run id
-** the index lacks (others are reported), and deletes .part files not modified in the last
+** the index lacks (others are reported; a trace whose content digest differs from its
+** content_digest attribute is never indexed), and deletes .part files not modified in the last
 ** PART_GRACE_S seconds (a live recorder flushes its .part at least once a second); each change
 ** is noted in store_notes.
 */
@@ -49,7 +52,7 @@ static const st_cmd_spec store_spec = {
   "error), 2 usage error.\n"};
 
 typedef struct row {
-  char *run_id, *key;
+  char *run_id, *key, *digest; /* digest: runs.content_digest, NULL when none */
   int dangling;
 } row;
 
@@ -99,6 +102,12 @@ static int index_orphan(const char *path, const char *key, st_trace *t) {
   for (int i = 0; i < n; i++) taps[i] = *st_trace_tap_at(t, i);
   int64_t n_tokens = 0;
   st_trace_tokens(t, &n_tokens);
+  char digest[32];
+  if (st_trace_verify_digest(t, NULL, NULL, digest)) {
+    printf("  not indexed: %s\n", st_errmsg());
+    free(taps);
+    return 0;
+  }
   st_index_run run = {
     .run_id = run_id, .created_at = st_trace_attr(t, "created_at"),
     .model = st_trace_attr(t, "model"), .model_dir = st_trace_attr(t, "model_dir"),
@@ -109,7 +118,7 @@ static int index_orphan(const char *path, const char *key, st_trace *t) {
               st_trace_attr(t, "kernel_mode")},
     .threads = (int)st_trace_attr_int(t, "threads", 0),
     .command_line = st_trace_attr(t, "command_line"), .request_id = st_trace_attr(t, "request_id"),
-    .duration_s = -1,
+    .duration_s = -1, .content_digest = digest,
   };
   if (!run.created_at) run.created_at = "unknown";
   if (!run.model) run.model = "unknown";
@@ -195,7 +204,8 @@ static int check(void) {
   st_status st = st_index_open(S.store, S.repair ? ST_INDEX_READ_WRITE : ST_INDEX_READ_ONLY, &S.ix);
   if (st) return st_cli_report_error("store check");
   sqlite3_stmt *s = NULL;
-  if (sqlite3_prepare_v2(st_index_db(S.ix), "SELECT run_id, trace_path FROM runs ORDER BY created_at",
+  if (sqlite3_prepare_v2(st_index_db(S.ix), "SELECT run_id, trace_path, content_digest FROM runs "
+                         "ORDER BY created_at",
                          -1, &s, NULL) != SQLITE_OK) {
     fprintf(stderr, "sparsetrace store check: %s\n", sqlite3_errmsg(st_index_db(S.ix)));
     return 1;
@@ -207,6 +217,7 @@ static int check(void) {
     row *r = &S.rows[S.n_rows++];
     r->run_id = strdup((const char *)sqlite3_column_text(s, 0));
     r->key = strdup((const char *)sqlite3_column_text(s, 1));
+    r->digest = sqlite3_column_text(s, 2) ? strdup((const char *)sqlite3_column_text(s, 2)) : NULL;
     r->dangling = 0;
   }
   sqlite3_finalize(s);
@@ -228,6 +239,12 @@ static int check(void) {
       if (!id || strcmp(id, r->run_id)) {
         snprintf(whybuf, sizeof whybuf, "its trace file holds another run (%s)", id ? id : "none");
         why = whybuf;
+      } else if (st_trace_verify_digest(t, r->digest, NULL, NULL)) {
+        /* the file is there but is not what was recorded: reported, never repaired (which
+        ** side is wrong cannot be told; restore the trace or delete the run) */
+        S.problems++;
+        printf("content differs from its row: run %s at %s: %s\n", r->run_id, r->key, st_errmsg());
+        if (S.repair) printf("  not repaired: restore the recorded trace, or delete the run\n");
       }
     }
     st_trace_close(t);
@@ -286,6 +303,7 @@ int st_cmd_store(int argc, char **argv) {
   for (int i = 0; i < S.n_rows; i++) {
     free(S.rows[i].run_id);
     free(S.rows[i].key);
+    free(S.rows[i].digest);
   }
   free(S.rows);
   for (int i = 0; i < S.n_orphans; i++) {

@@ -224,3 +224,173 @@ hid_t st_h5_mem_type(st_dtype t) {
   st_fail(ST_EUNSUPPORTED, "dtype %s cannot be stored in a trace", st_dtype_name(t));
   return -1;
 }
+
+/* ---------------------------------------------------------------- content digest */
+
+#define FNV64_OFFSET 0xcbf29ce484222325ull
+#define FNV64_PRIME 0x100000001b3ull
+#define DIGEST_BLOCK_BYTES ((size_t)8 << 20)
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
+  const unsigned char *p = data;
+  for (size_t i = 0; i < n; i++) {
+    h ^= p[i];
+    h *= FNV64_PRIME;
+  }
+  return h;
+}
+
+static uint64_t fnv1a_i64(uint64_t h, int64_t v) {
+  unsigned char b[8];
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)v >> (8 * i));
+  return fnv1a(h, b, 8);
+}
+
+typedef struct name_list {
+  char **names;
+  size_t n, cap;
+  int failed;
+} name_list;
+
+#if H5_VERSION_GE(1, 12, 0)
+static herr_t collect_dataset(hid_t root, const char *name, const H5L_info2_t *info, void *data) {
+#else
+static herr_t collect_dataset(hid_t root, const char *name, const H5L_info_t *info, void *data) {
+#endif
+  name_list *l = data;
+  if (info->type != H5L_TYPE_HARD) return 0;
+  H5O_info_t oi;
+#if H5_VERSION_GE(1, 12, 0)
+  if (H5Oget_info_by_name3(root, name, &oi, H5O_INFO_BASIC, H5P_DEFAULT) < 0) return -1;
+#else
+  if (H5Oget_info_by_name2(root, name, &oi, H5O_INFO_BASIC, H5P_DEFAULT) < 0) return -1;
+#endif
+  if (oi.type != H5O_TYPE_DATASET) return 0;
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 64;
+    char **grown = realloc(l->names, cap * sizeof *grown);
+    if (!grown) return l->failed = 1, -1;
+    l->names = grown;
+    l->cap = cap;
+  }
+  size_t len = strlen(name);
+  char *full = malloc(len + 2);
+  if (!full) return l->failed = 1, -1;
+  full[0] = '/';
+  memcpy(full + 1, name, len + 1);
+  l->names[l->n++] = full;
+  return 0;
+}
+
+static int by_name(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* "f4le", "i8le", "u1le", "f2be", ...; other classes "c<class>_<size>". */
+static void type_tag(hid_t type, char *out, size_t n) {
+  H5T_class_t cls = H5Tget_class(type);
+  size_t size = H5Tget_size(type);
+  const char *order = H5Tget_order(type) == H5T_ORDER_BE ? "be" : "le";
+  if (cls == H5T_FLOAT) snprintf(out, n, "f%zu%s", size, order);
+  else if (cls == H5T_INTEGER)
+    snprintf(out, n, "%c%zu%s", H5Tget_sign(type) == H5T_SGN_NONE ? 'u' : 'i', size, order);
+  else snprintf(out, n, "c%d_%zu", (int)cls, size);
+}
+
+static st_status digest_dataset(hid_t file, const char *name, uint64_t *h, unsigned char *buf) {
+  st_status st = ST_OK;
+  hid_t d = H5Dopen2(file, name, H5P_DEFAULT);
+  hid_t type = d < 0 ? -1 : H5Dget_type(d);
+  hid_t space = d < 0 ? -1 : H5Dget_space(d);
+  hid_t mspace = -1, fspace = -1;
+  if (d < 0 || type < 0 || space < 0) {
+    st = st_h5_fail(ST_EFORMAT, "digest: opening dataset %s", name);
+    goto out;
+  }
+  if (H5Tis_variable_str(type) > 0 || H5Tget_class(type) == H5T_VLEN) {
+    st = st_fail(ST_EUNSUPPORTED, "digest: dataset %s has a variable-length type", name);
+    goto out;
+  }
+  char tag[32];
+  type_tag(type, tag, sizeof tag);
+  int rank = H5Sget_simple_extent_ndims(space);
+  hsize_t dims[H5S_MAX_RANK];
+  if (rank < 0 || H5Sget_simple_extent_dims(space, dims, NULL) < 0) {
+    st = st_h5_fail(ST_EFORMAT, "digest: dataset %s has no simple extent", name);
+    goto out;
+  }
+  *h = fnv1a(*h, name, strlen(name) + 1);
+  *h = fnv1a(*h, tag, strlen(tag) + 1);
+  *h = fnv1a_i64(*h, rank);
+  size_t elem = H5Tget_size(type), row_bytes = elem;
+  for (int i = 0; i < rank; i++) {
+    *h = fnv1a_i64(*h, (int64_t)dims[i]);
+    if (i) row_bytes *= (size_t)dims[i];
+  }
+  if (rank == 0) {
+    if (elem > DIGEST_BLOCK_BYTES) {
+      st = st_fail(ST_EUNSUPPORTED, "digest: dataset %s has %zu-byte elements", name, elem);
+      goto out;
+    }
+    if (H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
+      st = st_h5_fail(ST_EFORMAT, "digest: reading dataset %s", name);
+      goto out;
+    }
+    *h = fnv1a(*h, buf, elem);
+    goto out;
+  }
+  if (row_bytes == 0 || dims[0] == 0) goto out;
+  hsize_t rows_per = row_bytes >= DIGEST_BLOCK_BYTES ? 1 : DIGEST_BLOCK_BYTES / row_bytes;
+  unsigned char *big = NULL; /* one row larger than the block */
+  if (row_bytes > DIGEST_BLOCK_BYTES && !(big = malloc(row_bytes))) {
+    st = st_fail(ST_ENOMEM, "digest: a row of dataset %s (%zu bytes)", name, row_bytes);
+    goto out;
+  }
+  for (hsize_t r0 = 0; !st && r0 < dims[0]; r0 += rows_per) {
+    hsize_t start[H5S_MAX_RANK] = {0}, count[H5S_MAX_RANK];
+    for (int i = 0; i < rank; i++) count[i] = dims[i];
+    start[0] = r0;
+    count[0] = dims[0] - r0 < rows_per ? dims[0] - r0 : rows_per;
+    fspace = H5Dget_space(d);
+    mspace = H5Screate_simple(rank, count, NULL);
+    unsigned char *dst = big ? big : buf;
+    if (fspace < 0 || mspace < 0 ||
+        H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, count, NULL) < 0 ||
+        H5Dread(d, type, mspace, fspace, H5P_DEFAULT, dst) < 0)
+      st = st_h5_fail(ST_EFORMAT, "digest: reading dataset %s", name);
+    else *h = fnv1a(*h, dst, (size_t)count[0] * row_bytes);
+    if (fspace >= 0) H5Sclose(fspace);
+    if (mspace >= 0) H5Sclose(mspace);
+    fspace = mspace = -1;
+  }
+  free(big);
+out:
+  if (space >= 0) H5Sclose(space);
+  if (type >= 0) H5Tclose(type);
+  if (d >= 0) H5Dclose(d);
+  return st;
+}
+
+st_status st_h5_content_digest(hid_t file, char out[ST_H5_DIGEST_LEN]) {
+  out[0] = 0;
+  name_list l = {0};
+  st_status st = ST_OK;
+#if H5_VERSION_GE(1, 12, 0)
+  herr_t rc = H5Lvisit2(file, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &l);
+#else
+  herr_t rc = H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &l);
+#endif
+  if (rc < 0)
+    st = l.failed ? st_fail(ST_ENOMEM, "digest: listing datasets")
+                  : st_h5_fail(ST_EFORMAT, "digest: listing datasets");
+  unsigned char *buf = st ? NULL : malloc(DIGEST_BLOCK_BYTES);
+  if (!st && !buf) st = st_fail(ST_ENOMEM, "digest buffer");
+  if (!st) qsort(l.names, l.n, sizeof *l.names, by_name);
+  uint64_t h = FNV64_OFFSET;
+  for (size_t i = 0; !st && i < l.n; i++) st = digest_dataset(file, l.names[i], &h, buf);
+  for (size_t i = 0; i < l.n; i++) free(l.names[i]);
+  free(l.names);
+  free(buf);
+  if (!st) snprintf(out, ST_H5_DIGEST_LEN, "fnv1a64:%016llx", (unsigned long long)h);
+  return st;
+}

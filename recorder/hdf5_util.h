@@ -42,4 +42,12 @@ st_status st_h5_attr_read_double(hid_t obj, const char *name, double *out);
 hid_t st_h5_file_type(st_dtype t);
 hid_t st_h5_mem_type(st_dtype t);
 
+/* The content digest of a trace (schemas/trace-layout.md, "Content digest"): FNV-1a 64 over every
+** dataset of the file, in byte order of their full paths ("/positions/x" < "/taps/y" < "/tokens"),
+** each contributing its path, its file type ("f4le", "i8le", "u2le", ...), its rank and extents
+** (int64 little-endian) and its raw bytes as stored (no conversion). Attributes do not count.
+** Written as "fnv1a64:<16 lowercase hex digits>" into out (ST_H5_DIGEST_LEN bytes with the NUL). */
+#define ST_H5_DIGEST_LEN 25
+st_status st_h5_content_digest(hid_t file, char out[ST_H5_DIGEST_LEN]);
+
 #endif

@@ -390,8 +390,9 @@ st_status st_index_build_id(st_index *ix, const st_index_build *b, int64_t *buil
 static st_status insert_run(st_index *ix, const st_index_run *r, int64_t build_id) {
   static const char *sql =
     "INSERT INTO runs (run_id, created_at, model, model_dir, trace_path, n_prompt, n_tokens, "
-    "tap_positions, settings, build_id, threads, status, command_line, request_id, duration_s) "
-    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'complete', ?12, ?13, ?14)";
+    "tap_positions, settings, build_id, threads, status, command_line, request_id, duration_s, "
+    "content_digest) "
+    "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'complete', ?12, ?13, ?14, ?15)";
   sqlite3_stmt *s = NULL;
   if (sqlite3_prepare_v2(ix->db, sql, -1, &s, NULL) != SQLITE_OK)
     return sql_fail(ix->db, ix->path, "preparing the run insert");
@@ -409,6 +410,7 @@ static st_status insert_run(st_index *ix, const st_index_run *r, int64_t build_i
   bind_text(s, 12, r->command_line);
   bind_text(s, 13, r->request_id);
   if (r->duration_s >= 0) sqlite3_bind_double(s, 14, r->duration_s);
+  bind_text(s, 15, r->content_digest);
   st_status st = ST_OK;
   if (sqlite3_step(s) != SQLITE_DONE) {
     char what[128];
@@ -571,6 +573,28 @@ int st_index_resolve_trace(const char *store_dir, const char *stored, char *out,
   int n = stored[0] == '/' || !store_dir ? snprintf(out, size, "%s", stored)
                                          : snprintf(out, size, "%s/%s", store_dir, stored);
   return n < (int)size ? 0 : -1;
+}
+
+st_status st_index_run_digest(st_index *ix, const char *run_id, char *digest, size_t size,
+                              int *found) {
+  *found = 0;
+  if (size) digest[0] = 0;
+  sqlite3_stmt *s = NULL;
+  if (sqlite3_prepare_v2(ix->db, "SELECT content_digest FROM runs WHERE run_id = ?1", -1, &s,
+                         NULL) != SQLITE_OK)
+    return sql_fail(ix->db, ix->path, "looking up a run's content digest");
+  bind_text(s, 1, run_id);
+  int rc = sqlite3_step(s);
+  st_status st = ST_OK;
+  if (rc == SQLITE_ROW) {
+    *found = 1;
+    const unsigned char *d = sqlite3_column_text(s, 0);
+    snprintf(digest, size, "%s", d ? (const char *)d : "");
+  } else if (rc != SQLITE_DONE) {
+    st = sql_fail(ix->db, ix->path, "looking up a run's content digest");
+  }
+  sqlite3_finalize(s);
+  return st;
 }
 
 st_status st_index_find_trace(st_index *ix, const char *key, char *run_id, size_t size,

@@ -65,6 +65,7 @@ typedef struct st_index_run {
   int threads;
   const char *command_line, *request_id; /* NULL ok */
   double duration_s;          /* < 0: unknown */
+  const char *content_digest; /* the trace's content_digest attribute (migration 0009); NULL ok */
   int replace_same_path;      /* 1 (--force): a row of another run with this trace_path is
                               ** deleted first, with a store_notes row and a note on stderr */
 } st_index_run;
@@ -100,6 +101,10 @@ int st_index_resolve_trace(const char *store_dir, const char *stored, char *out,
 /* The run recorded at the stored path key, if any (*found 1; run_id and created_at filled). */
 st_status st_index_find_trace(st_index *ix, const char *key, char *run_id, size_t size,
                               char *created_at, size_t created_size, int *found);
+/* The run's runs.content_digest (migration 0009): *found 1 when the run is indexed; digest ""
+** when its row has none (indexed before digests existed). */
+st_status st_index_run_digest(st_index *ix, const char *run_id, char *digest, size_t size,
+                              int *found);
 /* Deletes a run and, by ON DELETE CASCADE, its taps, needles, verdicts and replays. */
 st_status st_index_delete_run(st_index *ix, const char *run_id);
 /* Appends a row to store_notes (migration 0007): what a --force or a repair changed. */

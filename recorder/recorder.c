@@ -315,6 +315,8 @@ st_status st_recorder_finish(st_recorder *r, const int32_t *tokens, int64_t n_to
                              int64_t n_prompt) {
   st_trace_tap *taps = NULL;
   int n_taps = 0;
+  char digest[ST_TRACE_DIGEST_LEN] = "";
+  st_trace_writer_digest_out(r->writer, digest);
   st_status st = st_trace_writer_finish(r->writer, tokens, n_tokens, n_prompt, &taps, &n_taps);
   r->writer = NULL;
   if (st) {
@@ -336,6 +338,7 @@ st_status st_recorder_finish(st_recorder *r, const int32_t *tokens, int64_t n_to
     .build = {ST_GIT_REVISION, ST_COMPILER, ST_BUILD_TYPE, r->backend, r->kernel_mode},
     .threads = r->threads, .command_line = r->command_line, .request_id = r->request_id,
     .duration_s = seconds_since(&r->started), .replace_same_path = r->force,
+    .content_digest = digest[0] ? digest : NULL,
   };
   st_index *ix = NULL;
   if (!(st = st_index_open(r->store_dir, ST_INDEX_READ_WRITE, &ix)))

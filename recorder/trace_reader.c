@@ -487,3 +487,32 @@ st_status st_trace_check_tap(const st_trace *t, const st_trace_tap *tap) {
                    (long long)t->n_tokens);
   return ST_OK;
 }
+
+/* ---------------------------------------------------------------- content digest */
+
+st_status st_trace_content_digest(st_trace *t, char *out) {
+  st_h5_quiet();
+  st_status st = st_h5_content_digest(t->file, out);
+  if (st) st_fail_context(st, "trace %s: ", t->path);
+  return st;
+}
+
+st_status st_trace_verify_digest(st_trace *t, const char *expected, int *verified, char *computed) {
+  if (verified) *verified = 0;
+  char now[ST_H5_DIGEST_LEN];
+  st_status st = st_trace_content_digest(t, now);
+  if (st) return st;
+  if (computed) memcpy(computed, now, sizeof now);
+  const char *attr = st_trace_attr(t, "content_digest");
+  if (attr && strcmp(attr, now) != 0)
+    return st_fail(ST_EFORMAT, "trace %s changed after recording: its content digest is %s, but "
+                               "the writer recorded %s (attribute content_digest)",
+                   t->path, now, attr);
+  if (expected && *expected && strcmp(expected, now) != 0)
+    return st_fail(ST_EFORMAT, "trace %s is not the trace indexed for run %s (changed after "
+                               "recording, or another trace): its content digest is %s, the index "
+                               "records %s for that run", t->path,
+                   st_trace_attr(t, "run_id") ? st_trace_attr(t, "run_id") : "?", now, expected);
+  if (verified) *verified = attr != NULL || (expected && *expected);
+  return ST_OK;
+}

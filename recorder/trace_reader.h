@@ -61,6 +61,19 @@ const st_trace_tap *st_trace_find_tap_id(const st_trace *t, st_tap_id id, int la
 ** it reads. */
 st_status st_trace_check_tap(const st_trace *t, const st_trace_tap *tap);
 
+/* Recomputes the trace's content digest from its datasets (st_h5_content_digest: FNV-1a 64 over
+** every dataset's path, type, extents and bytes, in path order; schemas/trace-layout.md) into out
+** (ST_TRACE_DIGEST_LEN = 25 bytes with the NUL: "fnv1a64:<16 hex>"). Reads every dataset. */
+st_status st_trace_content_digest(st_trace *t, char *out);
+
+/* Checks the trace's content: recomputes its digest and compares it with the file attribute
+** content_digest and, when expected is non-NULL and non-empty, with expected (the index's
+** runs.content_digest). ST_EFORMAT naming the file and both digests when one differs (the trace
+** was modified after it was written); ST_OK when they match. A trace without the attribute
+** (written before digests existed) passes when expected is NULL or empty, and *verified (if
+** non-NULL) is then 0; otherwise 1. computed (if non-NULL) receives the recomputed digest. */
+st_status st_trace_verify_digest(st_trace *t, const char *expected, int *verified, char *computed);
+
 /* Elements per row: the product of shape[1..rank-1] (1 for rank-1 taps). */
 size_t st_trace_row_elements(const st_trace_tap *tap);
 

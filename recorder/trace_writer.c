@@ -109,6 +109,8 @@ struct st_trace_writer {
   int64_t nonfinite_warnings; /* set by the caller before finish (st_trace_writer_set_nonfinite) */
   double last_flush; /* CLOCK_MONOTONIC seconds */
   double wait_s;     /* under lock: seconds appends waited for queue space */
+  char digest[ST_H5_DIGEST_LEN]; /* content_digest, computed at finish */
+  char *digest_out;              /* where finish copies it (st_trace_writer_digest_out) */
 };
 
 static double monotonic_s(void) {
@@ -587,6 +589,10 @@ static st_status finalise_file(st_trace_writer *w) {
   if (!st && H5Fflush(w->file, H5F_SCOPE_LOCAL) < 0)
     st = st_h5_fail(ST_EIO, "flushing trace %s", w->path);
   if (!st) st = write_cost(w);
+  /* the digest reads every dataset back through HDF5 exactly as a reader will (fill values
+  ** included), so the reader's recomputation matches; attributes do not enter it */
+  if (!st) st = st_h5_content_digest(w->file, w->digest);
+  if (!st) st = st_h5_attr_write_string(w->file, "content_digest", w->digest);
   if (!st) st = st_h5_attr_write_int(w->file, "complete", 1);
   if (!st && H5Fflush(w->file, H5F_SCOPE_GLOBAL) < 0)
     st = st_h5_fail(ST_EIO, "flushing trace %s", w->path);
@@ -818,6 +824,10 @@ void st_trace_writer_set_nonfinite(st_trace_writer *w, int64_t n) {
   if (w) w->nonfinite_warnings = n;
 }
 
+void st_trace_writer_digest_out(st_trace_writer *w, char *out) {
+  if (w) w->digest_out = out;
+}
+
 st_status st_trace_writer_finish(st_trace_writer *w, const int32_t *tokens, int64_t n_tokens,
                                  int64_t n_prompt, st_trace_tap **taps, int *n_taps) {
   if (taps) *taps = NULL;
@@ -834,6 +844,7 @@ st_status st_trace_writer_finish(st_trace_writer *w, const int32_t *tokens, int6
   w->n_prompt = n_prompt;
   pthread_mutex_unlock(&w->lock);
   st_status st = stop_thread(w, 0);
+  if (!st && w->digest_out) memcpy(w->digest_out, w->digest, ST_H5_DIGEST_LEN);
   if (!st && taps) {
     *taps = calloc((size_t)ST_MAX(w->n_taps, 1), sizeof **taps);
     if (!*taps) st = st_fail(ST_ENOMEM, "tap list");

@@ -45,9 +45,15 @@ st_status st_trace_writer_append(st_trace_writer *w, st_tap_id id, int layer, in
 ** Call before st_trace_writer_finish. */
 void st_trace_writer_set_nonfinite(st_trace_writer *w, int64_t n);
 
+/* Where st_trace_writer_finish copies, on success, the content digest it wrote as the file
+** attribute content_digest ("fnv1a64:<16 hex>", ST_TRACE_DIGEST_LEN bytes with the NUL; see
+** st_h5_content_digest and schemas/trace-layout.md). Call before finish. */
+#define ST_TRACE_DIGEST_LEN 25
+void st_trace_writer_digest_out(st_trace_writer *w, char *out);
+
 /* Drains the queue, writes /tokens (borrowed, n_tokens values) with attribute n_prompt, the
 ** positions datasets, per-tap statistics and the recording cost (file attributes writer_cpu_s,
-** emit_wait_s, writer_peak_queued), marks the file complete and closes it. On success
+** emit_wait_s, writer_peak_queued), the content digest (content_digest), marks the file complete and closes it. On success
 ** *taps (if taps non-NULL) receives a malloc'd array of *n_taps descriptors, in the order taps
 ** were first written; the caller frees it. Frees w in every case. */
 st_status st_trace_writer_finish(st_trace_writer *w, const int32_t *tokens, int64_t n_tokens,

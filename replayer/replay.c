@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #ifdef _OPENMP
@@ -31,6 +32,7 @@
 #include "engine/model.h"
 #include "kernels/backend.h"
 #include "metrics.h"
+#include "recorder/index.h"
 #include "recorder/trace_reader.h"
 #include "schemas/catalogue.h"
 
@@ -680,6 +682,28 @@ void st_replay_report_free(st_replay_report *r) {
   free(r);
 }
 
+/* Identifies the trace by content (issue 14, defect 9): its recomputed digest must equal the
+** digest the writer recorded in it and, when store_dir indexes its run, the run's row. */
+static st_status check_content(st_trace *t, const char *store_dir, char digest[32]) {
+  char expected[64] = "";
+  const char *run_id = st_trace_attr(t, "run_id");
+  char index_path[4096];
+  struct stat sb;
+  if (store_dir && run_id &&
+      snprintf(index_path, sizeof index_path, "%s/%s", store_dir, ST_INDEX_FILE) < (int)sizeof index_path &&
+      stat(index_path, &sb) == 0) {
+    st_index *ix = NULL;
+    int found = 0;
+    st_status st = st_index_open(store_dir, ST_INDEX_READ_ONLY, &ix);
+    if (!st) st = st_index_run_digest(ix, run_id, expected, sizeof expected, &found);
+    st_index_close(ix);
+    if (st) return st;
+  }
+  st_status st = st_trace_verify_digest(t, expected, NULL, digest);
+  if (st) st_fail_context(st, "replay refused: ");
+  return st;
+}
+
 st_status st_replay_run(const st_replay_request *req, st_replay_report **out) {
   *out = NULL;
   double t0 = now();
@@ -695,6 +719,7 @@ st_status st_replay_run(const st_replay_request *req, st_replay_report **out) {
   snprintf(config_path, sizeof config_path, "%s/config.json", req->model_dir);
   if ((rc = st_config_load(config_path, &cfg))) goto out;
   if ((rc = st_trace_open(req->trace_path, 0, &t))) goto out;
+  if ((rc = check_content(t, req->store_dir, rep->content_digest))) goto out;
   const char *backend_name = req->backend ? req->backend : st_trace_attr(t, "backend");
   if ((rc = st_backend_open(backend_name ? backend_name : "cpu-ref", &be))) goto out;
   snprintf(rep->backend, sizeof rep->backend, "%s", be.ops->name);

@@ -48,6 +48,8 @@ typedef struct st_replay_request {
   ** for a progress line (cli/progress.c); NULL: none. */
   void (*progress)(void *ctx, int cells_done, int n_cells);
   void *progress_ctx;
+  const char *store_dir;     /* non-NULL: the trace's content digest must also match its run's
+                             ** row in this store's index (when the store indexes that run) */
 } st_replay_request;
 
 /* One query position's needle verdict (docs/design.md "Needle verdicts"). */
@@ -106,9 +108,13 @@ typedef struct st_replay_report {
   int n_cells;
   st_replay_cell *cells;     /* owned */
   double seconds;
+  char content_digest[32];   /* the trace's digest as recomputed before replaying */
 } st_replay_report;
 
-/* Runs every cell of the request. Errors name the trace, the tap that is missing and how to
+/* Runs every cell of the request. First recomputes the trace's content digest and refuses
+** (ST_EFORMAT) a trace whose digest differs from its content_digest attribute or from its run's
+** runs.content_digest in req->store_dir: a modified copy is never replayed as the recorded run.
+** Errors name the trace, the tap that is missing and how to
 ** record it. The report is freed with st_replay_report_free. */
 st_status st_replay_run(const st_replay_request *req, st_replay_report **out);
 void st_replay_report_free(st_replay_report *r);

@@ -121,14 +121,23 @@ st_status st_replay_store(const char *store_dir, const st_replay_report *r, cons
   st_utc_now(now, sizeof now);
   if ((rc = st_index_begin(ix))) goto out;
   /* the run must be in this index (foreign keys); otherwise nothing is stored */
-  if (sqlite3_prepare_v2(db, "SELECT 1 FROM runs WHERE run_id = ?", -1, &st, NULL) != SQLITE_OK) goto sql_error;
+  if (sqlite3_prepare_v2(db, "SELECT content_digest FROM runs WHERE run_id = ?", -1, &st, NULL) != SQLITE_OK) goto sql_error;
   sqlite3_bind_text(st, 1, r->run_id, -1, SQLITE_STATIC);
   int found = sqlite3_step(st) == SQLITE_ROW;
+  char row_digest[64] = "";
+  if (found && sqlite3_column_text(st, 0))
+    snprintf(row_digest, sizeof row_digest, "%s", (const char *)sqlite3_column_text(st, 0));
   sqlite3_finalize(st);
   st = NULL;
   if (!found) {
     st_index_rollback(ix);
     goto out;
+  }
+  /* never store replays of another trace's content under this run (st_replay_run checks first) */
+  if (row_digest[0] && strcmp(row_digest, r->content_digest) != 0) {
+    rc = st_fail(ST_EFORMAT, "the replayed trace's content digest %s is not run %s's (%s)",
+                 r->content_digest[0] ? r->content_digest : "(none)", r->run_id, row_digest);
+    goto rollback;
   }
   int64_t build_id = 0;
   st_index_build b = {ST_GIT_REVISION, ST_COMPILER, ST_BUILD_TYPE, "cpu-ref", "deterministic"};
