@@ -20,6 +20,7 @@
 
 #include "common/base.h"
 #include "kernels/backend.h"
+#include "kernels/hc.h"
 #include "kernels/lowp.h"
 #include "kernels/weight.h"
 
@@ -178,7 +179,6 @@ static void cpu_hadamard(void *ctx, float *x, int n, int dim) {
   }
 }
 
-static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 static void cpu_hc_weights(void *ctx, float *pre, float *post, float *comb, const float *X, const float *fn,
                            const float *base, const float *scale, int n, int hc, int D,
@@ -191,32 +191,7 @@ static void cpu_hc_weights(void *ctx, float *pre, float *post, float *comb, cons
     float mix[(2 + 16) * 16]; /* hc <= 16 */
     for (int m = 0; m < mixes; m++) mix[m] = dot(x, fn + (size_t)m * flat, flat) * r;
     float *p = pre + (size_t)i * hc, *q = post + (size_t)i * hc, *C = comb + (size_t)i * hc * hc;
-    for (int a = 0; a < hc; a++) {
-      p[a] = sigmoidf(mix[a] * scale[0] + base[a]) + hc_eps;
-      q[a] = 2.0f * sigmoidf(mix[hc + a] * scale[1] + base[hc + a]);
-    }
-    for (int a = 0; a < hc; a++) { /* softmax over b of each row a, plus eps */
-      float *row = C + a * hc, mx = -INFINITY, sum = 0;
-      for (int b = 0; b < hc; b++) {
-        row[b] = mix[2 * hc + a * hc + b] * scale[2] + base[2 * hc + a * hc + b];
-        mx = fmaxf(mx, row[b]);
-      }
-      for (int b = 0; b < hc; b++) sum += (row[b] = expf(row[b] - mx));
-      for (int b = 0; b < hc; b++) row[b] = row[b] / sum + hc_eps;
-    }
-    for (int it = 0; it < sinkhorn_iters; it++) {
-      if (it > 0) /* row normalise */
-        for (int a = 0; a < hc; a++) {
-          float s = 0;
-          for (int b = 0; b < hc; b++) s += C[a * hc + b];
-          for (int b = 0; b < hc; b++) C[a * hc + b] /= s + hc_eps;
-        }
-      for (int b = 0; b < hc; b++) { /* column normalise */
-        float s = 0;
-        for (int a = 0; a < hc; a++) s += C[a * hc + b];
-        for (int a = 0; a < hc; a++) C[a * hc + b] /= s + hc_eps;
-      }
-    }
+    st_hc_weights_from_mix(mix, base, scale, hc, hc_eps, sinkhorn_iters, p, q, C);
   }
 }
 
@@ -254,7 +229,7 @@ static void cpu_hc_head(void *ctx, float *y, const float *X, const float *fn, co
     float r = 1.0f / sqrtf(sum_squares(x, flat) / (float)flat + norm_eps);
     float pre[16];
     for (int a = 0; a < hc; a++)
-      pre[a] = sigmoidf(dot(x, fn + (size_t)a * flat, flat) * r * scale[0] + base[a]) + hc_eps;
+      pre[a] = st_hc_sigmoid(dot(x, fn + (size_t)a * flat, flat) * r * scale[0] + base[a]) + hc_eps;
     for (int k = 0; k < D; k++) {
       float s = 0;
       for (int a = 0; a < hc; a++) s += pre[a] * x[(size_t)a * D + k];

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "kernels/backend.h"
+#include "kernels/hc.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/lowp.h"
 #include "kernels/weight.h"
@@ -279,7 +280,6 @@ static void cpu_fill(void *ctx, float *x, float value, size_t count) {
 /* ------------------------------------------------------------------------------------------ */
 /* mHC (SPEC §2.2)                                                                              */
 
-static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* mix[i, o] = x[i, :] . fn[o, :] for i < m, o < O (rows of x in the thread's slot, after the
 ** GEMM panels): the same fma chain as matmul. */
@@ -310,32 +310,7 @@ static void cpu_hc_weights(void *ctx, float *pre, float *post, float *comb, cons
       float mix[(2 + 16) * 16];
       for (int q = 0; q < mixes; q++) mix[q] = mixall[(size_t)ii * mixes + q] * r;
       float *p = pre + (size_t)i * hc, *o = post + (size_t)i * hc, *C = comb + (size_t)i * hc * hc;
-      for (int a = 0; a < hc; a++) {
-        p[a] = sigmoidf(mix[a] * scale[0] + base[a]) + hc_eps;
-        o[a] = 2.0f * sigmoidf(mix[hc + a] * scale[1] + base[hc + a]);
-      }
-      for (int a = 0; a < hc; a++) { /* softmax over b of each row a, plus eps */
-        float *row = C + a * hc, mx = -INFINITY, sum = 0;
-        for (int b = 0; b < hc; b++) {
-          row[b] = mix[2 * hc + a * hc + b] * scale[2] + base[2 * hc + a * hc + b];
-          mx = fmaxf(mx, row[b]);
-        }
-        for (int b = 0; b < hc; b++) sum += (row[b] = expf(row[b] - mx));
-        for (int b = 0; b < hc; b++) row[b] = row[b] / sum + hc_eps;
-      }
-      for (int it = 0; it < sinkhorn_iters; it++) {
-        if (it > 0) /* row normalise */
-          for (int a = 0; a < hc; a++) {
-            float s = 0;
-            for (int b = 0; b < hc; b++) s += C[a * hc + b];
-            for (int b = 0; b < hc; b++) C[a * hc + b] /= s + hc_eps;
-          }
-        for (int b = 0; b < hc; b++) { /* column normalise */
-          float s = 0;
-          for (int a = 0; a < hc; a++) s += C[a * hc + b];
-          for (int a = 0; a < hc; a++) C[a * hc + b] /= s + hc_eps;
-        }
-      }
+      st_hc_weights_from_mix(mix, base, scale, hc, hc_eps, sinkhorn_iters, p, o, C);
     }
   }
 }
@@ -394,7 +369,7 @@ static void cpu_hc_head(void *ctx, float *y, const float *X, const float *fn, co
       float r = 1.0f / sqrtf(c->isa->dot(x, x, flat) / (float)flat + norm_eps);
       float pre[16];
       for (int a = 0; a < hc; a++)
-        pre[a] = sigmoidf(mixall[(size_t)ii * hc + a] * r * scale[0] + base[a]) + hc_eps;
+        pre[a] = st_hc_sigmoid(mixall[(size_t)ii * hc + a] * r * scale[0] + base[a]) + hc_eps;
       float *yi = y + (size_t)i * D;
 #pragma omp simd
       for (int k = 0; k < D; k++) yi[k] = 0;
