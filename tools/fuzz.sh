@@ -42,11 +42,13 @@ export TMPDIR=$PWD/build-fuzz/tmp
 # libhdf5 makes on a failed open, by function).
 declare -A third_party=([trace]=libhdf5)
 
-# Prints the library of the first frame that is neither the sanitizer/libFuzzer runtime nor libc.
+# Prints the library of the first frame that is neither the sanitizer/libFuzzer runtime, libc nor
+# the allocator's entry points (libFuzzer's malloc limit reports the caller of malloc: a corrupt
+# vlen length that libhdf5 allocates for before reading is its fault, not the caller's).
 first_frame_lib() {
   awk '/ERROR: (AddressSanitizer|libFuzzer)|runtime error:|ALARM:/ {on = 1}
        on && /^ *#[0-9]+ 0x/ {
-         if ($0 ~ /__sanitizer|__interceptor|__asan|__lsan|__ubsan|fuzzer::|libc\.so|in _start|pthread_kill|in raise |in abort /) next
+         if ($0 ~ /__sanitizer|__interceptor|__asan|__lsan|__ubsan|fuzzer::|libc\.so|in _start|pthread_kill|in raise |in abort |in (malloc|calloc|realloc|free|operator new) /) next
          if (match($0, /\/[^ ()]*\.so[.0-9]*/)) print substr($0, RSTART, RLENGTH); else print "sparsetrace"
          exit }' "$1"
 }
