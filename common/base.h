@@ -69,7 +69,11 @@ size_t st_dtype_size(st_dtype t);
 /* Invariant check that stays on in every build: prints file:line and the expression, aborts. */
 #define ST_ASSERT(cond)                                                                            \
   ((cond) ? (void)0 : st_assert_fail(#cond, __FILE__, __LINE__))
+#ifdef __cplusplus /* kernels/cuda/ includes this header from C++ */
+[[noreturn]] void st_assert_fail(const char *expr, const char *file, int line);
+#else
 _Noreturn void st_assert_fail(const char *expr, const char *file, int line);
+#endif
 
 /* Now in UTC, ISO 8601 with milliseconds: "2026-11-29T22:35:48.737Z" (needs size >= 25). */
 void st_utc_now(char *buf, size_t size);
