@@ -8,6 +8,9 @@
 ** sets equal on >= 99.5% of positions, greedy continuation identical.
 ** Invariants (no oracle needed): decode after prefill equals a longer prefill, chunked prefill
 ** at any split equals one-shot, 1 and 2 threads give the same bits — all bit for bit.
+**
+** ST_TEST_BACKEND=NAME runs the engine's sessions on that backend instead of cpu-ref, with the
+** same thresholds (ctest's test_engine_cuda / test_engine_hip; skipped, 77, with no device).
 */
 #include <math.h>
 #include <setjmp.h>
@@ -107,9 +110,14 @@ static st_model *open_model(const char *name) {
   return m;
 }
 
+/* The backend of every session (ST_TEST_BACKEND); NULL: the session opens cpu-ref. */
+static st_backend test_backend;
+static const st_backend *session_backend;
+
 static st_session *new_session(st_model *m, int64_t max_tokens, int max_chunk, st_taps *taps,
                                const char *const *sets, int n_sets) {
-  st_session_options opt = {.max_tokens = max_tokens, .max_chunk = max_chunk, .taps = taps};
+  st_session_options opt = {.max_tokens = max_tokens, .max_chunk = max_chunk, .taps = taps,
+                            .backend = session_backend};
   st_settings_default(&opt.settings);
   for (int k = 0; k < n_sets; k++) assert_int_equal(st_settings_set(&opt.settings, sets[k]), ST_OK);
   st_session *s = NULL;
@@ -545,6 +553,20 @@ static void test_reference_mode_near_exact(void **state) {
 }
 
 int main(void) {
+  const char *name = getenv("ST_TEST_BACKEND");
+  if (name && *name) {
+    st_status rc = st_backend_open(name, &test_backend);
+    if (rc == ST_EUNSUPPORTED) {
+      printf("test_engine: SKIPPED: %s\n", st_errmsg());
+      return 77;
+    }
+    if (rc) {
+      fprintf(stderr, "test_engine: %s\n", st_errmsg());
+      return 1;
+    }
+    session_backend = &test_backend;
+    printf("test_engine: sessions on backend %s\n", name);
+  }
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_settings_parse),
     cmocka_unit_test(test_hadamard_orthogonal),
@@ -556,5 +578,7 @@ int main(void) {
     cmocka_unit_test(test_threads_bit_identical),
     cmocka_unit_test(test_reference_mode_near_exact),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  int failed = cmocka_run_group_tests(tests, NULL, NULL);
+  st_backend_close(&test_backend);
+  return failed;
 }

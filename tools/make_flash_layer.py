@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Write a one-layer DeepSeek-V4-Flash-shaped checkpoint in the released formats, with random
-weights (numpy only): the memory benchmark's model. One CSA layer (ratio 4) with every tensor of
+"""Write a DeepSeek-V4-Flash-shaped checkpoint in the released formats, with random weights (numpy
+only): the memory benchmark's model (one layer) and the GPU prefill benchmark's (--layers 2: the
+CSA layer, then an HCA layer, ratio 128, no indexer). One CSA layer (ratio 4) with every tensor of
 SPEC-dsv4 §5 in its Flash shape and dtype: FP8 e4m3 + 128x128 ue8m0 scales for the attention and
 shared-expert projections and the indexer query, packed FP4 e2m1 + ue8m0 per 32 for the 256
 routed experts, BF16 for the compressors, gate, weights_proj and norms, F32 for mHC, sinks, ape
 and the gate bias. The vocabulary is cut to --vocab (the layer is what is measured; a 129280-row
 embedding and head would add 2 GiB of BF16 that says nothing about the layer).
 
-Usage: python3 tools/make_flash_layer.py OUTDIR [--vocab N] [--seed S]
+Usage: python3 tools/make_flash_layer.py OUTDIR [--vocab N] [--seed S] [--layers 1|2]
 The layer alone is 3.4 GB as stored (26 GB if it were dequantised to fp32).
 """
 import argparse
@@ -28,6 +29,7 @@ def main():
     ap.add_argument("outdir")
     ap.add_argument("--vocab", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--layers", type=int, default=1, choices=(1, 2))
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     D, H, d, r, q_lo, G, Ro, hI, dI = 4096, 64, 512, 64, 1024, 8, 1024, 64, 128
@@ -61,42 +63,53 @@ def main():
     f32("hc_head_fn", (hc, hc * D), 0.01)
     f32("hc_head_base", (hc,), 0.1)
     f32("hc_head_scale", (1,), 0.1)
-    p = "layers.0."
-    for n in ("attn_norm", "ffn_norm"):
-        b16(p + n + ".weight", (D,), 0.05, 1.0)
-    for n in ("attn", "ffn"):
-        f32(p + "hc_%s_fn" % n, ((2 + hc) * hc, hc * D), 0.01)
-        f32(p + "hc_%s_base" % n, ((2 + hc) * hc,), 0.1)
-        f32(p + "hc_%s_scale" % n, (3,), 0.1)
-    fp8(p + "attn.wq_a.weight", (q_lo, D))
-    b16(p + "attn.q_norm.weight", (q_lo,), 0.05, 1.0)
-    fp8(p + "attn.wq_b.weight", (H * d, q_lo))
-    fp8(p + "attn.wkv.weight", (d, D))
-    b16(p + "attn.kv_norm.weight", (d,), 0.05, 1.0)
-    fp8(p + "attn.wo_a.weight", (G * Ro, H * d // G))
-    fp8(p + "attn.wo_b.weight", (D, G * Ro))
-    f32(p + "attn.attn_sink", (H,), 1.0)
-    c = p + "attn.compressor."
-    b16(c + "wkv.weight", (2 * d, D), 0.02)
-    b16(c + "wgate.weight", (2 * d, D), 0.02)
-    f32(c + "ape", (m, 2 * d), 0.1)
-    b16(c + "norm.weight", (d,), 0.05, 1.0)
-    fp8(p + "attn.indexer.wq_b.weight", (hI * dI, q_lo))
-    b16(p + "attn.indexer.weights_proj.weight", (hI, D), 0.02)
-    c = p + "attn.indexer.compressor."
-    b16(c + "wkv.weight", (2 * dI, D), 0.02)
-    b16(c + "wgate.weight", (2 * dI, D), 0.02)
-    f32(c + "ape", (m, 2 * dI), 0.1)
-    b16(c + "norm.weight", (dI,), 0.05, 1.0)
-    b16(p + "ffn.gate.weight", (E, D), 0.02)
-    f32(p + "ffn.gate.bias", (E,), 0.01)
-    for e in range(E):
-        fp4(p + "ffn.experts.%d.w1.weight" % e, (F, D))
-        fp4(p + "ffn.experts.%d.w3.weight" % e, (F, D))
-        fp4(p + "ffn.experts.%d.w2.weight" % e, (D, F))
-    fp8(p + "ffn.shared_experts.w1.weight", (F, D))
-    fp8(p + "ffn.shared_experts.w3.weight", (F, D))
-    fp8(p + "ffn.shared_experts.w2.weight", (D, F))
+    def layer(p, m):
+        for n in ("attn_norm", "ffn_norm"):
+            b16(p + n + ".weight", (D,), 0.05, 1.0)
+        for n in ("attn", "ffn"):
+            f32(p + "hc_%s_fn" % n, ((2 + hc) * hc, hc * D), 0.01)
+            f32(p + "hc_%s_base" % n, ((2 + hc) * hc,), 0.1)
+            f32(p + "hc_%s_scale" % n, (3,), 0.1)
+        fp8(p + "attn.wq_a.weight", (q_lo, D))
+        b16(p + "attn.q_norm.weight", (q_lo,), 0.05, 1.0)
+        fp8(p + "attn.wq_b.weight", (H * d, q_lo))
+        fp8(p + "attn.wkv.weight", (d, D))
+        b16(p + "attn.kv_norm.weight", (d,), 0.05, 1.0)
+        fp8(p + "attn.wo_a.weight", (G * Ro, H * d // G))
+        fp8(p + "attn.wo_b.weight", (D, G * Ro))
+        f32(p + "attn.attn_sink", (H,), 1.0)
+        c = p + "attn.compressor."
+        w = 2 * d if m == 4 else d  # CSA overlaps two blocks (2 slots of width d); HCA does not
+        b16(c + "wkv.weight", (w, D), 0.02)
+        b16(c + "wgate.weight", (w, D), 0.02)
+        f32(c + "ape", (m, w), 0.1)
+        b16(c + "norm.weight", (d,), 0.05, 1.0)
+        if m != 4:
+            return  # HCA: every visible compressed row, no indexer
+        fp8(p + "attn.indexer.wq_b.weight", (hI * dI, q_lo))
+        b16(p + "attn.indexer.weights_proj.weight", (hI, D), 0.02)
+        c = p + "attn.indexer.compressor."
+        b16(c + "wkv.weight", (2 * dI, D), 0.02)
+        b16(c + "wgate.weight", (2 * dI, D), 0.02)
+        f32(c + "ape", (m, 2 * dI), 0.1)
+        b16(c + "norm.weight", (dI,), 0.05, 1.0)
+        moe(p)
+
+    def moe(p):
+        b16(p + "ffn.gate.weight", (E, D), 0.02)
+        f32(p + "ffn.gate.bias", (E,), 0.01)
+        for e in range(E):
+            fp4(p + "ffn.experts.%d.w1.weight" % e, (F, D))
+            fp4(p + "ffn.experts.%d.w3.weight" % e, (F, D))
+            fp4(p + "ffn.experts.%d.w2.weight" % e, (D, F))
+        fp8(p + "ffn.shared_experts.w1.weight", (F, D))
+        fp8(p + "ffn.shared_experts.w3.weight", (F, D))
+        fp8(p + "ffn.shared_experts.w2.weight", (D, F))
+
+    layer("layers.0.", m)
+    if args.layers == 2:
+        layer("layers.1.", 128)
+        moe("layers.1.")
 
     os.makedirs(args.outdir, exist_ok=True)
     header, offset = {}, 0
@@ -112,8 +125,8 @@ def main():
             f.write(data)
     cfg = {
         "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "vocab_size": V,
-        "bos_token_id": 0, "eos_token_id": 1, "hidden_size": D, "num_hidden_layers": 1,
-        "compress_ratios": [m, 0], "num_nextn_predict_layers": 1, "num_attention_heads": H,
+        "bos_token_id": 0, "eos_token_id": 1, "hidden_size": D, "num_hidden_layers": args.layers,
+        "compress_ratios": [m, 128, 0][:args.layers] + [0], "num_nextn_predict_layers": 1, "num_attention_heads": H,
         "num_key_value_heads": 1, "head_dim": d, "qk_rope_head_dim": r, "q_lora_rank": q_lo,
         "o_groups": G, "o_lora_rank": Ro, "sliding_window": 128, "index_n_heads": hI,
         "index_head_dim": dI, "index_topk": 512, "n_routed_experts": E, "num_experts_per_tok": kE,
