@@ -78,10 +78,12 @@ static inline unsigned blocks_for(size_t count, unsigned threads) {
 /* ------------------------------------------------------------------------------------------ */
 /* Weight decoding (the values of kernels/weight.h st_weight_decode)                            */
 
+/* Index arithmetic in 32 bits where it is a block number (rows and columns of one matrix stay
+** below 2^31): a 64-bit division costs a hundred instructions in a GEMM's staging loop. */
 static __device__ __forceinline__ float wscale(const st_weight &w, int64_t r, int64_t c) {
   if (w.scale_dtype == ST_WSCALE_NONE) return 1.0f;
-  int64_t scale_cols = (w.cols + w.block[1] - 1) / w.block[1];
-  int64_t at = (r / w.block[0]) * scale_cols + c / w.block[1];
+  int scale_cols = ((int)w.cols + w.block[1] - 1) / w.block[1];
+  int64_t at = (int64_t)((int)r / w.block[0]) * scale_cols + (int)c / w.block[1];
   const unsigned char *s = (const unsigned char *)w.scales;
   switch (w.scale_dtype) {
   case ST_WSCALE_F32: return ((const float *)s)[at];
