@@ -8,6 +8,7 @@ packages=(
   libpcre2-dev libmicrohttpd-dev libcmocka-dev
   python3-h5py python3-numpy bc
   clang libclang-rt-14-dev  # tools/fuzz.sh: libFuzzer + ASan/UBSan runtimes
+  hipcc libamdhip64-dev     # the hip backend's compile check (ROCm 5.2; nothing runs without a GPU)
 )
 missing=()
 for p in "${packages[@]}"; do

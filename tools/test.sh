@@ -15,6 +15,20 @@ echo "== build (ASan + UBSan)"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DST_SANITIZE=ON -DCMAKE_C_FLAGS=-O1 >/dev/null
 cmake --build build-asan -j"$jobs"
 
+echo "== build (GPU backends, compile only: nvcc -arch=sm_90a, hipcc --offload-arch=gfx90a)"
+gpu_targets=(sparsetrace test_backend_ops test_engine test_digests bench_prefill)
+nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+if [ -n "$nvcc" ]; then
+  cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=RelWithDebInfo -DST_WITH_CUDA=ON -DST_NVCC="$nvcc" >/dev/null
+  cmake --build build-cuda -j"$jobs" --target "${gpu_targets[@]}" >/dev/null
+  echo "cuda backend: built ($("$nvcc" --version | tail -1))"
+else
+  echo "cuda backend: SKIPPED (no nvcc on this machine: the CUDA toolkit is not a Debian package)"
+fi
+cmake -S . -B build-hip -DCMAKE_BUILD_TYPE=RelWithDebInfo -DST_WITH_HIP=ON >/dev/null
+cmake --build build-hip -j"$jobs" --target "${gpu_targets[@]}" >/dev/null
+echo "hip backend: built ($(hipcc --version 2>/dev/null | grep -m1 -i 'hip version' || echo hipcc))"
+
 echo "== fuzz (libFuzzer, every parser of untrusted input, ${ST_FUZZ_SECONDS:-10} s each)"
 tools/fuzz.sh "${ST_FUZZ_SECONDS:-10}"
 
