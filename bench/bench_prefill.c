@@ -102,8 +102,10 @@ static int measure(const char *model_dir, int64_t T, const st_settings *settings
     st_taps taps = {0};
     st_recorder *rec = NULL;
     st_backend be;
+    double t_start = now();
     if (st_model_open(model_dir, &m) || st_model_load_all(m)) goto fail;
     if (st_backend_open(backend_name, &be)) goto fail;
+    fprintf(stderr, "bench_prefill: %lld tokens: model loaded in %.1f s\n", (long long)T, now() - t_start);
     int32_t *tokens = malloc(sizeof(int32_t) * (size_t)T);
     unsigned seed = 99;
     for (int64_t i = 0; i < T; i++) {
@@ -125,7 +127,10 @@ static int measure(const char *model_dir, int64_t T, const st_settings *settings
     }
     st_session_options opt = {.max_tokens = T, .settings = *settings, .taps = tap ? &taps : NULL,
                               .backend = &be};
+    double t_session = now();
     if (st_session_create(m, &opt, &s)) goto fail;
+    fprintf(stderr, "bench_prefill: %lld tokens: session created in %.1f s (backend memory %.0f MiB)\n",
+            (long long)T, now() - t_session, st_session_backend_bytes(s) / 1048576.0);
     float *logits = malloc(sizeof(float) * (size_t)m->cfg->vocab_size);
     double t0 = now();
     if (st_session_forward(s, tokens, (int)T, logits, NULL)) goto fail;
@@ -167,12 +172,15 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend_name = argv[++i];
     else { fprintf(stderr, "bench_prefill: unknown argument %s\n", argv[i]); return 2; }
   }
-  st_model *m = NULL;
-  if (st_model_open(model_dir, &m)) { fprintf(stderr, "%s\n", st_errmsg()); return 1; }
-  st_settings resolved = settings;
-  st_settings_resolve(&resolved, m->cfg);
   /* The parent never starts OpenMP threads: libgomp does not survive fork(), so every
-  ** measurement, the peak included, runs in a child. */
+  ** measurement, the peak included, runs in a child, and the parent reads the config alone
+  ** (st_model_open scans large weights for NaN with OpenMP). */
+  st_config *cfg = calloc(1, sizeof *cfg);
+  char config_path[4096];
+  snprintf(config_path, sizeof config_path, "%s/config.json", model_dir);
+  if (!cfg || st_config_load(config_path, cfg)) { fprintf(stderr, "%s\n", st_errmsg()); return 1; }
+  st_settings resolved = settings;
+  st_settings_resolve(&resolved, cfg);
   double peak_and_threads[2] = {0, 1};
   int pipefd[2];
   if (pipe(pipefd)) return 1;
@@ -201,7 +209,7 @@ int main(int argc, char **argv) {
     if (tok[strlen(tok) - 1] == 'k') T *= 1024;
     result r;
     if (measure(model_dir, T, &settings, tap, store, &r)) { printf("| %lld | failed |\n", (long long)T); continue; }
-    cost c = cost_model(m->cfg, &resolved, T);
+    cost c = cost_model(cfg, &resolved, T);
     double total = c.linear + c.attention + c.indexer;
     printf("| %lld | %.2f | %.0f | %.0f | %.1f | %.1f | %.1f | %.2f | %.0f%% | %.1f | %.1f | %.1f | %.3f |\n",
            (long long)T, r.seconds, (double)T / r.seconds, r.peak_mib, r.weight_mib, r.backend_mib, total / 1e9,
@@ -210,6 +218,6 @@ int main(int argc, char **argv) {
     fflush(stdout);
   }
   free(list);
-  st_model_close(m);
+  free(cfg);
   return 0;
 }

@@ -1014,7 +1014,15 @@ static void tap(st_session *s, st_tap_id id, int layer, int64_t pos0, st_dtype d
   int64_t shape[3] = {a, b, c};
   size_t bytes = st_dtype_size(dtype) * (size_t)a * (size_t)(rank > 1 ? b : 1) * (size_t)(rank > 2 ? c : 1);
   if (!s->ops->host_memory) {
-    ST_ASSERT(bytes <= s->h_tap_bytes);
+    if (bytes > s->h_tap_bytes) { /* a tap larger than the session's estimate: grow the buffer */
+      void *grown = realloc(s->h_tap, bytes);
+      if (!grown) {
+        if (!s->status) s->status = st_fail(ST_ENOMEM, "tap %s (layer %d): %zu bytes", st_tap_catalogue[id].suffix, layer, bytes);
+        return;
+      }
+      s->h_tap = grown;
+      s->h_tap_bytes = bytes;
+    }
     download(s, s->h_tap, data, bytes);
     data = s->h_tap;
   }
