@@ -124,7 +124,8 @@ static const alias aliases[] = {
 };
 #define N_ALIASES (int)(sizeof aliases / sizeof aliases[0])
 
-static const char *const backend_names[] = {"cpu-ref", "cpu", "cuda", "hip"};
+/* ST_BACKEND_DEVEMU is accepted too, but not advertised (a debugging backend: kernels/backend.h). */
+static const char *const backend_names[] = {"cpu-ref", "cpu", "cuda", "hip", ST_BACKEND_DEVEMU};
 
 /* What st_opts_init builds from the spec. */
 typedef struct parser {

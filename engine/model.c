@@ -938,10 +938,14 @@ st_status st_session_create(st_model *m, const st_session_options *opt, st_sessi
   s->h_expert_w = malloc(sizeof(float) * nk);
   s->h_group_weights = malloc(sizeof(float) * nk);
   s->h_hash_experts = malloc(sizeof(int32_t) * nk);
-  if (!s->ops->host_memory) { /* the largest value a tap hands over */
-    size_t big = ST_MAX(ST_MAX((size_t)n * hc * D, (size_t)n * H * d),
-                        ST_MAX((size_t)n * (size_t)s->rows_cap_csa, (size_t)n * V));
-    s->h_tap_bytes = sizeof(float) * ST_MAX(big, (size_t)s->rows_cap_csa * ST_MAX(d, dI));
+  if (!s->ops->host_memory) {
+    /* the largest value a tap hands over: n rows of the widest tap (4-byte elements); the
+    ** compressor and indexer key taps hand over the rows a chunk completes, at most n */
+    int64_t widths[] = {(int64_t)hc * D, (int64_t)H * d, q_lo, (int64_t)hI * dI, hI, D, d, dI, kE, V,
+                        s->rows_cap_csa, topk_cap};
+    int64_t widest = 1;
+    for (size_t k = 0; k < sizeof widths / sizeof widths[0]; k++) widest = ST_MAX(widest, widths[k]);
+    s->h_tap_bytes = sizeof(float) * (size_t)n * (size_t)widest;
     s->h_tap = malloc(s->h_tap_bytes);
   }
   if (failed || !s->h_positions || !s->h_row_positions || !s->h_visible || !s->h_minus_one ||

@@ -1,7 +1,7 @@
 /*
 ** backend.c — the registry of backends and the small facts every backend shares (op names,
 ** weight sizes). Each backend's table and context live in its own folder: kernels/cpu-ref/,
-** kernels/cpu/, kernels/cuda/ (HIP from the same source).
+** kernels/cpu/, kernels/cuda/ (HIP from the same source), kernels/devemu/ (debugging only).
 */
 #include "kernels/backend.h"
 
@@ -49,6 +49,9 @@ size_t st_weight_scale_bytes(const st_weight *w) {
 /* Each backend's constructor (its own folder). */
 st_status st_backend_cpu_ref_open(st_backend *out);
 st_status st_backend_cpu_open(st_backend *out);
+#ifdef ST_WITH_DEVEMU
+st_status st_backend_devemu_open(st_backend *out);
+#endif
 #ifdef ST_WITH_CUDA
 st_status st_backend_cuda_open(st_backend *out);
 #endif
@@ -63,6 +66,14 @@ st_status st_backend_open(const char *name, st_backend *out) {
   if (!name) name = ST_BACKEND_DEFAULT;
   if (!strcmp(name, "cpu-ref")) return st_backend_cpu_ref_open(out);
   if (!strcmp(name, "cpu")) return st_backend_cpu_open(out);
+  if (!strcmp(name, ST_BACKEND_DEVEMU)) {
+#ifdef ST_WITH_DEVEMU
+    return st_backend_devemu_open(out);
+#else
+    return st_fail(ST_EUNSUPPORTED, "backend %s needs mmap and mprotect (POSIX): not built into this "
+                   "binary", ST_BACKEND_DEVEMU);
+#endif
+  }
   if (!strcmp(name, "cuda")) {
 #ifdef ST_WITH_CUDA
     return st_backend_cuda_open(out);
@@ -79,7 +90,8 @@ st_status st_backend_open(const char *name, st_backend *out) {
                    "-DST_WITH_HIP=ON on a machine with ROCm)");
 #endif
   }
-  return st_fail(ST_EINVAL, "unknown backend '%s' (known: %s)", name, st_backend_names());
+  return st_fail(ST_EINVAL, "unknown backend '%s' (known: %s; for debugging the engine's device "
+                 "path also %s)", name, st_backend_names(), ST_BACKEND_DEVEMU);
 }
 
 void st_backend_close(st_backend *b) {

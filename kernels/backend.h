@@ -6,7 +6,8 @@
 **
 ** A backend is a handle { ops, ctx }. Every entry takes the context first: a GPU backend keeps
 ** its stream, BLAS handle, workspace and latched error there; the CPU backends keep almost
-** nothing. Open one by name with st_backend_open ("cpu-ref", "cpu", "cuda", "hip").
+** nothing. Open one by name with st_backend_open ("cpu-ref", "cpu", "cuda", "hip"; and
+** "cpu-ref-devemu", below).
 **
 ** Memory. Every pointer an operation reads or writes is memory of the backend that runs it,
 ** allocated with ops->alloc (zero-filled) and filled with upload / copy. Host data reaches it
@@ -254,14 +255,21 @@ typedef struct st_backend {
 /* ------------------------------------------------------------------------------------------ */
 /* Registry                                                                                     */
 
-/* Opens a backend by name: "cpu-ref", "cpu", "cuda", "hip". ST_EUNSUPPORTED (the message says
-** why: not built, no device) when it is not available here; ST_EINVAL for an unknown name (the
-** message lists the known ones). */
+/* Opens a backend by name: "cpu-ref", "cpu", "cuda", "hip", or ST_BACKEND_DEVEMU. ST_EUNSUPPORTED
+** (the message says why: not built, no device) when it is not available here; ST_EINVAL for an
+** unknown name (the message lists the known ones). */
 st_status st_backend_open(const char *name, st_backend *out);
 void st_backend_close(st_backend *b); /* accepts a zeroed handle */
-/* The names st_backend_open knows, "|"-separated ("cpu-ref|cpu|cuda|hip"), and the default. */
+/* The user-facing names st_backend_open knows, "|"-separated ("cpu-ref|cpu|cuda|hip"), and the
+** default. */
 const char *st_backend_names(void);
 #define ST_BACKEND_DEFAULT "cpu"
+/* A debugging backend, accepted by st_backend_open (and --backend) but left out of
+** st_backend_names and the help texts: cpu-ref's arithmetic (the same bits) with host_memory = 0
+** and memory that is PROT_NONE to the host outside backend calls (kernels/devemu/devemu.c), so
+** the engine's device path runs on any POSIX machine and a host read of backend memory faults.
+** Its traces record it as their backend, so replay and bisect reopen it. */
+#define ST_BACKEND_DEVEMU "cpu-ref-devemu"
 
 /* Convenience wrappers over the memory entries. */
 static inline st_status st_backend_alloc(const st_backend *b, size_t bytes, void **out) {

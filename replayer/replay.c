@@ -185,28 +185,40 @@ static int same_rope(const st_settings *a, const st_settings *b) {
          a->yarn == b->yarn;
 }
 
-/* RoPE on the last rope dims of count vectors (heads per row) at given positions, with the
-** engine's own cos/sin (st_rope_cos_sin). */
+/* RoPE on the last rope dims of rows vectors (heads per row) of backend memory x at given (host)
+** positions, with the engine's own cos/sin (st_rope_cos_sin), uploaded for the call. */
 static st_status rope_vectors(const st_backend *be, const st_config *cfg, const st_settings *set,
                               float *x, int64_t rows, int heads, int dim, const int64_t *positions,
                               int inverse) {
   int half = cfg->rope_head_dim / 2;
+  size_t table = sizeof(float) * (size_t)rows * half, index_bytes = sizeof(int64_t) * (size_t)rows;
   double inv[512];
   st_rope_inv_freq(cfg, set, 1, inv);
-  float *cs = malloc(sizeof(float) * (size_t)rows * half), *sn = malloc(sizeof(float) * (size_t)rows * half);
-  int64_t *index = malloc(sizeof(int64_t) * (size_t)rows);
+  float *cs = malloc(table), *sn = malloc(table);
+  int64_t *index = malloc(index_bytes);
+  void *d_cs = NULL, *d_sn = NULL, *d_index = NULL;
+  st_status rc = ST_OK;
   if (!cs || !sn || !index) {
-    free(cs); free(sn); free(index);
-    return st_fail(ST_ENOMEM, "RoPE tables");
+    rc = st_fail(ST_ENOMEM, "RoPE tables");
+    goto out;
   }
   for (int64_t r = 0; r < rows; r++) {
     index[r] = r;
     st_rope_cos_sin(inv, half, positions[r], cs + r * half, sn + r * half);
   }
-  be->ops->rope(be->ctx, x, (int)rows, heads, dim, cfg->rope_head_dim, index, cs, sn,
+  if ((rc = st_backend_alloc(be, table, &d_cs)) || (rc = st_backend_alloc(be, table, &d_sn)) ||
+      (rc = st_backend_alloc(be, index_bytes, &d_index)) || (rc = st_backend_upload(be, d_cs, cs, table)) ||
+      (rc = st_backend_upload(be, d_sn, sn, table)) || (rc = st_backend_upload(be, d_index, index, index_bytes)))
+    goto out;
+  be->ops->rope(be->ctx, x, (int)rows, heads, dim, cfg->rope_head_dim, d_index, d_cs, d_sn,
                 set->index_rope_neox, inverse);
+  rc = be->ops->synchronize(be->ctx); /* before the tables are freed */
+out:
+  st_backend_free(be, d_cs);
+  st_backend_free(be, d_sn);
+  st_backend_free(be, d_index);
   free(cs); free(sn); free(index);
-  return ST_OK;
+  return rc;
 }
 
 /* Compressed rows (of a CSA layer, ratio m, overlapping) that pool any token of [start, end):
@@ -275,8 +287,8 @@ static st_status replay_indexer(const st_backend *be, const st_replay_request *r
   int hI = in->heads, dI = in->dim;
   int64_t R = in->rows, n = in->n;
   const int block = 128;
-#ifdef _OPENMP
-#endif
+  /* The trace's tensors are read into host buffers; every op runs on copies of them in backend
+  ** memory (uploaded, results downloaded), so the stage runs on any backend. */
   float *k = malloc(sizeof(float) * (size_t)(R ? R : 1) * dI);
   float *k_used = malloc(sizeof(float) * (size_t)(R ? R : 1) * dI);
   float *rec_k_used = in->k_used ? malloc(sizeof(float) * (size_t)(R ? R : 1) * dI) : NULL;
@@ -300,14 +312,33 @@ static st_status replay_indexer(const st_backend *be, const st_replay_request *r
   int32_t *set_scratch = malloc(sizeof(int32_t) * (size_t)(topk_cap + rec_topk_width + 2));
   st_backend_limits lim = {.max_tokens = block, .max_rows = R > 0 ? R : 1, .max_topk = (int)topk_cap,
                            .max_dim = hI * dI};
-  void *scratch = malloc(be->ops->workspace_size(be->ctx, &lim));
   int visible[128];
   int64_t *k_positions = malloc(sizeof(int64_t) * (size_t)(R ? R : 1));
   int *done = calloc((size_t)n_cells, sizeof(int));
   st_tensor_compare *score_cmp = calloc((size_t)n_cells, sizeof *score_cmp);
   st_index_set_compare *topk_cmp = calloc((size_t)n_cells, sizeof *topk_cmp);
   int *bits_differ = calloc((size_t)n_cells, sizeof(int));
-  if (!k || !k_used || !q || !q_used || !w || !scores || !topk || !set_scratch || !scratch ||
+  /* backend memory: the key rows as read and as scored, one block of queries, weights, scores,
+  ** top-k rows and visible counts, the top-k workspace */
+  size_t k_bytes = sizeof(float) * (size_t)(R ? R : 1) * dI, q_bytes = sizeof(float) * (size_t)block * hI * dI;
+  size_t w_bytes = sizeof(float) * (size_t)block * hI, scores_bytes = sizeof(float) * (size_t)block * score_width;
+  size_t topk_bytes = sizeof(int32_t) * (size_t)block * topk_cap, visible_bytes = sizeof(int) * (size_t)block;
+  size_t scratch_bytes = be->ops->workspace_size(be->ctx, &lim);
+  float *d_k = NULL, *d_k_used = NULL, *d_q = NULL, *d_q_used = NULL, *d_w = NULL, *d_scores = NULL;
+  int32_t *d_topk = NULL;
+  int *d_visible = NULL;
+  void *d_scratch = NULL;
+  if ((rc = st_backend_alloc(be, k_bytes, (void **)&d_k)) ||
+      (rc = st_backend_alloc(be, k_bytes, (void **)&d_k_used)) ||
+      (rc = st_backend_alloc(be, q_bytes, (void **)&d_q)) ||
+      (rc = st_backend_alloc(be, q_bytes, (void **)&d_q_used)) ||
+      (rc = st_backend_alloc(be, w_bytes, (void **)&d_w)) ||
+      (rc = st_backend_alloc(be, scores_bytes, (void **)&d_scores)) ||
+      (rc = st_backend_alloc(be, topk_bytes, (void **)&d_topk)) ||
+      (rc = st_backend_alloc(be, visible_bytes, (void **)&d_visible)) ||
+      (rc = st_backend_alloc(be, scratch_bytes ? scratch_bytes : 1, &d_scratch)))
+    goto out;
+  if (!k || !k_used || !q || !q_used || !w || !scores || !topk || !set_scratch ||
       !k_positions || !done || !score_cmp || !topk_cmp || !bits_differ ||
       (in->scores && !rec_scores) || (in->topk && !rec_topk) || (in->k_used && !rec_k_used) ||
       (in->q_used && !rec_q_used)) {
@@ -316,6 +347,7 @@ static st_status replay_indexer(const st_backend *be, const st_replay_request *r
   }
   if (R && (rc = st_trace_read_f32(in->trace, in->k, 0, R, k))) goto out;
   if (rec_k_used && R && (rc = st_trace_read_f32(in->trace, in->k_used, 0, R, rec_k_used))) goto out;
+  if ((rc = st_backend_upload(be, d_k, k, sizeof(float) * (size_t)R * dI))) goto out;
   for (int64_t j = 0; j < R; j++) k_positions[j] = j * in->ratio;
   for (int c = 0; c < n_cells; c++) {
     st_tensor_compare_init(&score_cmp[c]);
@@ -331,13 +363,15 @@ static st_status replay_indexer(const st_backend *be, const st_replay_request *r
     const st_settings *gs = &specs[lead].settings;
     double t0 = now();
     int rope_changed = !same_rope(gs, recorded);
-    memcpy(k_used, k, sizeof(float) * (size_t)R * dI);
+    if (R && (rc = be->ops->copy(be->ctx, d_k_used, d_k, sizeof(float) * (size_t)R * dI))) goto out;
     if (rope_changed && R) {
-      if ((rc = rope_vectors(be, cfg, recorded, k_used, R, 1, dI, k_positions, 1))) goto out;
-      if ((rc = rope_vectors(be, cfg, gs, k_used, R, 1, dI, k_positions, 0))) goto out;
+      if ((rc = rope_vectors(be, cfg, recorded, d_k_used, R, 1, dI, k_positions, 1))) goto out;
+      if ((rc = rope_vectors(be, cfg, gs, d_k_used, R, 1, dI, k_positions, 0))) goto out;
     }
     for (int64_t j = 0; j < R; j++) /* row by row, exactly as the forward pass emits them */
-      st_indexer_k_used(be, gs, k_used + (size_t)j * dI, k_used + (size_t)j * dI, 1, dI);
+      st_indexer_k_used(be, gs, d_k_used + (size_t)j * dI, d_k_used + (size_t)j * dI, 1, dI);
+    if (rec_k_used && (rc = st_backend_download(be, k_used, d_k_used, sizeof(float) * (size_t)R * dI)))
+      goto out;
     int group[4096], n_group = 0;
     for (int c = lead; c < n_cells; c++)
       if (!done[c] && same_scores(&specs[c].settings, gs)) {
@@ -354,18 +388,28 @@ static st_status replay_indexer(const st_backend *be, const st_replay_request *r
       if (rec_scores && (rc = st_trace_read_f32(in->trace, in->scores, p0, nb, rec_scores))) goto out;
       if (rec_topk && (rc = st_trace_read_i32(in->trace, in->topk, p0, nb, rec_topk))) goto out;
       if (rec_q_used && (rc = st_trace_read_f32(in->trace, in->q_used, p0, nb, rec_q_used))) goto out;
-      if (rope_changed) {
-        if ((rc = rope_vectors(be, cfg, recorded, q, nb, hI, dI, in->positions + p0, 1))) goto out;
-        if ((rc = rope_vectors(be, cfg, gs, q, nb, hI, dI, in->positions + p0, 0))) goto out;
-      }
-      st_indexer_q_used(be, gs, q_used, q, nb * hI, dI);
       for (int i = 0; i < nb; i++) visible[i] = st_visible_rows(in->positions[p0 + i], in->ratio, R);
-      st_indexer_scores(be, scores, q_used, w, k_used, nb, (int)R, hI, dI, visible);
+      if ((rc = st_backend_upload(be, d_q, q, sizeof(float) * (size_t)nb * hI * dI)) ||
+          (rc = st_backend_upload(be, d_w, w, sizeof(float) * (size_t)nb * hI)) ||
+          (rc = st_backend_upload(be, d_visible, visible, sizeof(int) * (size_t)nb)))
+        goto out;
+      if (rope_changed) {
+        if ((rc = rope_vectors(be, cfg, recorded, d_q, nb, hI, dI, in->positions + p0, 1))) goto out;
+        if ((rc = rope_vectors(be, cfg, gs, d_q, nb, hI, dI, in->positions + p0, 0))) goto out;
+      }
+      st_indexer_q_used(be, gs, d_q_used, d_q, nb * hI, dI);
+      st_indexer_scores(be, d_scores, d_q_used, d_w, d_k_used, nb, (int)R, hI, dI, d_visible);
+      if ((rc = st_backend_download(be, scores, d_scores, sizeof(float) * (size_t)nb * score_width)))
+        goto out;
+      if (rec_q_used && (rc = st_backend_download(be, q_used, d_q_used, sizeof(float) * (size_t)nb * hI * dI)))
+        goto out;
       for (int g = 0; g < n_group; g++) {
         int c = group[g];
         st_replay_cell *cell = &rep->cells[c];
         int kk = st_settings_topk(&specs[c].settings, cfg);
-        int width = st_indexer_topk_of(be, kk, scores, topk, nb, (int)R, visible, scratch);
+        int width = st_indexer_topk_of(be, kk, d_scores, d_topk, nb, (int)R, d_visible, d_scratch);
+        if (R > 0 && (rc = st_backend_download(be, topk, d_topk, sizeof(int32_t) * (size_t)nb * width)))
+          goto out;
         if (R == 0) for (int i = 0; i < nb; i++) topk[i] = -1;
         int exact_cell = same_settings(&specs[c].settings, recorded);
         if (rec_scores && rec_score_width == score_width) {
@@ -419,9 +463,14 @@ static st_status replay_indexer(const st_backend *be, const st_replay_request *r
     else
       cell->bit_exact = -1;
   }
+  if (!rc) rc = be->ops->synchronize(be->ctx);
 out:
+  {
+    void *device[] = {d_k, d_k_used, d_q, d_q_used, d_w, d_scores, d_topk, d_visible, d_scratch};
+    for (size_t b = 0; b < sizeof device / sizeof device[0]; b++) st_backend_free(be, device[b]);
+  }
   free(k); free(k_used); free(rec_k_used); free(q); free(q_used); free(rec_q_used); free(w);
-  free(scores); free(rec_scores); free(rec_topk); free(topk); free(set_scratch); free(scratch);
+  free(scores); free(rec_scores); free(rec_topk); free(topk); free(set_scratch);
   free(k_positions); free(done); free(score_cmp); free(topk_cmp); free(bits_differ);
   return rc;
 }
@@ -810,11 +859,6 @@ st_status st_replay_run(const st_replay_request *req, st_replay_report **out) {
     if (req->needle_end > req->needle_start)
       rep->n_needle_rows = needle_rows(in.ratio, in.rows, req->needle_start, req->needle_end,
                                        rep->needle_rows, 64);
-    if (!be.ops->host_memory) {
-      rc = st_fail(ST_EUNSUPPORTED, "--stage indexer reads the trace's tensors in place: it needs a "
-                   "host-memory backend (cpu, cpu-ref), not %s", be.ops->name);
-      goto out;
-    }
     rc = replay_indexer(&be, req, &cfg, &recorded, specs, n_cells, &in, rep);
     free(in.positions);
   } else {

@@ -140,7 +140,8 @@ st_status st_replay_store(const char *store_dir, const st_replay_report *r, cons
     goto rollback;
   }
   int64_t build_id = 0;
-  st_index_build b = {ST_GIT_REVISION, ST_COMPILER, ST_BUILD_TYPE, "cpu-ref", "deterministic"};
+  st_index_build b = {ST_GIT_REVISION, ST_COMPILER, ST_BUILD_TYPE, r->backend[0] ? r->backend : "cpu-ref",
+                      "deterministic"};
   if ((rc = st_index_build_id(ix, &b, &build_id))) goto rollback;
   int64_t needle_id = -1;
   if (needle_end > needle_start &&

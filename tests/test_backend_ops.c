@@ -4,8 +4,9 @@
 ** other backend against cpu-ref on the same inputs (in the spirit of llama.cpp's
 ** test-backend-ops; none of its code).
 **
-** What one case checks, on every backend that opens (cpu-ref, cpu, cuda, hip; one that is not
-** built or has no device is SKIPPED):
+** What one case checks, on every backend that opens (cpu-ref, cpu, cuda, hip, and cpu-ref-devemu:
+** cpu-ref behind memory the host cannot touch, which holds this file to its own rule below; one
+** that is not built or has no device is SKIPPED):
 **   - all memory goes through the backend: alloc, upload, run, synchronize, download, free, so the
 **     same test drives a GPU backend;
 **   - guard bytes before and after every output (and scratch) buffer stay untouched, and every
@@ -134,7 +135,7 @@
 /* Results                                                                                      */
 
 typedef struct result {
-  char op[24], dtype[40], backend[12];
+  char op[24], dtype[40], backend[24];
   int cases, fails, skipped;
   double maxerr, budget;
   char first[240];
@@ -145,7 +146,7 @@ typedef struct result {
 typedef struct shared_state {
   result results[900];
   int nresults, total_runs, total_fails;
-  int open[4];
+  int open[5];
   char current[240]; /* the case running now, for a crash report */
   int cur_case, cur_slot, resume_case, resume_slot;
 } shared_state;
@@ -352,8 +353,9 @@ typedef struct backend_slot {
   char why[200];
 } backend_slot;
 
-static backend_slot backends[4] = {{.name = "cpu-ref"}, {.name = "cpu"}, {.name = "cuda"}, {.name = "hip"}};
-#define NBACKENDS 4
+static backend_slot backends[5] = {{.name = "cpu-ref"}, {.name = "cpu"}, {.name = "cuda"}, {.name = "hip"},
+                                   {.name = ST_BACKEND_DEVEMU}};
+#define NBACKENDS 5
 
 static size_t workspace_bytes(const st_backend *b) {
   st_backend_limits lim = {.max_tokens = 64, .max_rows = 512, .max_topk = 64, .max_dim = 512,
@@ -2732,13 +2734,13 @@ static void open_backends(int print) {
     st_status rc = st_backend_open(backends[s].name, &backends[s].b);
     if (rc) {
       snprintf(backends[s].why, sizeof backends[s].why, "not available: %s", st_errmsg());
-      if (print) printf("backend %-8s SKIPPED (%s)\n", backends[s].name, st_errmsg());
+      if (print) printf("backend %-14s SKIPPED (%s)\n", backends[s].name, st_errmsg());
       continue;
     }
     backends[s].open = 1;
     const char *desc = backends[s].b.ops->describe ? backends[s].b.ops->describe(backends[s].b.ctx) : NULL;
     if (print)
-      printf("backend %-8s opened (%s%s%s)\n", backends[s].name, backends[s].b.ops->kernel_mode,
+      printf("backend %-14s opened (%s%s%s)\n", backends[s].name, backends[s].b.ops->kernel_mode,
              desc ? ", " : "", desc ? desc : "");
   }
 }
@@ -2805,6 +2807,7 @@ int main(void) {
         if (nofork) {
           memset(backends, 0, sizeof backends);
           backends[0].name = "cpu-ref", backends[1].name = "cpu", backends[2].name = "cuda", backends[3].name = "hip";
+          backends[4].name = ST_BACKEND_DEVEMU;
         }
         case_counter = 0;
         open_backends(0);
@@ -2846,7 +2849,7 @@ int main(void) {
     }
   }
 
-  printf("\n%-17s %-34s %-8s %6s %10s %7s  %s\n", "op", "dtype", "backend", "cases", "max err",
+  printf("\n%-17s %-34s %-14s %6s %10s %7s  %s\n", "op", "dtype", "backend", "cases", "max err",
          "budget", "result");
   int cross_ran = 0;
   for (int k = 0; k < nresults; k++) {
@@ -2861,7 +2864,7 @@ int main(void) {
     else snprintf(err, sizeof err, "-");
     if (r->budget > 0) snprintf(bud, sizeof bud, "%.0e", r->budget);
     else snprintf(bud, sizeof bud, r->cases ? "exact" : "-");
-    printf("%-17s %-34s %-8s %6d %10s %7s  %s", r->op, r->dtype, r->backend, r->cases, err, bud, verdict);
+    printf("%-17s %-34s %-14s %6d %10s %7s  %s", r->op, r->dtype, r->backend, r->cases, err, bud, verdict);
     if (r->fails || (!r->cases && r->first[0])) printf("  (%s)", r->first);
     printf("\n");
   }
