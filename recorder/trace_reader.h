@@ -35,8 +35,9 @@ const char *st_trace_path(const st_trace *t);
 int st_trace_is_complete(const st_trace *t);
 
 /* A string file attribute (run_id, model, model_dir, settings, config, build_revision, compiler,
-** build_type, backend, kernel_mode, created_at, command_line, request_id, positions, format),
-** or NULL when the trace has none. Valid until st_trace_close. */
+** build_type, backend, kernel_mode, created_at, command_line, request_id, positions, format,
+** ...: the names of ST_TRACE_FILE_ATTRS in trace_format.h, the only ones read), or NULL when the
+** trace has none. Valid until st_trace_close. */
 const char *st_trace_attr(const st_trace *t, const char *name);
 /* An integer file attribute (threads, n_layers, schema_version, complete), or fallback. */
 int64_t st_trace_attr_int(const st_trace *t, const char *name, int64_t fallback);
