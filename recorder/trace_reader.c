@@ -296,7 +296,7 @@ st_status st_trace_open(const char *path, unsigned flags, st_trace **out) {
     st = st_fail(ST_ENOMEM, "opening trace %s", path);
     goto fail;
   }
-  t->file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+  t->file = st_h5_open_untrusted(path);
   if (t->file < 0) {
     st = st_h5_fail(ST_EFORMAT, "trace %s is not a readable HDF5 file (truncated or corrupt?)", path);
     goto fail;
