@@ -2,10 +2,15 @@
 #include "trace_reader.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "hdf5_util.h"
 
@@ -24,6 +29,7 @@ struct st_trace {
   char *path;
   hid_t file;
   int complete;
+  int64_t file_bytes; /* size when opened */
   file_attr attrs[N_FILE_ATTRS]; /* by index in file_attr_names */
   int32_t *tokens;
   int64_t n_tokens, n_prompt;
@@ -105,6 +111,22 @@ static st_status load_tokens(st_trace *t) {
   }
   hsize_t n = 0;
   H5Sget_simple_extent_dims(space, &n, NULL);
+  /* What libhdf5 and this reader allocate for comes from the file: bound it by the file before
+  ** (a corrupt element size or extent asked for gigabytes). A token takes at least a byte. */
+  hid_t type = H5Dget_type(d);
+  H5T_class_t cls = type < 0 ? H5T_NO_CLASS : H5Tget_class(type);
+  size_t elem = type < 0 ? 0 : H5Tget_size(type);
+  if (type >= 0) H5Tclose(type);
+  if (cls != H5T_INTEGER || elem < 1 || elem > 8) {
+    st = st_h5_fail(ST_EFORMAT, "trace %s is corrupt: /tokens is not an integer dataset", t->path);
+    goto out;
+  }
+  if (n > (hsize_t)t->file_bytes) {
+    st = st_fail(ST_EFORMAT, "trace %s is corrupt: /tokens claims %llu tokens, more than its "
+                             "%lld bytes can hold", t->path, (unsigned long long)n,
+                 (long long)t->file_bytes);
+    goto out;
+  }
   t->n_tokens = (int64_t)n;
   t->tokens = malloc((size_t)ST_MAX(n, 1) * sizeof *t->tokens);
   if (!t->tokens) {
@@ -269,7 +291,7 @@ static int ends_with(const char *s, const char *suffix) {
   return n >= m && !strcmp(s + n - m, suffix);
 }
 
-st_status st_trace_open(const char *path, unsigned flags, st_trace **out) {
+static st_status open_in_process(const char *path, unsigned flags, st_trace **out) {
   *out = NULL;
   st_h5_quiet();
   struct stat sb;
@@ -290,6 +312,7 @@ st_status st_trace_open(const char *path, unsigned flags, st_trace **out) {
   st_trace *t = calloc(1, sizeof *t);
   if (!t) return st_fail(ST_ENOMEM, "opening trace %s", path);
   t->file = -1;
+  t->file_bytes = (int64_t)sb.st_size;
   t->path = strdup(path);
   st_status st = ST_OK;
   if (!t->path) {
@@ -332,6 +355,67 @@ st_status st_trace_open(const char *path, unsigned flags, st_trace **out) {
 fail:
   st_trace_close(t);
   return st;
+}
+
+#define PRECHECK_SECONDS 30
+
+/* Runs open_in_process on path in a forked child that reports its status over a pipe and
+** _exits (no atexit handlers, no stdio flush: the parent's buffers and files stay its own).
+** ST_OK when the child reported, whatever it found (the caller's own open finds it again and
+** says it); ST_EFORMAT naming the file when the child died without reporting or ran past
+** PRECHECK_SECONDS; ST_OK without a child when pipe or fork fails. */
+static st_status precheck_in_child(const char *path, unsigned flags) {
+  int fds[2];
+  if (pipe(fds) != 0) return ST_OK;
+  fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+  fcntl(fds[1], F_SETFD, FD_CLOEXEC);
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return ST_OK;
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    st_trace *t = NULL; /* never closed: the kernel closes the file at _exit, sooner */
+    unsigned char verdict = (unsigned char)open_in_process(path, flags, &t);
+    _exit(write(fds[1], &verdict, 1) == 1 ? 0 : 1);
+  }
+  close(fds[1]);
+  struct pollfd p = {.fd = fds[0], .events = POLLIN};
+  int ready;
+  do ready = poll(&p, 1, PRECHECK_SECONDS * 1000);
+  while (ready < 0 && errno == EINTR);
+  unsigned char verdict;
+  ssize_t got = ready > 0 ? read(fds[0], &verdict, 1) : -1;
+  if (ready == 0) kill(pid, SIGKILL);
+  int status = 0;
+  pid_t done;
+  do done = waitpid(pid, &status, 0);
+  while (done < 0 && errno == EINTR);
+  close(fds[0]);
+  if (got == 1) return ST_OK;
+  if (ready == 0)
+    return st_fail(ST_EFORMAT, "trace %s is corrupt: the HDF5 library was still reading its "
+                               "metadata after %d s (stopped)", path, PRECHECK_SECONDS);
+  if (done == pid && WIFSIGNALED(status))
+    return st_fail(ST_EFORMAT, "trace %s is corrupt: the HDF5 library crashed reading it "
+                               "(signal %d, %s)", path, WTERMSIG(status),
+                   strsignal(WTERMSIG(status)));
+  if (done == pid && WIFEXITED(status))
+    return st_fail(ST_EFORMAT, "trace %s is corrupt: the HDF5 library failed reading it (a "
+                               "process reading it exited with status %d)", path,
+                   WEXITSTATUS(status));
+  return ST_OK; /* the child's end is unknown (SIGCHLD ignored?): open in process */
+}
+
+st_status st_trace_open(const char *path, unsigned flags, st_trace **out) {
+  *out = NULL;
+  if (!(flags & ST_TRACE_OPEN_IN_PROCESS)) {
+    st_status st = precheck_in_child(path, flags);
+    if (st) return st;
+  }
+  return open_in_process(path, flags, out);
 }
 
 void st_trace_close(st_trace *t) {

@@ -10,6 +10,12 @@
 #   gheap-empty-free-object.h5  the global heap collection holding the vlen strings ends in a
 #                             free-space object of size 0. Before: libhdf5 1.10's heap decoder
 #                             looped forever reading the first string attribute (format).
+#   heap-read-crash.h5        3 bytes off the fuzzer seed deflate.h5, in object headers (one
+#                             next to a tap's shape_doc attribute message). libhdf5 crashes in
+#                             H5HG_read fetching a string attribute's bytes from the global heap,
+#                             past any check a caller can make; st_trace_open's pre-check in a
+#                             child process turns that into "the HDF5 library crashed reading it
+#                             (signal 11, ...)". Before: SEGV.
 # Each command gets 10 s (a clean open takes milliseconds); store check finds the file as a
 # trace without a row in a store written by test_recorder --fixture.
 set -u
