@@ -59,7 +59,9 @@ static uint64_t decode_le(const unsigned char *p, unsigned n) {
   return v;
 }
 
-static uint64_t align8(uint64_t v) { return v > UINT64_MAX - 7 ? UINT64_MAX : (v + 7) & ~(uint64_t)7; }
+static uint64_t align8(uint64_t v) {
+  return v > UINT64_MAX - 7 ? UINT64_MAX : (v + 7) & ~(uint64_t)7;
+}
 
 /* Checks buf[0..n), read at addr as global heap metadata, against the walk that libhdf5 1.10's
 ** decoder makes: header (GCOL, version, 3 reserved bytes, collection size), then objects of a

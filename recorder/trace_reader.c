@@ -62,7 +62,8 @@ static st_status read_file_attr(st_trace *t, int i) {
                       name);
   st_status st = ST_OK;
   if (cls == H5T_STRING) st = st_h5_attr_read_string(t->file, name, &a->text);
-  else if (cls == H5T_INTEGER) a->has_int = (st = st_h5_attr_read_int(t->file, name, &a->value)) == ST_OK;
+  else if (cls == H5T_INTEGER) st = st_h5_attr_read_int(t->file, name, &a->value);
+  a->has_int = cls == H5T_INTEGER && st == ST_OK;
   H5Eclear2(H5E_DEFAULT);
   if (st == ST_EFORMAT) return ST_OK; /* not a single value: as if absent */
   if (st == ST_ENOMEM) return st_fail_context(st, "trace %s: ", t->path);
@@ -118,7 +119,8 @@ static st_status load_tokens(st_trace *t) {
   size_t elem = type < 0 ? 0 : H5Tget_size(type);
   if (type >= 0) H5Tclose(type);
   if (cls != H5T_INTEGER || elem < 1 || elem > 8) {
-    st = st_h5_fail(ST_EFORMAT, "trace %s is corrupt: /tokens is not an integer dataset", t->path);
+    st = st_h5_fail(ST_EFORMAT, "trace %s is corrupt: /tokens is not an integer dataset",
+                    t->path);
     goto out;
   }
   if (n > (hsize_t)t->file_bytes) {
@@ -388,13 +390,13 @@ static st_status precheck_in_child(const char *path, unsigned flags) {
   while (ready < 0 && errno == EINTR);
   unsigned char verdict;
   ssize_t got = ready > 0 ? read(fds[0], &verdict, 1) : -1;
-  if (ready == 0) kill(pid, SIGKILL);
+  if (ready <= 0) kill(pid, SIGKILL);
   int status = 0;
   pid_t done;
   do done = waitpid(pid, &status, 0);
   while (done < 0 && errno == EINTR);
   close(fds[0]);
-  if (got == 1) return ST_OK;
+  if (got == 1 || ready < 0) return ST_OK; /* reported, or poll failed: open in process */
   if (ready == 0)
     return st_fail(ST_EFORMAT, "trace %s is corrupt: the HDF5 library was still reading its "
                                "metadata after %d s (stopped)", path, PRECHECK_SECONDS);
