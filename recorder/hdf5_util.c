@@ -35,6 +35,11 @@ st_status st_h5_fail(st_status s, const char *fmt, ...) {
   t.buf[0] = 0;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk_frame, &t);
   H5Eclear2(H5E_DEFAULT);
+  char reason[256];
+  snprintf(reason, sizeof reason, "%s", st_h5_guard_reason());
+  st_h5_guard_clear();
+  if (*reason && t.len) return st_fail(s, "%s: %s (%s)", head, reason, t.buf);
+  if (*reason) return st_fail(s, "%s: %s", head, reason);
   if (t.len) return st_fail(s, "%s: %s", head, t.buf);
   return st_fail(s, "%s", head);
 }

@@ -18,8 +18,18 @@
 /* Turns off HDF5's printing of errors for the calling thread. Idempotent, cheap. */
 void st_h5_quiet(void);
 
-/* st_fail(s, fmt...) with ": <HDF5 error stack>" appended, then clears the stack. Returns s. */
+/* st_fail(s, fmt...) with ": <HDF5 error stack>" appended, then clears the stack; when the
+** guarded driver refused a read, ": <why> (<stack>)". Returns s. */
 st_status st_h5_fail(st_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Opens path read-only through a file driver that refuses metadata libhdf5 1.10 cannot survive
+** (hdf5_guard.c): for files from elsewhere (st_trace_open). Returns the file, or -1 with the
+** HDF5 error stack set (st_h5_fail then names what the driver refused, if it refused). */
+hid_t st_h5_open_untrusted(const char *path);
+/* Why the guarded driver last refused a read on this thread, "" when it has not since the last
+** st_h5_guard_clear (st_h5_fail clears it). */
+const char *st_h5_guard_reason(void);
+void st_h5_guard_clear(void);
 
 /* Writes a scalar variable-length UTF-8 string attribute (h5py reads it as str). value NULL:
 ** nothing is written and ST_OK returned. Replaces an existing attribute of that name. */

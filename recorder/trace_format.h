@@ -55,6 +55,17 @@ static inline const char *st_trace_axis0_name(int row_axis) {
   return row_axis ? "compressed_row" : "position";
 }
 
+/* The file attributes on "/" that readers use (schemas/trace-layout.md "File attributes"), each
+** X(name); the float costs (writer_cpu_s, ...) are for people and left out. The reader opens
+** exactly these, by name, and never lists a file's attributes: listing them (H5Aiterate2,
+** H5Aopen_by_idx) builds a table that libhdf5 1.10 frees uninitialised when one attribute of a
+** corrupt file does not decode (a crash in H5A__close); opening one by name builds none. */
+#define ST_TRACE_FILE_ATTRS(X)                                                                  \
+  X(format) X(schema_version) X(run_id) X(created_at) X(model) X(model_dir) X(settings)         \
+  X(config) X(build_revision) X(compiler) X(build_type) X(backend) X(kernel_mode) X(threads)    \
+  X(n_layers) X(command_line) X(request_id) X(positions) X(needle_start) X(needle_end)          \
+  X(needle_text) X(writer_peak_queued) X(nonfinite_warnings) X(content_digest) X(complete)
+
 /* Run-level metadata written as file attributes (all strings borrowed, NULL = absent). */
 typedef struct st_trace_run_attrs {
   const char *run_id, *model, *model_dir, *settings_json, *config_json;

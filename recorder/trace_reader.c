@@ -2,16 +2,25 @@
 #include "trace_reader.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "hdf5_util.h"
 
+/* The file attributes this reader knows (trace_format.h), in that order. */
+#define FILE_ATTR_NAME(name) #name,
+static const char *const file_attr_names[] = {ST_TRACE_FILE_ATTRS(FILE_ATTR_NAME)};
+#define N_FILE_ATTRS ((int)(sizeof file_attr_names / sizeof *file_attr_names))
+
 typedef struct file_attr {
-  char *name;
-  char *text;  /* string attributes */
+  char *text;  /* string attributes; NULL: absent or not a string */
   int has_int; /* integer attributes */
   int64_t value;
 } file_attr;
@@ -20,8 +29,8 @@ struct st_trace {
   char *path;
   hid_t file;
   int complete;
-  file_attr *attrs;
-  int n_attrs, cap_attrs;
+  int64_t file_bytes; /* size when opened */
+  file_attr attrs[N_FILE_ATTRS]; /* by index in file_attr_names */
   int32_t *tokens;
   int64_t n_tokens, n_prompt;
   st_trace_tap *taps;
@@ -31,47 +40,54 @@ struct st_trace {
 
 /* ---------------------------------------------------------------- metadata */
 
-static herr_t collect_attr(hid_t loc, const char *name, const H5A_info_t *info, void *data) {
-  st_trace *t = data;
-  if (t->n_attrs == t->cap_attrs) {
-    int n = t->cap_attrs ? t->cap_attrs * 2 : 32;
-    file_attr *grown = realloc(t->attrs, (size_t)n * sizeof *grown);
-    if (!grown) return -1;
-    t->attrs = grown;
-    t->cap_attrs = n;
-  }
-  file_attr *a = &t->attrs[t->n_attrs];
-  memset(a, 0, sizeof *a);
-  a->name = strdup(name);
-  if (!a->name) return -1;
-  t->n_attrs++;
-  hid_t attr = H5Aopen(loc, name, H5P_DEFAULT);
+/* Reads file attribute i of t by name (never by listing: trace_format.h says why). ST_OK also
+** when it is absent, or neither one string nor one integer (readers ignore what they do not
+** know); ST_EFORMAT naming the file and the attribute when the attribute messages of / do not
+** decode or its value does not read (a corrupt file). */
+static st_status read_file_attr(st_trace *t, int i) {
+  const char *name = file_attr_names[i];
+  file_attr *a = &t->attrs[i];
+  htri_t exists = H5Aexists(t->file, name);
+  if (exists < 0)
+    return st_h5_fail(ST_EFORMAT, "trace %s is corrupt: looking up file attribute '%s'", t->path,
+                      name);
+  if (!exists) return ST_OK;
+  hid_t attr = H5Aopen(t->file, name, H5P_DEFAULT);
   hid_t type = attr < 0 ? -1 : H5Aget_type(attr);
   H5T_class_t cls = type < 0 ? H5T_NO_CLASS : H5Tget_class(type);
   if (type >= 0) H5Tclose(type);
   if (attr >= 0) H5Aclose(attr);
-  if (cls == H5T_STRING) {
-    if (st_h5_attr_read_string(loc, name, &a->text) != ST_OK) a->text = NULL;
-  } else if (cls == H5T_INTEGER) {
-    a->has_int = st_h5_attr_read_int(loc, name, &a->value) == ST_OK;
-  }
+  if (type < 0)
+    return st_h5_fail(ST_EFORMAT, "trace %s is corrupt: opening file attribute '%s'", t->path,
+                      name);
+  st_status st = ST_OK;
+  if (cls == H5T_STRING) st = st_h5_attr_read_string(t->file, name, &a->text);
+  else if (cls == H5T_INTEGER) st = st_h5_attr_read_int(t->file, name, &a->value);
+  a->has_int = cls == H5T_INTEGER && st == ST_OK;
   H5Eclear2(H5E_DEFAULT);
-  return 0;
+  if (st == ST_EFORMAT) return ST_OK; /* not a single value: as if absent */
+  if (st == ST_ENOMEM) return st_fail_context(st, "trace %s: ", t->path);
+  if (st) return st_fail_context(ST_EFORMAT, "trace %s is corrupt: file attribute: ", t->path);
+  return ST_OK;
+}
+
+static int file_attr_index(const char *name) {
+  for (int i = 0; i < N_FILE_ATTRS; i++)
+    if (!strcmp(file_attr_names[i], name)) return i;
+  return -1;
 }
 
 const char *st_trace_path(const st_trace *t) { return t->path; }
 int st_trace_is_complete(const st_trace *t) { return t->complete; }
 
 const char *st_trace_attr(const st_trace *t, const char *name) {
-  for (int i = 0; i < t->n_attrs; i++)
-    if (!strcmp(t->attrs[i].name, name)) return t->attrs[i].text;
-  return NULL;
+  int i = file_attr_index(name);
+  return i < 0 ? NULL : t->attrs[i].text;
 }
 
 int64_t st_trace_attr_int(const st_trace *t, const char *name, int64_t fallback) {
-  for (int i = 0; i < t->n_attrs; i++)
-    if (!strcmp(t->attrs[i].name, name) && t->attrs[i].has_int) return t->attrs[i].value;
-  return fallback;
+  int i = file_attr_index(name);
+  return i >= 0 && t->attrs[i].has_int ? t->attrs[i].value : fallback;
 }
 
 const int32_t *st_trace_tokens(const st_trace *t, int64_t *n_tokens) {
@@ -96,6 +112,23 @@ static st_status load_tokens(st_trace *t) {
   }
   hsize_t n = 0;
   H5Sget_simple_extent_dims(space, &n, NULL);
+  /* What libhdf5 and this reader allocate for comes from the file: bound it by the file before
+  ** (a corrupt element size or extent asked for gigabytes). A token takes at least a byte. */
+  hid_t type = H5Dget_type(d);
+  H5T_class_t cls = type < 0 ? H5T_NO_CLASS : H5Tget_class(type);
+  size_t elem = type < 0 ? 0 : H5Tget_size(type);
+  if (type >= 0) H5Tclose(type);
+  if (cls != H5T_INTEGER || elem < 1 || elem > 8) {
+    st = st_h5_fail(ST_EFORMAT, "trace %s is corrupt: /tokens is not an integer dataset",
+                    t->path);
+    goto out;
+  }
+  if (n > (hsize_t)t->file_bytes) {
+    st = st_fail(ST_EFORMAT, "trace %s is corrupt: /tokens claims %llu tokens, more than its "
+                             "%lld bytes can hold", t->path, (unsigned long long)n,
+                 (long long)t->file_bytes);
+    goto out;
+  }
   t->n_tokens = (int64_t)n;
   t->tokens = malloc((size_t)ST_MAX(n, 1) * sizeof *t->tokens);
   if (!t->tokens) {
@@ -260,7 +293,7 @@ static int ends_with(const char *s, const char *suffix) {
   return n >= m && !strcmp(s + n - m, suffix);
 }
 
-st_status st_trace_open(const char *path, unsigned flags, st_trace **out) {
+static st_status open_in_process(const char *path, unsigned flags, st_trace **out) {
   *out = NULL;
   st_h5_quiet();
   struct stat sb;
@@ -281,21 +314,20 @@ st_status st_trace_open(const char *path, unsigned flags, st_trace **out) {
   st_trace *t = calloc(1, sizeof *t);
   if (!t) return st_fail(ST_ENOMEM, "opening trace %s", path);
   t->file = -1;
+  t->file_bytes = (int64_t)sb.st_size;
   t->path = strdup(path);
   st_status st = ST_OK;
   if (!t->path) {
     st = st_fail(ST_ENOMEM, "opening trace %s", path);
     goto fail;
   }
-  t->file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+  t->file = st_h5_open_untrusted(path);
   if (t->file < 0) {
     st = st_h5_fail(ST_EFORMAT, "trace %s is not a readable HDF5 file (truncated or corrupt?)", path);
     goto fail;
   }
-  if (H5Aiterate2(t->file, H5_INDEX_NAME, H5_ITER_INC, NULL, collect_attr, t) < 0) {
-    st = st_h5_fail(ST_EFORMAT, "trace %s: reading file attributes (corrupt?)", path);
-    goto fail;
-  }
+  for (int i = 0; i < N_FILE_ATTRS; i++)
+    if ((st = read_file_attr(t, i))) goto fail;
   const char *format = st_trace_attr(t, "format");
   if (!format || strcmp(format, ST_TRACE_FORMAT_NAME) != 0) {
     st = st_fail(ST_EFORMAT, "%s is an HDF5 file but not a sparsetrace trace (no format=\"%s\" "
@@ -327,16 +359,73 @@ fail:
   return st;
 }
 
+#define PRECHECK_SECONDS 30
+
+/* Runs open_in_process on path in a forked child that reports its status over a pipe and
+** _exits (no atexit handlers, no stdio flush: the parent's buffers and files stay its own).
+** ST_OK when the child reported, whatever it found (the caller's own open finds it again and
+** says it); ST_EFORMAT naming the file when the child died without reporting or ran past
+** PRECHECK_SECONDS; ST_OK without a child when pipe or fork fails. */
+static st_status precheck_in_child(const char *path, unsigned flags) {
+  int fds[2];
+  if (pipe(fds) != 0) return ST_OK;
+  fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+  fcntl(fds[1], F_SETFD, FD_CLOEXEC);
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return ST_OK;
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    st_trace *t = NULL; /* never closed: the kernel closes the file at _exit, sooner */
+    unsigned char verdict = (unsigned char)open_in_process(path, flags, &t);
+    _exit(write(fds[1], &verdict, 1) == 1 ? 0 : 1);
+  }
+  close(fds[1]);
+  struct pollfd p = {.fd = fds[0], .events = POLLIN};
+  int ready;
+  do ready = poll(&p, 1, PRECHECK_SECONDS * 1000);
+  while (ready < 0 && errno == EINTR);
+  unsigned char verdict;
+  ssize_t got = ready > 0 ? read(fds[0], &verdict, 1) : -1;
+  if (ready <= 0) kill(pid, SIGKILL);
+  int status = 0;
+  pid_t done;
+  do done = waitpid(pid, &status, 0);
+  while (done < 0 && errno == EINTR);
+  close(fds[0]);
+  if (got == 1 || ready < 0) return ST_OK; /* reported, or poll failed: open in process */
+  if (ready == 0)
+    return st_fail(ST_EFORMAT, "trace %s is corrupt: the HDF5 library was still reading its "
+                               "metadata after %d s (stopped)", path, PRECHECK_SECONDS);
+  if (done == pid && WIFSIGNALED(status))
+    return st_fail(ST_EFORMAT, "trace %s is corrupt: the HDF5 library crashed reading it "
+                               "(signal %d, %s)", path, WTERMSIG(status),
+                   strsignal(WTERMSIG(status)));
+  if (done == pid && WIFEXITED(status))
+    return st_fail(ST_EFORMAT, "trace %s is corrupt: the HDF5 library failed reading it (a "
+                               "process reading it exited with status %d)", path,
+                   WEXITSTATUS(status));
+  return ST_OK; /* the child's end is unknown (SIGCHLD ignored?): open in process */
+}
+
+st_status st_trace_open(const char *path, unsigned flags, st_trace **out) {
+  *out = NULL;
+  if (!(flags & ST_TRACE_OPEN_IN_PROCESS)) {
+    st_status st = precheck_in_child(path, flags);
+    if (st) return st;
+  }
+  return open_in_process(path, flags, out);
+}
+
 void st_trace_close(st_trace *t) {
   if (!t) return;
   if (t->file >= 0) H5Fclose(t->file);
-  for (int i = 0; i < t->n_attrs; i++) {
-    free(t->attrs[i].name);
-    free(t->attrs[i].text);
-  }
+  for (int i = 0; i < N_FILE_ATTRS; i++) free(t->attrs[i].text);
   for (int i = 0; t->positions && i < t->n_taps; i++) free(t->positions[i]);
   free(t->positions);
-  free(t->attrs);
   free(t->tokens);
   free(t->taps);
   free(t->path);
