@@ -55,8 +55,8 @@ static const st_opt_use run_options[] = {
                        "without it such a run is refused before anything is computed"},
   {ST_OPT_STORE, NULL, NULL},
   {ST_OPT_THREADS, NULL, NULL},
-  {ST_OPT_CHUNK, NULL, "tokens per internal prefill chunk, 1 to 1048576 (default 256; results\n"
-                       "identical)"},
+  {ST_OPT_CHUNK, NULL, "tokens per internal prefill chunk, 1 to 1048576 (default 256 on the CPU\n"
+                       "backends, 4096 on GPU backends; results identical)"},
   {ST_OPT_BACKEND, NULL, NULL},
   {ST_OPT_JSON, NULL, "print the result as one JSON object"},
   {ST_OPT_QUIET, NULL, "no progress line on stderr (shown only when stderr is a terminal)"},
@@ -428,7 +428,7 @@ static st_status generate(st_session *s, const st_config *cfg, int32_t *tokens, 
   int V = cfg->vocab_size;
   float *last = malloc(sizeof(float) * (size_t)V);
   if (!last) return st_fail(ST_ENOMEM, "logits");
-  int c = chunk > 0 ? chunk : 256, piece = c >= 1024 ? c : (1024 + c - 1) / c * c;
+  int c = chunk > 0 ? chunk : st_session_max_chunk(s), piece = c >= 1024 ? c : (1024 + c - 1) / c * c;
   st_progress pr;
   st_progress_start(&pr, "run", "tokens", (int64_t)n_prompt + max_new, quiet);
   st_status rc = ST_OK;

@@ -583,6 +583,8 @@ struct st_session {
 
 int64_t st_session_position(const st_session *s) { return s->position; }
 const st_settings *st_session_settings(const st_session *s) { return &s->set; }
+int st_session_max_chunk(const st_session *s) { return s->max_chunk; }
+
 size_t st_session_backend_bytes(const st_session *s) { return s->backend_bytes; }
 const st_backend *st_session_backend(const st_session *s) { return &s->be; }
 
@@ -823,7 +825,10 @@ st_status st_session_create(st_model *m, const st_session_options *opt, st_sessi
   }
   s->taps = opt->taps;
   s->max_tokens = opt->max_tokens > 0 ? opt->max_tokens : 4096;
-  s->max_chunk = opt->max_chunk > 0 ? opt->max_chunk : 256;
+  /* A GPU fills its multiprocessors only with many rows a call (the routed experts see a chunk's
+  ** tokens times kE / E each): device backends default to chunks of 4096, host ones to 256. The
+  ** results are the same bits for any chunking. */
+  s->max_chunk = opt->max_chunk > 0 ? opt->max_chunk : s->ops->host_memory ? 256 : 4096;
   if (s->max_chunk > s->max_tokens) s->max_chunk = (int)s->max_tokens;
   for (int k = 0; k < 2; k++) {
     const st_settings *set = k ? &s->alt : &s->set;

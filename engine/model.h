@@ -80,7 +80,7 @@ void st_model_close(st_model *m); /* accepts NULL */
 
 typedef struct st_session_options {
   int64_t max_tokens;          /* capacity: prompt + generated */
-  int max_chunk;               /* tokens per internal chunk (default 256) */
+  int max_chunk;               /* tokens per internal chunk (0: 256 on host backends, 4096 on device ones) */
   st_settings settings;        /* resolved by st_session_create */
   st_taps *taps;               /* borrowed; NULL = nothing recorded */
   /* Replay: the layers with alt_layers[l] = 1 run the indexer and compressed-layer RoPE under
@@ -114,6 +114,9 @@ st_status st_session_forward_layers(st_session *s, const int32_t *tokens, int n,
 size_t st_model_weight_bytes(const st_model *m);
 /* Bytes the session allocated from its backend (state, scratch, uploaded weights). */
 size_t st_session_backend_bytes(const st_session *s);
+/* Tokens per internal chunk: opt->max_chunk, or the backend's default (256 on host-memory
+** backends, 4096 on device backends), capped at max_tokens. */
+int st_session_max_chunk(const st_session *s);
 const st_backend *st_session_backend(const st_session *s);
 
 /* Positions whose logits, as returned by st_session_forward*, held NaN or inf (a warning, not
