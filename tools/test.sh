@@ -27,7 +27,8 @@ else
 fi
 cmake -S . -B build-hip -DCMAKE_BUILD_TYPE=RelWithDebInfo -DST_WITH_HIP=ON >/dev/null
 cmake --build build-hip -j"$jobs" --target "${gpu_targets[@]}" >/dev/null
-echo "hip backend: built ($(hipcc --version 2>/dev/null | grep -m1 -i 'hip version' || echo hipcc))"
+hip_version=$(hipcc --version 2>/dev/null | sed -n 's/^HIP version: //p' | head -1 | tr -d '\r' || true)
+echo "hip backend: built (HIP ${hip_version:-version unknown})"
 
 echo "== fuzz (libFuzzer, every parser of untrusted input, ${ST_FUZZ_SECONDS:-10} s each)"
 tools/fuzz.sh "${ST_FUZZ_SECONDS:-10}"
