@@ -19,7 +19,8 @@
 # which must succeed without reaching the failure (the loop's end). Counts (allocations made
 # outside libhdf5 after main, normal build, December): inspect 280 (every N probed), run ~40.9k,
 # store check ~2.4k, replay ~5.3k. ST_ALLOC_FAIL_DENSE=1000000 probes every N (an hour for run);
-# ST_ALLOC_FAIL_PATHS="run replay" a subset. About 70 s on 2 cores (normal build).
+# ST_ALLOC_FAIL_PATHS="run replay" a subset. About 30 s of CPU (normal build): 70-150 s on 2
+# shared cores.
 #
 # Excluded: allocations made by libhdf5 itself (ST_ALLOC_FAIL_SKIP=libhdf5). HDF5 1.10.8 (Debian
 # 12) double-frees and reads freed blocks of its free lists after one of its own allocations fails:
