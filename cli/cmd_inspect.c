@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "options.h"
 #include "common/base.h"
+#include "common/json_oom.h"
 #include "recorder/trace_reader.h"
 
 static const st_opt_use inspect_options[] = {
@@ -45,10 +46,13 @@ typedef struct readiness {
   char missing_indexer[128], missing_layer[64];
 } readiness;
 
-/* Marks csa[i] = 1 for CSA layers per the config JSON; returns 1 if the config said. */
+/* Marks csa[i] = 1 for CSA layers per the config JSON; returns 1 if the config said, -1 when
+** memory ran out reading it (st_fail set). */
 static int csa_from_config(const char *config, int *csa, int max_layers) {
   if (!config) return 0;
+  errno = 0;
   json_t *root = json_loads(config, 0, NULL);
+  if (!root && st_json_out_of_memory(NULL)) return st_fail(ST_ENOMEM, "reading the recorded config"), -1;
   if (!json_is_object(root)) {
     json_decref(root);
     return 0;
@@ -80,13 +84,19 @@ static void add_missing(char *buf, size_t size, const char *what) {
   snprintf(buf + n, size - n, "%s%s", n ? ", " : "", what);
 }
 
-/* Fills r[] for each CSA layer; returns the count. *source says where CSA layers came from. */
+/* Fills r[] for each CSA layer; returns the count, or -1 when memory ran out (st_fail set).
+** *source says where CSA layers came from. */
 static int replay_readiness(const st_trace *t, readiness *r, int max, const char **source) {
   enum { MAX_LAYERS = 1024 };
   int *csa = calloc(MAX_LAYERS, sizeof *csa);
-  if (!csa) return 0;
+  if (!csa) return st_fail(ST_ENOMEM, "the replay readiness table"), -1;
   *source = "config";
-  if (!csa_from_config(st_trace_attr(t, "config"), csa, MAX_LAYERS)) {
+  int from_config = csa_from_config(st_trace_attr(t, "config"), csa, MAX_LAYERS);
+  if (from_config < 0) {
+    free(csa);
+    return -1;
+  }
+  if (!from_config) {
     *source = "recorded indexer taps (the config names no layer types)";
     for (int i = 0; i < st_trace_tap_count(t); i++) {
       const st_trace_tap *tap = st_trace_tap_at(t, i);
@@ -340,6 +350,10 @@ int st_cmd_inspect(int argc, char **argv) {
   readiness r[512];
   const char *source = "config";
   int n_ready = replay_readiness(t, r, 512, &source);
+  if (n_ready < 0) {
+    st_trace_close(t);
+    return st_cli_report_error("inspect");
+  }
   int rc = 0;
   if (json) rc = print_json(t, bytes, r, n_ready, source) ? 1 : 0;
   else print_text(t, bytes, r, n_ready, source);

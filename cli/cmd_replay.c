@@ -168,7 +168,8 @@ int st_cmd_replay(int argc, char **argv) {
   st_opts o;
   st_opts_init(&o, &replay_spec, argc, argv);
   if (!sweeps) {
-    exit_code = 1;
+    st_fail(ST_ENOMEM, "the --sweep table for %d arguments", argc);
+    exit_code = st_cli_report_error("replay");
     goto done;
   }
   while ((c = st_opts_next(&o)) > 0) {

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "commands.h"
+#include "common/json_oom.h"
 #include "options.h"
 #include "progress.h"
 #include "engine/model.h"
@@ -85,8 +86,10 @@ typedef struct run_args {
 /* Reads a JSON array of token ids. Errors name the file, line and column. */
 static st_status read_prompt(const char *path, int32_t **out, int *n_out) {
   json_error_t jerr;
+  errno = 0;
   json_t *root = strcmp(path, "-") ? json_load_file(path, JSON_REJECT_DUPLICATES, &jerr)
                                    : json_loadf(stdin, JSON_REJECT_DUPLICATES, &jerr);
+  if (!root && st_json_out_of_memory(&jerr)) return st_fail(ST_ENOMEM, "reading %s", path);
   if (!root)
     return st_fail(ST_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
   st_status rc = ST_OK;
@@ -279,6 +282,10 @@ static int parse_args(int argc, char **argv, run_args *a) {
   memset(a, 0, sizeof *a);
   a->taps = calloc((size_t)argc + 1, sizeof(char *)); /* the --tap globs, and room for the needle's */
   a->layer_sets = calloc((size_t)argc + 1, sizeof(char *));
+  if (!a->taps || !a->layer_sets) {
+    st_fail(ST_ENOMEM, "the --tap and --layer-set tables for %d arguments", argc);
+    return st_cli_report_error("run");
+  }
   st_settings_default(&a->settings);
   int c, rc = 2;
   int64_t v;

@@ -63,6 +63,7 @@ typedef struct orphan {
 static struct {
   const char *store;
   int repair, problems, fixed;
+  int out_of_memory; /* the walk stopped for memory (st_fail set): the check is incomplete */
   st_index *ix;
   row *rows;
   int n_rows;
@@ -158,29 +159,44 @@ static int visit(const char *path, const struct stat *sb, int type, struct FTW *
   if (st_index_trace_key(S.store, path, key, sizeof key)) return 0;
   if (key_indexed(key)) return 0;
   orphan *grown = realloc(S.orphans, (size_t)(S.n_orphans + 1) * sizeof *grown);
-  if (!grown) return 0;
+  if (!grown) {
+    S.out_of_memory = 1;
+    st_fail(ST_ENOMEM, "the table of files without rows");
+    return 1; /* stops the walk */
+  }
   S.orphans = grown;
   orphan *o = &S.orphans[S.n_orphans++];
   o->path = strdup(path);
   o->key = strdup(key);
   o->run_id = NULL;
+  if (!o->path || !o->key) {
+    S.out_of_memory = 1;
+    st_fail(ST_ENOMEM, "the path of %s", path);
+    return 1;
+  }
   return 0;
 }
 
 /* Files without rows, once the walk is over: a run id found in two of them is indexed from
-** neither (which copy is the recording cannot be told), both are reported. */
-static void check_orphans(void) {
+** neither (which copy is the recording cannot be told), both are reported. ST_ENOMEM when memory
+** ran out before every file was looked at (nothing repaired then). */
+static st_status check_orphans(void) {
   st_trace **traces = calloc((size_t)(S.n_orphans ? S.n_orphans : 1), sizeof *traces);
-  if (!traces) return;
-  for (int i = 0; i < S.n_orphans; i++)
-    if (!st_trace_open(S.orphans[i].path, 0, &traces[i])) {
+  if (!traces) return st_fail(ST_ENOMEM, "the table of files without rows");
+  st_status st = ST_OK;
+  for (int i = 0; i < S.n_orphans && !st; i++)
+    if (!(st = st_trace_open(S.orphans[i].path, 0, &traces[i]))) {
       const char *id = st_trace_attr(traces[i], "run_id");
       S.orphans[i].run_id = id ? strdup(id) : NULL;
+      if (id && !S.orphans[i].run_id) st = st_fail(ST_ENOMEM, "the run id of %s", S.orphans[i].path);
+    } else if (st == ST_ENOMEM) { /* memory, not the file: stop, report nothing about it */
+      st_fail_context(st, "opening %s: ", S.orphans[i].path);
     } else {
+      st = ST_OK;
       printf("file without row: %s (not a complete trace: %s)\n", S.orphans[i].path, st_errmsg());
       S.problems++;
     }
-  for (int i = 0; i < S.n_orphans; i++) {
+  for (int i = 0; i < S.n_orphans && !st; i++) {
     orphan *o = &S.orphans[i];
     if (!traces[i]) continue;
     S.problems++;
@@ -198,6 +214,7 @@ static void check_orphans(void) {
   }
   for (int i = 0; i < S.n_orphans; i++) st_trace_close(traces[i]);
   free(traces);
+  return st;
 }
 
 static int check(void) {
@@ -210,15 +227,27 @@ static int check(void) {
     fprintf(stderr, "sparsetrace store check: %s\n", sqlite3_errmsg(st_index_db(S.ix)));
     return 1;
   }
-  while (sqlite3_step(s) == SQLITE_ROW) {
+  int step;
+  while ((step = sqlite3_step(s)) == SQLITE_ROW) {
     row *grown = realloc(S.rows, (size_t)(S.n_rows + 1) * sizeof *grown);
     if (!grown) break;
     S.rows = grown;
     row *r = &S.rows[S.n_rows++];
-    r->run_id = strdup((const char *)sqlite3_column_text(s, 0));
-    r->key = strdup((const char *)sqlite3_column_text(s, 1));
-    r->digest = sqlite3_column_text(s, 2) ? strdup((const char *)sqlite3_column_text(s, 2)) : NULL;
+    const char *id = (const char *)sqlite3_column_text(s, 0);
+    const char *key = (const char *)sqlite3_column_text(s, 1);
+    const char *digest = (const char *)sqlite3_column_text(s, 2);
+    r->run_id = id ? strdup(id) : NULL;
+    r->key = key ? strdup(key) : NULL;
+    r->digest = digest ? strdup(digest) : NULL;
     r->dangling = 0;
+    if (!r->run_id || !r->key || (!r->digest && sqlite3_column_type(s, 2) != SQLITE_NULL)) break;
+  }
+  if (step != SQLITE_DONE) { /* a row, or the step, ran out of memory: the check would be partial */
+    if (step == SQLITE_ROW) st_fail(ST_ENOMEM, "the table of the index's runs");
+    else st_fail(step == SQLITE_NOMEM ? ST_ENOMEM : ST_ESQLITE, "reading the index's runs: %s",
+                 sqlite3_errmsg(st_index_db(S.ix)));
+    sqlite3_finalize(s);
+    return st_cli_report_error("store check");
   }
   sqlite3_finalize(s);
   int rows_checked = S.n_rows;
@@ -231,7 +260,10 @@ static int check(void) {
     st_trace *t = NULL;
     if (st_index_resolve_trace(S.store, r->key, path, sizeof path) || stat(path, &sb) != 0) {
       why = "its trace file is missing";
-    } else if (st_trace_open(path, 0, &t)) {
+    } else if ((st = st_trace_open(path, 0, &t)) == ST_ENOMEM) {
+      break; /* memory, not the file: nothing is reported or repaired about this row */
+    } else if (st) {
+      st = ST_OK;
       snprintf(whybuf, sizeof whybuf, "its trace file is unreadable: %s", st_errmsg());
       why = whybuf;
     } else {
@@ -239,7 +271,11 @@ static int check(void) {
       if (!id || strcmp(id, r->run_id)) {
         snprintf(whybuf, sizeof whybuf, "its trace file holds another run (%s)", id ? id : "none");
         why = whybuf;
-      } else if (st_trace_verify_digest(t, r->digest, NULL, NULL)) {
+      } else if ((st = st_trace_verify_digest(t, r->digest, NULL, NULL)) == ST_ENOMEM) {
+        st_trace_close(t);
+        break;
+      } else if (st) {
+        st = ST_OK;
         /* the file is there but is not what was recorded: reported, never repaired (which
         ** side is wrong cannot be told; restore the trace or delete the run) */
         S.problems++;
@@ -265,8 +301,9 @@ static int check(void) {
       r->dangling = 1; /* its file, if any, is then an orphan too: reported below */
     }
   }
+  if (st) return st_cli_report_error("store check");
   nftw(S.store, visit, 16, FTW_PHYS);
-  check_orphans();
+  if (S.out_of_memory || check_orphans()) return st_cli_report_error("store check");
   int left = S.problems - S.fixed;
   printf("store %s: %d run%s indexed, %d problem%s%s\n", S.store, rows_checked,
          rows_checked == 1 ? "" : "s", S.problems, S.problems == 1 ? "" : "s",

@@ -35,6 +35,14 @@ st_status st_fail(st_status s, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(error_buffer, sizeof error_buffer, fmt, ap);
   va_end(ap);
+  /* ST_ENOMEM sites name what they were allocating ("tap table"); the reader must also learn
+  ** that memory ran out, whichever command prints the message */
+  if (s == ST_ENOMEM && !strstr(error_buffer, "out of memory")) {
+    char what[sizeof error_buffer];
+    memcpy(what, error_buffer, sizeof what);
+    snprintf(error_buffer, sizeof error_buffer, "out of memory%s%.2000s",
+             what[0] ? ": " : "", what);
+  }
   return s;
 }
 

@@ -33,7 +33,9 @@ typedef enum st_status {
 const char *st_strerror(st_status s);
 
 /* Formats a message into this thread's error buffer and returns s, so callers write
-** `return st_fail(ST_EIO, "open %s: %s", path, strerror(errno));`. */
+** `return st_fail(ST_EIO, "open %s: %s", path, strerror(errno));`. For ST_ENOMEM name what was
+** being allocated (`st_fail(ST_ENOMEM, "tap table")`): the message becomes "out of memory: tap
+** table" unless it already says "out of memory". */
 st_status st_fail(st_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Prefixes the current message with context: "loading layer 3: " + old message. Returns s. */

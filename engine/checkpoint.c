@@ -23,6 +23,7 @@
 ** mappings into caller memory; no pointer into a mapping escapes this file.
 */
 #include "checkpoint.h"
+#include "common/json_oom.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -229,7 +230,9 @@ static int shard_name_ok(const char *f) {
 ** weight_map is in the shard it names. */
 static st_status open_index(st_checkpoint *ck, const char *index_path) {
   json_error_t jerr;
+  errno = 0;
   json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
+  if (!root && st_json_out_of_memory(&jerr)) return st_fail(ST_ENOMEM, "reading %s", index_path);
   if (!root)
     return st_fail(ST_EFORMAT, "%s: line %d column %d: %s", index_path, jerr.line, jerr.column,
                    jerr.text);

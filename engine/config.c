@@ -18,6 +18,7 @@
 ** paths and are checked where those run.
 */
 #include "config.h"
+#include "common/json_oom.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -639,7 +640,9 @@ static st_status parse_root(const cfg *c, st_config *o) {
 st_status st_config_parse(const char *json_text, const char *origin, st_config *out) {
   json_error_t jerr;
   memset(out, 0, sizeof *out);
+  errno = 0;
   json_t *root = json_loads(json_text, JSON_REJECT_DUPLICATES, &jerr);
+  if (!root && st_json_out_of_memory(&jerr)) return st_fail(ST_ENOMEM, "parsing %s", origin);
   if (!root)
     return st_fail(ST_EFORMAT, "%s: line %d column %d: %s", origin, jerr.line, jerr.column,
                    jerr.text);

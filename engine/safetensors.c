@@ -9,6 +9,7 @@
 ** at a time).
 */
 #include "safetensors.h"
+#include "common/json_oom.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -239,7 +240,9 @@ static st_status parse_header(st_safetensors *st) {
   st->data_start = 8 + n;
 
   json_error_t jerr;
+  errno = 0;
   json_t *root = json_loadb((const char *)st->map + 8, (size_t)n, JSON_REJECT_DUPLICATES, &jerr);
+  if (!root && st_json_out_of_memory(&jerr)) return st_fail(ST_ENOMEM, "%s: header JSON", path);
   if (!root)
     return st_fail(ST_EFORMAT, "%s: header JSON, line %d column %d: %s", path, jerr.line,
                    jerr.column, jerr.text);

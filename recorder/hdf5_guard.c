@@ -179,9 +179,14 @@ static H5FD_t *guard_open(const char *name, unsigned flags, hid_t fapl, haddr_t 
     return NULL;
   }
   struct stat sb;
-  guard_file *f = fstat(fd, &sb) == 0 ? calloc(1, sizeof *f) : NULL;
+  if (fstat(fd, &sb) != 0) {
+    fail(H5E_FILE, H5E_CANTOPENFILE, strerror(errno));
+    close(fd);
+    return NULL;
+  }
+  guard_file *f = calloc(1, sizeof *f);
   if (!f) {
-    fail(H5E_FILE, H5E_CANTOPENFILE, "stat or memory");
+    fail(H5E_RESOURCE, H5E_NOSPACE, "out of memory for the file driver's state");
     close(fd);
     return NULL;
   }

@@ -13,11 +13,13 @@ typedef struct stack_text {
   char buf[1024];
   size_t len;
   unsigned n;
+  int out_of_memory; /* a frame says an allocation failed */
 } stack_text;
 
 /* H5Ewalk2 callback: appends "func: desc" for the first few frames, innermost last. */
 static herr_t walk_frame(unsigned n, const H5E_error2_t *e, void *data) {
   stack_text *t = data;
+  if (e->min_num == H5E_CANTALLOC || e->min_num == H5E_NOSPACE) t->out_of_memory = 1;
   if (t->n++ >= 4 || t->len + 8 >= sizeof t->buf) return 0;
   int w = snprintf(t->buf + t->len, sizeof t->buf - t->len, "%s%s: %s", t->len ? " <- " : "",
                    e->func_name ? e->func_name : "?", e->desc ? e->desc : "?");
@@ -31,13 +33,14 @@ st_status st_h5_fail(st_status s, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(head, sizeof head, fmt, ap);
   va_end(ap);
-  stack_text t = {.len = 0, .n = 0};
+  stack_text t = {.len = 0, .n = 0, .out_of_memory = 0};
   t.buf[0] = 0;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk_frame, &t);
   H5Eclear2(H5E_DEFAULT);
   char reason[256];
   snprintf(reason, sizeof reason, "%s", st_h5_guard_reason());
   st_h5_guard_clear();
+  if (t.out_of_memory) s = ST_ENOMEM; /* not the file's fault, whatever head guessed */
   if (*reason && t.len) return st_fail(s, "%s: %s (%s)", head, reason, t.buf);
   if (*reason) return st_fail(s, "%s: %s", head, reason);
   if (t.len) return st_fail(s, "%s: %s", head, t.buf);

@@ -19,7 +19,8 @@
 void st_h5_quiet(void);
 
 /* st_fail(s, fmt...) with ": <HDF5 error stack>" appended, then clears the stack; when the
-** guarded driver refused a read, ": <why> (<stack>)". Returns s. */
+** guarded driver refused a read, ": <why> (<stack>)". Returns s, or ST_ENOMEM when a frame of the
+** stack says an allocation failed (H5E_CANTALLOC, H5E_NOSPACE): that is not a corrupt file. */
 st_status st_h5_fail(st_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Opens path read-only through a file driver that refuses metadata libhdf5 1.10 cannot survive

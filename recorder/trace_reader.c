@@ -186,14 +186,24 @@ static st_status load_tap(st_trace *t, hid_t group, const char *name, st_trace_t
   tap->rank = rank;
   for (int i = 0; i < rank; i++) tap->shape[i] = (int64_t)dims[i];
   int ok = 0;
-  if (st_h5_attr_read_string(d, "dtype", &text) == ST_OK) tap->dtype = dtype_from_name(text, &ok);
+  st_status attr = st_h5_attr_read_string(d, "dtype", &text);
+  if (attr == ST_ENOMEM) { /* not the file's fault: say so, not "no known dtype" */
+    st = st_fail_context(attr, "trace %s: tap %s: ", t->path, name);
+    goto out;
+  }
+  if (attr == ST_OK) tap->dtype = dtype_from_name(text, &ok);
   if (!ok) {
     st = st_fail(ST_EFORMAT, "trace %s: tap %s has no known dtype attribute", t->path, name);
     goto out;
   }
   free(text);
   text = NULL;
-  if (st_h5_attr_read_string(d, "axis0", &text) == ST_OK)
+  attr = st_h5_attr_read_string(d, "axis0", &text);
+  if (attr == ST_ENOMEM) {
+    st = st_fail_context(attr, "trace %s: tap %s: ", t->path, name);
+    goto out;
+  }
+  if (attr == ST_OK)
     tap->row_axis = !strcmp(text, "compressed_row");
   else if (tap->id < ST_TAP_COUNT)
     tap->row_axis = st_tap_catalogue[tap->id].row_axis;

@@ -14,6 +14,7 @@
 ** the recording.
 */
 #include "replay.h"
+#include "common/json_oom.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -58,7 +59,9 @@ static double now(void) {
 static st_status recorded_layer_override(const char *text, int layer, st_settings *alt, int *listed,
                                          int *any) {
   *listed = *any = 0;
+  errno = 0;
   json_t *root = json_loads(text, 0, NULL);
+  if (!root && st_json_out_of_memory(NULL)) return st_fail(ST_ENOMEM, "reading the recorded per-layer settings");
   if (!root) return ST_OK;
   json_t *layers = json_object_get(root, "alt_layers"), *settings = json_object_get(root, "alt_settings");
   st_status rc = ST_OK;
@@ -82,7 +85,9 @@ static st_status recorded_layer_override(const char *text, int layer, st_setting
 st_status st_settings_from_json(const char *text, st_settings *out) {
   st_settings_default(out);
   json_error_t err;
+  errno = 0;
   json_t *root = json_loads(text, 0, &err);
+  if (!root && st_json_out_of_memory(&err)) return st_fail(ST_ENOMEM, "reading the recorded settings");
   if (!root || !json_is_object(root)) {
     json_decref(root);
     return st_fail(ST_EFORMAT, "recorded settings are not a JSON object: %s", text);
