@@ -10,6 +10,7 @@ parent=${ST_BUILD_DIR:-}/tests
 export CRASH_WORK_PARENT=$parent
 export CRASH_TRIALS=${CRASH_TRIALS:-10}
 export CRASH_BUDGET_S=${CRASH_BUDGET_S:-10}
+export CRASH_KEEP_TRACES=${CRASH_KEEP_TRACES:-1} # store check verifies every trace: keep few
 export CRASH_SEED=${CRASH_SEED:-$(( $(date +%s) % 100000 ))}
 echo "test_crash: seed $CRASH_SEED (CRASH_SEED=$CRASH_SEED reproduces it), $CRASH_TRIALS trials or $CRASH_BUDGET_S s per kind"
 exec bash "$ST_SOURCE_DIR/tools/crash.sh"

@@ -110,14 +110,16 @@ t0=$(now_ms)
 replay_ms=$(( $(now_ms) - t0 ))
 echo "unkilled: run ${run_ms} ms, replay sweep ${replay_ms} ms; seed $SEED, up to $TRIALS trials or ${BUDGET} s per kind"
 
-# keeps the store small: beyond 3 traces besides the base, the oldest are removed and the
-# dangling rows repaired (which also exercises --repair on rows without files)
+# keeps the store small: beyond CRASH_KEEP_TRACES (default 3) traces besides the base, the
+# oldest are removed and the dangling rows repaired (which also exercises --repair on rows
+# without files); every store check verifies the digest of every trace, so this bounds its time
+KEEP=${CRASH_KEEP_TRACES:-3}
 prune() {
   local n
   n=$(find "$S" -name '*.h5' ! -path "$base_trace" | wc -l)
-  [[ $n -le 3 ]] && return 0
-  find "$S" -name '*.h5' ! -path "$base_trace" -printf '%T@ %p\n' | sort -n | head -n $((n - 3)) |
-    cut -d' ' -f2- | xargs rm -f
+  [[ $n -le $KEEP ]] && return 0
+  find "$S" -name '*.h5' ! -path "$base_trace" -printf '%T@ %p\n' | sort -n | head -n $((n - KEEP)) |
+    cut -d' ' -f2- | xargs -r rm -f
   local out
   out=$("$st" store check --store "$S" --repair 2>&1) || fail "repairing after pruning: $out"
 }
