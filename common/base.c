@@ -1,6 +1,7 @@
 /* base.c — status names, the per-thread error buffer, dtype names. */
 #include "common/base.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,6 +96,15 @@ void st_utc_now(char *buf, size_t size) {
            tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
            (int)(ts.tv_nsec / 1000000));
   snprintf(buf, size, "%s", text);
+}
+
+const char *st_io_errno_cause(int e) {
+  switch (e) {
+  case ENOSPC: return "the disk is full (No space left on device)";
+  case EDQUOT: return "the disk quota is exhausted (Disk quota exceeded)";
+  case EFBIG: return "the file is too large: the file size limit was reached (File too large)";
+  default: return NULL;
+  }
 }
 
 char *st_read_text_file(const char *path) {

@@ -80,6 +80,11 @@ _Noreturn void st_assert_fail(const char *expr, const char *file, int line);
 /* Now in UTC, ISO 8601 with milliseconds: "2026-11-29T22:35:48.737Z" (needs size >= 25). */
 void st_utc_now(char *buf, size_t size);
 
+/* For a write that failed with errno e: a sentence naming the cause when it is a full disk
+** (ENOSPC, EDQUOT) or the file size limit (EFBIG), e.g. "the disk is full (No space left on
+** device)"; NULL for any other errno. Static storage. */
+const char *st_io_errno_cause(int e);
+
 /* The whole file as a NUL-terminated malloc'd string (caller frees), or NULL when it cannot be read. */
 char *st_read_text_file(const char *path);
 

@@ -1,6 +1,7 @@
 /* hdf5_util.c — HDF5 error translation, attributes and dtype mapping (see hdf5_util.h). */
 #include "hdf5_util.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -9,17 +10,28 @@
 
 void st_h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
 
+/* libhdf5 1.10 keeps a file whose H5Fclose failed (a full disk, the file size limit: the close
+** must flush and cannot) registered after freeing it; the library's exit handler then closes it
+** again and the process dies of SIGSEGV in H5F__close_cb, after it has reported the error. The
+** handler only releases memory the process is about to lose anyway (the writer closes every file
+** it opens; the reader too), so it is not installed: before main, hence before any HDF5 call. */
+__attribute__((constructor)) static void h5_no_exit_handler(void) { H5dont_atexit(); }
+
 typedef struct stack_text {
   char buf[1024];
   size_t len;
   unsigned n;
   int out_of_memory; /* a frame says an allocation failed */
+  int sys_errno; /* the errno a file driver frame reported ("errno = 28, ..."), 0 if none */
 } stack_text;
 
-/* H5Ewalk2 callback: appends "func: desc" for the first few frames, innermost last. */
+/* H5Ewalk2 callback: appends "func: desc" for the first few frames, innermost last, and keeps
+** the errno of a file driver frame wherever it is (a full disk is often deeper than 4 frames). */
 static herr_t walk_frame(unsigned n, const H5E_error2_t *e, void *data) {
   stack_text *t = data;
   if (e->min_num == H5E_CANTALLOC || e->min_num == H5E_NOSPACE) t->out_of_memory = 1;
+  const char *at = e->desc ? strstr(e->desc, "errno = ") : NULL;
+  if (at && !t->sys_errno) t->sys_errno = atoi(at + 8);
   if (t->n++ >= 4 || t->len + 8 >= sizeof t->buf) return 0;
   int w = snprintf(t->buf + t->len, sizeof t->buf - t->len, "%s%s: %s", t->len ? " <- " : "",
                    e->func_name ? e->func_name : "?", e->desc ? e->desc : "?");
@@ -33,14 +45,20 @@ st_status st_h5_fail(st_status s, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(head, sizeof head, fmt, ap);
   va_end(ap);
-  stack_text t = {.len = 0, .n = 0, .out_of_memory = 0};
+  stack_text t = {.len = 0, .n = 0, .out_of_memory = 0, .sys_errno = 0};
   t.buf[0] = 0;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk_frame, &t);
   H5Eclear2(H5E_DEFAULT);
+  /* The cause a user can act on first: a full disk or the file size limit, by name. */
+  const char *cause = st_io_errno_cause(t.sys_errno);
+  if (cause) {
+    size_t n = strlen(head);
+    snprintf(head + n, sizeof head - n, ": %s", cause);
+  }
   char reason[256];
   snprintf(reason, sizeof reason, "%s", st_h5_guard_reason());
   st_h5_guard_clear();
-  if (t.out_of_memory) s = ST_ENOMEM; /* not the file's fault, whatever head guessed */
+  if (t.out_of_memory && !cause) s = ST_ENOMEM; /* not the file's fault, whatever head guessed */
   if (*reason && t.len) return st_fail(s, "%s: %s (%s)", head, reason, t.buf);
   if (*reason) return st_fail(s, "%s: %s", head, reason);
   if (t.len) return st_fail(s, "%s: %s", head, t.buf);

@@ -15,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,8 +29,47 @@ struct st_index {
   st_index_mode mode;
 };
 
+/* A write to the index failed and SQLite no longer holds the errno (a COMMIT reports the write
+** of its rollback path): ENOSPC when the filesystem has (almost) no room left, EFBIG when the
+** database or its -wal file is within 64 KiB of the file size limit, else 0. */
+static int guess_write_errno(const char *db_file) {
+  if (!db_file || !*db_file) return 0;
+  struct statvfs fs;
+  if (statvfs(db_file, &fs) == 0 && (uint64_t)fs.f_bavail * fs.f_frsize < ((uint64_t)256 << 10))
+    return ENOSPC;
+  struct rlimit lim;
+  if (getrlimit(RLIMIT_FSIZE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return 0;
+  char wal[PATH_MAX];
+  snprintf(wal, sizeof wal, "%s-wal", db_file);
+  const char *files[] = {db_file, wal};
+  for (int i = 0; i < 2; i++) {
+    struct stat sb;
+    if (stat(files[i], &sb) == 0 && (uint64_t)sb.st_size + ((uint64_t)64 << 10) >= lim.rlim_cur)
+      return EFBIG;
+  }
+  return 0;
+}
+
+const char *st_index_errmsg(sqlite3 *db) {
+  static _Thread_local char buf[1024];
+  if (!db) return "?";
+  int code = sqlite3_extended_errcode(db), sys = sqlite3_system_errno(db);
+  const char *file = sqlite3_db_filename(db, "main");
+  if ((code & 0xff) != SQLITE_FULL && (code & 0xff) != SQLITE_IOERR) return sqlite3_errmsg(db);
+  /* SQLITE_FULL carries no errno (SQLite maps ENOSPC to it): the disk is full */
+  const char *cause = st_io_errno_cause((code & 0xff) == SQLITE_FULL && !sys ? ENOSPC : sys);
+  if (!cause && !sys) cause = st_io_errno_cause(guess_write_errno(file));
+  char why[256];
+  if (cause) snprintf(why, sizeof why, "%s", cause);
+  else if (sys) snprintf(why, sizeof why, "%s", strerror(sys));
+  else snprintf(why, sizeof why, "extended code %d", code);
+  snprintf(buf, sizeof buf, "%s (writing %s or its -wal file: %s)", sqlite3_errmsg(db),
+           file && *file ? file : "the index", why);
+  return buf;
+}
+
 static st_status sql_fail(sqlite3 *db, const char *origin, const char *what) {
-  return st_fail(ST_ESQLITE, "index %s: %s: %s", origin, what, db ? sqlite3_errmsg(db) : "?");
+  return st_fail(ST_ESQLITE, "index %s: %s: %s", origin, what, st_index_errmsg(db));
 }
 
 static void sleep_ms(int ms) {
@@ -287,7 +328,20 @@ st_status st_index_open(const char *store_dir, st_index_mode mode, st_index **ou
     st = sql_fail(ix->db, ix->path, "enabling foreign keys");
     goto fail;
   }
-  if ((st = check_identity(ix))) goto fail;
+  if ((st = check_identity(ix)) && mode == ST_INDEX_READ_ONLY && !immutable &&
+      ((sqlite3_errcode(ix->db) & 0xff) == SQLITE_IOERR ||
+       (sqlite3_errcode(ix->db) & 0xff) == SQLITE_FULL)) {
+    /* A reader of a WAL index must create (or grow) the -shm file; on a full disk it cannot.
+    ** Read it the way a store this user cannot write is read (mode=ro or immutable). */
+    sqlite3_close_v2(ix->db);
+    ix->db = NULL;
+    st_clear_error();
+    if ((st = open_read_only_uri(ix, store_dir))) goto fail;
+    sqlite3_extended_result_codes(ix->db, 1);
+    sqlite3_busy_timeout(ix->db, ST_INDEX_BUSY_TIMEOUT_MS);
+    st = check_identity(ix);
+  }
+  if (st) goto fail;
   if (mode == ST_INDEX_READ_ONLY) {
     exec_retry(ix->db, "PRAGMA query_only = ON");
     *out = ix;

@@ -39,6 +39,10 @@ void st_index_close(st_index *ix); /* NULL ok */
 
 sqlite3 *st_index_db(st_index *ix);    /* for callers' own prepared statements */
 const char *st_index_path(const st_index *ix);
+/* sqlite3_errmsg(db), and for a failed write (SQLITE_FULL, SQLITE_IOERR_*) also which file and
+** why, from the system error: "disk I/O error (writing /s/index.sqlite or its -wal file: the
+** disk is full (No space left on device))". This thread's buffer, valid until the next call. */
+const char *st_index_errmsg(sqlite3 *db);
 int st_index_schema_version(st_index *ix); /* PRAGMA user_version of this index */
 int st_index_latest_version(void);         /* last migration compiled into this build */
 

@@ -37,6 +37,7 @@
 ** (measured on 2 idle cores, 16k-token prefill with every indexer tap, 424 MB: writer_cpu_s 0.6,
 ** emit_wait_s 0, prefill 7.1-7.5 s against 6.5-6.6 s unrecorded).
 */
+#define _GNU_SOURCE /* memfd_create */
 #include "trace_writer.h"
 
 #include <errno.h>
@@ -44,7 +45,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "hdf5_util.h"
 
@@ -599,12 +602,41 @@ static st_status finalise_file(st_trace_writer *w) {
   return st;
 }
 
+/* Points the file's descriptor at an anonymous in-memory file, so that what HDF5 still holds
+** (dirty chunks and metadata) goes nowhere and H5Fclose can succeed. Called when a flush failed:
+** the disk is full, and every later write would fail too. libhdf5 1.10 leaves a file whose
+** H5Fclose failed registered but freed (its exit handler would then crash on it; hdf5_util.c
+** keeps that handler from running); a close that succeeds leaves nothing dangling. Under the file
+** size limit (EFBIG) the in-memory file is limited the same way and the close still fails.
+** The .part on disk keeps what was written before the failure (up to the last good flush).
+** Returns 0, or -1 when the descriptor could not be replaced. */
+static int detach_to_memory(st_trace_writer *w) {
+  void *handle = NULL;
+  if (H5Fget_vfd_handle(w->file, H5P_DEFAULT, &handle) < 0 || !handle) {
+    H5Eclear2(H5E_DEFAULT);
+    return -1;
+  }
+  int fd = *(int *)handle, sink = memfd_create("sparsetrace-discard", MFD_CLOEXEC);
+  if (sink < 0) return -1;
+  int rc = dup2(sink, fd) < 0 ? -1 : 0;
+  close(sink);
+  return rc;
+}
+
 static st_status close_file(st_trace_writer *w) {
   st_status st = ST_OK;
   for (int i = 0; i < w->n_taps; i++)
     if (w->order[i]->dset >= 0) H5Dclose(w->order[i]->dset);
   if (w->taps_group >= 0) H5Gclose(w->taps_group);
-  if (w->file >= 0 && H5Fclose(w->file) < 0) st = st_h5_fail(ST_EIO, "closing trace %s", w->path);
+  if (w->file >= 0 && H5Fflush(w->file, H5F_SCOPE_GLOBAL) < 0) {
+    /* the close would fail the same way (and leave libhdf5 to crash at exit): keep the reason,
+    ** let the rest go to memory */
+    st = st_h5_fail(ST_EIO, "flushing trace %s before closing it", w->path);
+    if (detach_to_memory(w) != 0)
+      st_fail_context(st, "(its descriptor could not be detached: %s) ", strerror(errno));
+  }
+  if (w->file >= 0 && H5Fclose(w->file) < 0 && !st)
+    st = st_h5_fail(ST_EIO, "closing trace %s", w->path);
   w->file = w->taps_group = -1;
   return st;
 }
@@ -631,9 +663,11 @@ static void *writer_main(void *arg) {
   st_h5_quiet();
   st_status st = open_file(w);
   if (st) {
+    pthread_mutex_lock(&w->lock);
+    set_failed_locked(w, st); /* before close_file, whose own failure would replace the message */
+    pthread_mutex_unlock(&w->lock);
     close_file(w);
     pthread_mutex_lock(&w->lock);
-    set_failed_locked(w, st);
     w->opened = 1;
     pthread_cond_broadcast(&w->ready);
     pthread_mutex_unlock(&w->lock);
@@ -650,7 +684,8 @@ static void *writer_main(void *arg) {
     w->head = b->next;
     if (!w->head) w->tail = NULL;
     pthread_mutex_unlock(&w->lock);
-    if (!st) st = write_block(w, b); /* after an error, blocks are only discarded */
+    if (!st && (st = write_block(w, b))) /* after an error, blocks are only discarded */
+      st_fail_context(st, "trace %s: ", w->path);
     if (!st) st = flush_now_and_then(w);
     pthread_mutex_lock(&w->lock);
     if (st) set_failed_locked(w, st);
@@ -661,6 +696,11 @@ static void *writer_main(void *arg) {
   int finishing = !w->aborting;
   pthread_mutex_unlock(&w->lock);
   if (!st && finishing) st = finalise_file(w);
+  if (st) { /* the first failure is the one to report: close_file may fail again after it */
+    pthread_mutex_lock(&w->lock);
+    set_failed_locked(w, st);
+    pthread_mutex_unlock(&w->lock);
+  }
   st_status close_st = close_file(w);
   if (!st && finishing) st = close_st;
   pthread_mutex_lock(&w->lock);

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # tools/crash.sh — kill -9 at random moments of `run`, `replay --sweep` and `capture`, each kill
-# followed by `sparsetrace store check` and the next command. Run by hand, not in CI yet: one full
-# run here lost its whole temporary folder from capture trial 42 on, cause not found; until that
-# is explained it stays out of the suite. Usage (from the repository root, after a build):
+# followed by `sparsetrace store check` and the next command. In CI as tests/test_crash.sh (a few
+# trials per kind, in a work dir of the build tree); a long run by hand (from the repository
+# root, after a build):
 #   ST_BIN=build/sparsetrace ST_BUILD_DIR=build ST_TEST_DATA=tests/data tools/crash.sh
+# One full run once lost its whole temporary folder (under the shared /tmp) from capture trial 42
+# on; the work dir and every command's TMPDIR are now private to the run, and a trial that finds
+# the store or tmp/ gone fails saying so.
 #
 # Kinds (each CRASH_TRIALS trials, default 100, but stopped after CRASH_BUDGET_S seconds of that
 # kind, default 60, so that CI and the ASan build stay well inside their limits):
@@ -36,7 +39,12 @@ BUDGET=${CRASH_BUDGET_S:-60}
 SEED=${CRASH_SEED:-1}
 KINDS=${CRASH_KINDS:-run replay capture}
 RANDOM=$SEED
-work=$(mktemp -d "${TMPDIR:-/tmp}/st_test_crash.XXXXXX")
+# The work dir (CRASH_WORK_PARENT, default $TMPDIR or /tmp) holds everything this run writes, and
+# is also the TMPDIR of every command it starts, so nothing it needs lives in a folder others
+# share (and clean).
+work=$(mktemp -d "${CRASH_WORK_PARENT:-${TMPDIR:-/tmp}}/st_test_crash.XXXXXX") || { echo "FAIL: mktemp"; exit 1; }
+mkdir -p "$work/tmp"
+export TMPDIR=$work/tmp
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
@@ -102,14 +110,16 @@ t0=$(now_ms)
 replay_ms=$(( $(now_ms) - t0 ))
 echo "unkilled: run ${run_ms} ms, replay sweep ${replay_ms} ms; seed $SEED, up to $TRIALS trials or ${BUDGET} s per kind"
 
-# keeps the store small: beyond 3 traces besides the base, the oldest are removed and the
-# dangling rows repaired (which also exercises --repair on rows without files)
+# keeps the store small: beyond CRASH_KEEP_TRACES (default 3) traces besides the base, the
+# oldest are removed and the dangling rows repaired (which also exercises --repair on rows
+# without files); every store check verifies the digest of every trace, so this bounds its time
+KEEP=${CRASH_KEEP_TRACES:-3}
 prune() {
   local n
   n=$(find "$S" -name '*.h5' ! -path "$base_trace" | wc -l)
-  [[ $n -le 3 ]] && return 0
-  find "$S" -name '*.h5' ! -path "$base_trace" -printf '%T@ %p\n' | sort -n | head -n $((n - 3)) |
-    cut -d' ' -f2- | xargs rm -f
+  [[ $n -le $KEEP ]] && return 0
+  find "$S" -name '*.h5' ! -path "$base_trace" -printf '%T@ %p\n' | sort -n | head -n $((n - KEEP)) |
+    cut -d' ' -f2- | xargs -r rm -f
   local out
   out=$("$st" store check --store "$S" --repair 2>&1) || fail "repairing after pruning: $out"
 }
@@ -175,6 +185,10 @@ for kind in $KINDS; do
   k0=$(now_ms)
   while (( trial < TRIALS && $(now_ms) - k0 < BUDGET * 1000 )); do
     trial=$((trial + 1))
+    if [[ ! -d "$S" || ! -d "$TMPDIR" ]]; then # the flake once seen at capture trial 42
+      fail "the work dir $work lost $( [[ -d "$S" ]] && echo "its tmp/" || echo "the store"): $(ls -la "$work" 2>&1 | tr '\n' ' ')"
+      break
+    fi
     case $kind in
       run) kill_after "$(rand_ms $((run_ms * 12 / 10)))" "${run_cmd[@]}" ;;
       replay) kill_after "$(rand_ms $((replay_ms * 12 / 10)))" "${replay_cmd[@]}" ;;

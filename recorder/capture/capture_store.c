@@ -226,7 +226,7 @@ static void bind_blob(sqlite3_stmt *st, int i, const body_bind *b) {
 
 static st_status step_done(sqlite3 *db, sqlite3_stmt *st, const char *what) {
   int rc = sqlite3_step(st);
-  if (rc != SQLITE_DONE) return st_fail(ST_ESQLITE, "%s: %s", what, sqlite3_errmsg(db));
+  if (rc != SQLITE_DONE) return st_fail(ST_ESQLITE, "%s: %s", what, st_index_errmsg(db));
   return ST_OK;
 }
 
