@@ -21,7 +21,8 @@
 **   close-mid   the fake closes mid-stream without ending the body     -> 200 + error event
 **   slow-head   the fake is silent 1.5 s before the head (> idle timeout) -> 504
 **   slow-mid    the fake is silent 1.5 s mid-stream                    -> 200 + error event
-**   client-gone a ~1 s stream whose client gives up after 300 ms        -> row 'client_aborted'
+**   client-gone a 10 s stream whose client closes the connection after its first event
+**                                                                      -> row 'client_aborted'
 **
 ** Once 45% of the requests have started, the fake is killed (SIGKILL) and restarted on the same
 ** port D ms later (default 3000); while it is down requests start at most every 10 ms (so the
@@ -31,7 +32,7 @@
 **
 ** What the client saw is one of: complete (200, the stream's end marker or a JSON body), error
 ** event (200, the stream ended with the proxy's error event), 502, 504, client left (a
-** client-gone request timed out after part of its stream), or failed (a transport error or
+** client-gone request that left after its first event), or failed (a transport error or
 ** anything else). Checked, each counted and printed:
 **   - every proxied request has exactly one row in `requests` (found by the tag in its body) and
 **     no row is unaccounted for;
@@ -149,6 +150,9 @@ static pid_t spawn(char *const argv[], const char *log_path) {
       dup2(fd, 1);
       dup2(fd, 2);
     }
+    /* Nothing else of ours: the fake restarted mid-soak would otherwise hold copies of the
+    ** client's sockets to the proxy, and a client that closes one would never be seen leaving. */
+    closefrom(3);
     execv(argv[0], argv);
     _exit(127);
   }
@@ -207,6 +211,8 @@ static size_t on_body(char *p, size_t size, size_t n, void *user) {
   memcpy(r->body + r->len, p, n);
   r->len += n;
   r->body[r->len] = 0;
+  /* the client that leaves once it has its first events (a user's Ctrl-C): closes the socket */
+  if (r->kind == K_CLIENT_GONE && strstr(r->body, "\n\n")) return 0;
   return n;
 }
 
@@ -224,7 +230,8 @@ static void start_request(CURLM *m, req *r) {
   struct curl_slist *h = curl_slist_append(NULL, "content-type: application/json");
   h = curl_slist_append(h, "anthropic-version: 2023-06-01");
   h = curl_slist_append(h, "x-api-key: sk-soak-not-a-real-key");
-  h = curl_slist_append(h, r->kind == K_FINAL ? "x-fake-events: 40" : "x-fake-events: 20");
+  if (r->kind != K_CLIENT_GONE)
+    h = curl_slist_append(h, r->kind == K_FINAL ? "x-fake-events: 40" : "x-fake-events: 20");
   h = curl_slist_append(h, "x-fake-delta-bytes: 64");
   switch (r->kind) {
   case K_RESET_HEAD: h = curl_slist_append(h, "x-fake-fail: reset-before-head"); break;
@@ -238,7 +245,10 @@ static void start_request(CURLM *m, req *r) {
     h = curl_slist_append(h, "x-fake-stall-after: 3");
     h = curl_slist_append(h, "x-fake-stall-ms: 1500");
     break;
-  case K_CLIENT_GONE: h = curl_slist_append(h, "x-fake-interval-ms: 50"); break; /* ~1 s */
+  case K_CLIENT_GONE: /* a 10 s stream: the proxy cannot have finished it when its client leaves */
+    h = curl_slist_append(h, "x-fake-events: 200");
+    h = curl_slist_append(h, "x-fake-interval-ms: 50");
+    break;
   case K_FINAL: h = curl_slist_append(h, "x-fake-interval-ms: 25"); break;
   default: break;
   }
@@ -254,16 +264,13 @@ static void start_request(CURLM *m, req *r) {
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
   curl_easy_setopt(e, CURLOPT_PRIVATE, r);
-  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, r->kind == K_CLIENT_GONE ? 300L : 30000L);
+  curl_easy_setopt(e, CURLOPT_TIMEOUT, 30L);
   r->start = now_ns();
   curl_multi_add_handle(m, e);
 }
 
 static enum outcome classify(const req *r) {
-  /* the client that gives up on its stream after 300 ms (a user's Ctrl-C) */
-  if (r->kind == K_CLIENT_GONE && r->rc == CURLE_OPERATION_TIMEDOUT && r->status == 200 &&
-      r->len > 0)
-    return O_LEFT;
+  if (r->kind == K_CLIENT_GONE && r->rc == CURLE_WRITE_ERROR && r->status == 200) return O_LEFT;
   if (r->rc != CURLE_OK) return O_FAILED;
   if (r->status == 502) return O_502;
   if (r->status == 504) return O_504;
@@ -527,8 +534,12 @@ int main(int argc, char **argv) {
   waitpid(fake_pid, NULL, 0);
 
   /* ---- what the client saw, against the store ---- */
-  for (int i = 0; i < n; i++)
-    reqs[i].in_outage = outage_start && reqs[i].start < outage_end && reqs[i].end > outage_start;
+  /* A client that leaves is seen leaving at the proxy's next write or poll (an event interval,
+  ** at most its 200 ms poll): until then the exchange goes on, and may meet the outage. */
+  for (int i = 0; i < n; i++) {
+    int64_t proxy_end = reqs[i].end + (reqs[i].kind == K_CLIENT_GONE ? 1000000000 : 0);
+    reqs[i].in_outage = outage_start && reqs[i].start < outage_end && proxy_end > outage_start;
+  }
   long rows_total = 0, strays = 0;
   int store_ok = read_store(db_path, reqs, n, &rows_total, &strays) == 0;
   int seen[N_KINDS + 1][N_OUTCOMES] = {{0}}, rows_found[N_KINDS + 1] = {0};
@@ -561,6 +572,9 @@ int main(int argc, char **argv) {
                              : r->outcome == O_LEFT           ? "client_aborted"
                              : cut && r->kind == K_FINAL      ? "interrupted"
                                                               : "upstream_error";
+    /* left just before the upstream went away: whichever the proxy saw first */
+    if (r->in_outage && r->outcome == O_LEFT && !strcmp(r->state, "upstream_error"))
+      want_state = "upstream_error";
     if (r->outcome == O_FAILED || strcmp(r->state, want_state) || r->row_status != r->status) {
       if (bad_row++ < 5)
         fprintf(stderr, "  request %d (%s): client saw %s/%ld, row says %s/%ld\n", i,
