@@ -4,7 +4,8 @@
 ** looked for in the store.
 **
 **   soak_capture [--requests N] [--clients C] [--downtime-ms D] [--threads T] [--grace S]
-**                [--warmup PERCENT] [--fake PATH] [--sparsetrace PATH] [--keep DIR]
+**                [--warmup PERCENT] [--no-rss-check] [--fake PATH] [--sparsetrace PATH]
+**                [--keep DIR]
 **
 ** Starts tests/fake_upstream and `sparsetrace capture --idle-timeout 0.5 --threads 32` (into a
 ** fresh store) as children (32 workers, not 256: each worker keeps its own upstream connection
@@ -40,6 +41,8 @@
 **     'client_aborted' for client left, 'upstream_error' for the rest;
 **   - outside the outage each kind ended the way it should (table above); nothing failed;
 **   - the outage was seen (some 502s) and the final streams completed after the SIGTERM;
+**   - nothing was stuck: the proxy's log says it had just the final streams in flight at SIGTERM
+**     (an exchange whose client left unseen, or whose upstream hung unseen, would add to them);
 **   - the proxy exited 0 and `sparsetrace store check` passes on the store;
 **   - the proxy's VmRSS, sampled every second from /proc/PID/status, is at most 20% above its
 **     first sample after warm-up (--warmup, default 10% of the requests done) when the soak ends
@@ -47,7 +50,8 @@
 **     grow by more than 64.
 ** --threads (default 32) and --grace (default 10; 0: the final streams are cut, and must end
 ** with the error event and rows 'interrupted') are passed to the proxy. --keep DIR keeps the
-** store and logs (they are also kept when a check fails).
+** store and logs (they are also kept when a check fails). --no-rss-check leaves out the RSS
+** check (an AddressSanitizer build's quarantine holds freed memory on purpose).
 ** Also printed: p50/p99 total time of the /v1/messages streams through the proxy and direct,
 ** outside the outage, and the difference (the added latency).
 ** Exit status 0 when every check passes, 1 otherwise, 2 usage.
@@ -369,7 +373,7 @@ int main(int argc, char **argv) {
   snprintf(st, sizeof st, "%s/../sparsetrace", self_dir);
   int n = 10000, clients = 16, downtime_ms = 3000;
   char threads[16] = "32", grace[16] = "10";
-  int warmup_percent = 10;
+  int warmup_percent = 10, rss_check = 1;
   const char *keep = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--requests") && i + 1 < argc) n = atoi(argv[++i]);
@@ -380,10 +384,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--keep") && i + 1 < argc) keep = argv[++i];
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) snprintf(threads, sizeof threads, "%s", argv[++i]);
     else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup_percent = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--no-rss-check")) rss_check = 0;
     else if (!strcmp(argv[i], "--grace") && i + 1 < argc) snprintf(grace, sizeof grace, "%s", argv[++i]);
     else {
       fprintf(stderr, "usage: soak_capture [--requests N] [--clients C] [--downtime-ms D] "
-                      "[--threads T] [--grace S] [--warmup PERCENT] [--fake PATH] [--sparsetrace PATH] [--keep DIR]\n");
+                      "[--threads T] [--grace S] [--warmup PERCENT] [--no-rss-check] [--fake PATH] [--sparsetrace PATH] [--keep DIR]\n");
       return 2;
     }
   }
@@ -661,6 +666,16 @@ int main(int argc, char **argv) {
   else
     check(seen[K_FINAL][O_COMPLETE] == clients, "and completed within the grace period (%d did)",
           seen[K_FINAL][O_COMPLETE]);
+  /* Nothing stuck: at SIGTERM the proxy is relaying the final streams and nothing else. */
+  int in_flight = -1;
+  FILE *log = fopen(proxy_log, "r");
+  for (char line[512]; log && fgets(line, sizeof line, log);) {
+    const char *at = strstr(line, "stopping: ");
+    if (at) sscanf(at, "stopping: %d exchange", &in_flight);
+  }
+  if (log) fclose(log);
+  check(in_flight == clients, "at SIGTERM the proxy had only the %d final exchanges in flight (%d)",
+        clients, in_flight);
   check(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the proxy exited 0 after SIGTERM (status %d)",
         WIFEXITED(status) ? WEXITSTATUS(status) : -1);
   char cmd[3 * PATH_MAX];
@@ -669,7 +684,11 @@ int main(int argc, char **argv) {
   check(check_rc == 0, "sparsetrace store check passes (exit %d; %s/store-check.log)",
         WIFEXITED(check_rc) ? WEXITSTATUS(check_rc) : -1, dir);
   check(samples >= 3 && rss_first > 0, "the proxy's RSS was sampled (%d samples after warm-up)", samples);
-  check(rss_last <= rss_first * 12 / 10, "RSS flat: last %ld KiB <= 1.2 x first %ld KiB", rss_last, rss_first);
+  if (rss_check)
+    check(rss_last <= rss_first * 12 / 10, "RSS flat: last %ld KiB <= 1.2 x first %ld KiB", rss_last,
+          rss_first);
+  else
+    printf("skip RSS flat (--no-rss-check): last %ld KiB, first %ld KiB\n", rss_last, rss_first);
   check(fds_last <= fds_first + 64, "descriptors flat: last %ld <= first %ld + 64", fds_last, fds_first);
   printf("\n%s: %d check(s) failed\n", fails ? "FAILED" : "passed", fails);
 
