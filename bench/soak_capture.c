@@ -10,8 +10,9 @@
 ** Starts tests/fake_upstream and `sparsetrace capture --idle-timeout 0.5 --threads 32` (into a
 ** fresh store) as children (32 workers, not 256: each worker keeps its own upstream connection
 ** alive, three descriptors, so with fewer workers the descriptor count reaches its plateau during
-** the warm-up and growth after it means a leak), then a libcurl multi client keeps C requests in flight (default 16) until N - C are
-** done. Each request is drawn (seeded, so every run sends the same sequence) from these kinds:
+** the warm-up and growth after it means a leak), then a libcurl multi client keeps C requests in
+** flight (default 16) until N - C are done. Each request is drawn (seeded, so every run sends the
+** same sequence) from these kinds:
 **
 **   direct      a normal stream straight to the fake (the latency baseline; not proxied)
 **   stream      a normal SSE stream: /v1/messages (20 x 64-byte deltas, the same as direct),
