@@ -21,6 +21,13 @@
 ** 'finish' is an upsert of the whole row (so a finish whose open failed still lands) plus the
 ** SSE events. At start, rows a dead proxy left open are marked 'interrupted'
 ** (reconcile_open_rows).
+** Backpressure. The queue is bounded by finished exchanges (CAPTURE_STORE_MAX_FINISHED): a worker
+** that finds that many waiting blocks in capture_store_submit_finish until the writer takes them.
+** The worker has already written the whole answer to its client by then, so no relay waits on the
+** disk; only the next exchange does, and only while the writer is that far behind. Unbounded, the
+** queue held every finished exchange (bodies and events) the writer had not reached: the soak
+** (bench/soak-results.md) saw the proxy's RSS double, to batches of 2,000+ jobs, on a loaded
+** 2-core machine where the one writer thread got less CPU than the workers.
 ** Closing the store drains the queue first; st_capture_stop() closes it only after every worker
 ** has finished its exchange, so nothing accepted is dropped.
 **
@@ -54,6 +61,8 @@
 /* ---- writer ------------------------------------------------------------------------------ */
 
 #define CAPTURE_STORE_LINGER_MS 5
+/* Finished exchanges queued for the writer before submitters wait (see Backpressure above). */
+#define CAPTURE_STORE_MAX_FINISHED 256
 
 /* What a worker hands over mid-exchange (capture_store_submit_progress): copies, already masked,
 ** because the worker goes on appending to the exchange while the writer runs. */
@@ -94,7 +103,9 @@ struct capture_store {
   int thread_started;
   pthread_mutex_t mu;
   pthread_cond_t cv;
+  pthread_cond_t room; /* signalled when the writer takes the queue */
   job *head, *tail;
+  size_t queued_finished; /* finish jobs in head..tail */
   int stopping;
   atomic_uint_least64_t recorded, errors;
   int lock_fd; /* <store>/.capture.lock, held shared while this proxy runs */
@@ -540,6 +551,8 @@ static void *writer_main(void *arg) {
     }
     job *batch = s->head;
     s->head = s->tail = NULL;
+    s->queued_finished = 0;
+    pthread_cond_broadcast(&s->room);
     int stop = s->stopping;
     pthread_mutex_unlock(&s->mu);
     if (batch) run_batch(s, batch);
@@ -550,6 +563,11 @@ static void *writer_main(void *arg) {
 
 static void submit(capture_store *s, job *j) {
   pthread_mutex_lock(&s->mu);
+  if (j->finish == JOB_FINISH) {
+    while (s->queued_finished >= CAPTURE_STORE_MAX_FINISHED && !s->stopping)
+      pthread_cond_wait(&s->room, &s->mu);
+    s->queued_finished++;
+  }
   int was_empty = s->head == NULL;
   if (s->tail) s->tail->next = j;
   else s->head = j;
@@ -705,6 +723,7 @@ st_status capture_store_open(const capture_store_options *o, capture_store **out
   s->log_user = o->log_user;
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
+  pthread_cond_init(&s->room, NULL);
   st_status st = s->dir ? st_index_open(o->dir, ST_INDEX_READ_WRITE, &s->ix)
                         : st_fail(ST_ENOMEM, "store path");
   s->lock_fd = -1;
@@ -716,6 +735,7 @@ st_status capture_store_open(const capture_store_options *o, capture_store **out
     st_index_close(s->ix);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->room);
     free(s->dir);
     free(s);
     return st;
@@ -731,6 +751,7 @@ st_status capture_store_close(capture_store *s) {
     pthread_mutex_lock(&s->mu);
     s->stopping = 1;
     pthread_cond_signal(&s->cv);
+    pthread_cond_broadcast(&s->room);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
   }
@@ -740,6 +761,7 @@ st_status capture_store_close(capture_store *s) {
   if (st) st_fail(st, "capture store %s: %s", s->dir, s->first_error_msg);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
+  pthread_cond_destroy(&s->room);
   free(s->dir);
   free(s);
   return st;
