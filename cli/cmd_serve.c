@@ -285,10 +285,11 @@ static json_t *responses_reasoning_item(answer *a, const char *text) {
   return json_pack("{s:s,s:s,s:o}", "type", "reasoning", "id", a->reasoning_id, "summary", summary);
 }
 
-static int resp_event(answer *a, const char *type, json_t *data) {
-  json_object_set_new(data, "type", json_string(type));
-  json_object_set_new(data, "sequence_number", json_integer(a->seq++));
-  return send_event(a, type, data);
+static int resp_event(answer *a, const char *type, json_t *data) { /* type first, as OpenAI sends */
+  json_t *e = json_pack("{s:s,s:i}", "type", type, "sequence_number", a->seq++);
+  json_object_update(e, data);
+  json_decref(data);
+  return send_event(a, type, e);
 }
 
 /* The head and opening events of a stream. */
