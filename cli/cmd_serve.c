@@ -625,7 +625,7 @@ static void serve_generate(server *sv, st_served_exchange *x, api_kind api) {
   size_t body_len;
   const char *body_text = st_served_body(x, &body_len);
   json_error_t jerr;
-  json_t *body = json_loadb(body_text, body_len, JSON_REJECT_DUPLICATES, &jerr);
+  json_t *body = json_loadb(body_text, body_len, 0, &jerr); /* duplicate keys: the last wins, as in Python servers */
   st_chat_prompt prompt = {0};
   st_token_ids ids = {0};
   st_taps taps = {0};

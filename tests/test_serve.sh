@@ -178,6 +178,27 @@ b, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 assert b["choices"][0]["token_ids"] == r["generated"] and b["prompt_token_ids"] == json.load(open(sys.argv[3]))' \
   "$T/chat.body" "$T/chat.run.json" "$T/chat.ids"
 
+rid_chat=$(grep -i '^x-sparsetrace-request-id: ' "$T/chat.head" | cut -d' ' -f2 | tr -d '\r')
+"$BIN" run --model "$MODEL" --request "$rid_chat" --store "$T/store" --max-new-tokens 12 --json --quiet \
+  > "$T/rerun.json" 2> "$T/rerun.err"
+check "run --request of a served request reproduces its answer token for token" $PY -c '
+import json, sys
+b, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert r["request_id"] == sys.argv[3] and r["generated"] == b["choices"][0]["token_ids"], (r, b)' \
+  "$T/chat.body" "$T/rerun.json" "$rid_chat"
+
+# ---- a client that leaves mid-stream cancels its generation ----------------------------------------
+curl -sN --max-time 0.5 -o "$T/gone.body" -D "$T/gone.head" -H 'content-type: application/json' \
+  -d "{\"model\":\"x\",\"max_tokens\":400,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}]}" "$URL/v1/chat/completions"
+rid_gone=$(grep -i '^x-sparsetrace-request-id: ' "$T/gone.head" | cut -d' ' -f2 | tr -d '\r')
+for _ in $(seq 100); do
+  [ "$(sqlite3 "$T/store/index.sqlite" "SELECT state FROM requests WHERE id = '$rid_gone'")" = client_aborted ] && break
+  sleep 0.05
+done
+check "a client gone mid-stream: row client_aborted, the engine free again" bash -c "
+  [ \"\$(sqlite3 '$T/store/index.sqlite' \"SELECT state FROM requests WHERE id = '$rid_gone'\")\" = client_aborted ] &&
+  curl -s '$URL/health' | $PY -c 'import json,sys; assert json.load(sys.stdin)[\"busy\"] == 0'"
+
 # ---- stop sequences ----------------------------------------------------------------------------
 stop=$($PY -c 'import json,sys; t=json.load(open(sys.argv[1]))["choices"][0]["message"]["content"]; print(t[2:5] if len(t) > 5 else "")' "$T/chat.body")
 if [ -n "$stop" ]; then
