@@ -1014,6 +1014,18 @@ int st_cmd_serve(int argc, char **argv) {
     goto out;
   }
   if (sv.context > sv.model->cfg->max_position_embeddings) sv.context = (int)sv.model->cfg->max_position_embeddings;
+  { /* one token through a throwaway session before listening: the first request's latency is
+    ** then the engine's, not the first touch of every weight page */
+    st_session *warm = NULL;
+    st_session_options wo = {.max_tokens = 1, .settings = sv.settings, .backend = &sv.backend};
+    int32_t bos = st_tokenizer_bos_id(sv.tok) >= 0 ? st_tokenizer_bos_id(sv.tok) : 0;
+    if (st_session_create(sv.model, &wo, &warm) || st_session_forward(warm, &bos, 1, NULL, NULL)) {
+      st_session_free(warm);
+      st_cli_report_error("serve");
+      goto out;
+    }
+    st_session_free(warm);
+  }
 
   signal(SIGPIPE, SIG_IGN);
   sigset_t stop_signals;
