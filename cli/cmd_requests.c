@@ -94,15 +94,17 @@ static int cmd_list(st_capture_db *db, int limit, int json) {
     fmt_num(total, sizeof total, json_object_get(r, "total_ms"), "%.1f");
     const char *state = str_or(r, "state", "?");
     char state_text[32];
-    snprintf(state_text, sizeof state_text, "%s%s", state,
-             json_is_true(json_object_get(r, "request_malformed")) ? "*" : "");
+    snprintf(state_text, sizeof state_text, "%s%s%s", state,
+             json_is_true(json_object_get(r, "request_malformed")) ? "*" : "",
+             !strcmp(str_or(r, "origin", "proxied"), "served") ? "+" : "");
     printf("%-8.8s  %-23.23s  %-18.18s  %-22.22s  %-20.20s  %-3s  %-6s  %-14s  %7s  %7s  %9s  %9s\n",
            str_or(r, "id", "?"), str_or(r, "received_at", "?"), str_or(r, "api", "?"),
            str_or(r, "endpoint", "?"), str_or(r, "model", "-"),
            json_is_true(json_object_get(r, "stream")) ? "yes" : "no", status, state_text, in, out,
            ttfb, total);
   }
-  printf("(%zu shown; * = request body was not valid JSON; `sparsetrace requests show ID`)\n",
+  printf("(%zu shown; * = request body was not valid JSON; + = answered by `sparsetrace serve`; "
+         "`sparsetrace requests show ID`)\n",
          json_array_size(rows));
   json_decref(rows);
   return 0;
@@ -144,7 +146,10 @@ static int cmd_show(st_capture_db *db, const char *ref, int json, int bodies) {
   printf("endpoint  %s %s%s%s  (%s%s)\n", str_or(r, "method", "?"), str_or(r, "endpoint", "?"),
          json_is_string(json_object_get(r, "query")) ? "?" : "", str_or(r, "query", ""),
          str_or(r, "api", "?"), json_is_true(json_object_get(r, "stream")) ? ", streamed" : "");
-  printf("upstream  %s\n", str_or(r, "upstream", "?"));
+  if (!strcmp(str_or(r, "origin", "proxied"), "served"))
+    printf("served    by sparsetrace serve, model %s\n", str_or(r, "upstream", "?"));
+  else
+    printf("upstream  %s\n", str_or(r, "upstream", "?"));
   printf("model     %s\n", str_or(r, "model", "-"));
   printf("outcome   %s, HTTP %s\n", str_or(r, "state", "?"), status);
   fmt_num(a, sizeof a, json_object_get(tim, "headers_ms"), "%.1f");

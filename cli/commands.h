@@ -15,6 +15,7 @@ int st_cmd_settings(int argc, char **argv); /* cli/cmd_catalogue.c */
 int st_cmd_query(int argc, char **argv);    /* cli/cmd_query.c */
 int st_cmd_inspect(int argc, char **argv);  /* cli/cmd_inspect.c */
 int st_cmd_capture(int argc, char **argv);  /* cli/cmd_capture.c */
+int st_cmd_serve(int argc, char **argv);    /* cli/cmd_serve.c */
 int st_cmd_requests(int argc, char **argv); /* cli/cmd_requests.c */
 int st_cmd_tokenize(int argc, char **argv); /* cli/cmd_tokenize.c */
 int st_cmd_render(int argc, char **argv);   /* cli/cmd_render.c */

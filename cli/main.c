@@ -23,6 +23,7 @@ static const command commands[] = {
   {"bisect", st_cmd_bisect, "find the setting change and the first layer that lose the needle"},
   {"needle", st_cmd_needle, "make needle-recall requests; sweep them against the engine or a server"},
   {"capture", st_cmd_capture, "proxy between a client and its server, recording every request"},
+  {"serve", st_cmd_serve, "the reference engine behind OpenAI and Anthropic endpoints, traced"},
   {"requests", st_cmd_requests, "list, show and export captured requests"},
   {"store", st_cmd_store, "check a trace store's index against its files (--repair fixes it)"},
   {"tokenize", st_cmd_tokenize, "text to token ids and back with a model's tokenizer.json"},

@@ -121,6 +121,10 @@ static const alias aliases[] = {
 
   {"force", 0, 0, ST_OPT_FORCE, 0, NULL, "overwrite on purpose"},
   {"repair", 0, 0, ST_OPT_REPAIR, 0, NULL, "fix what is found"},
+
+  {"port", 0, 1, ST_OPT_PORT, 0, "N", "port to listen on (0: a free one)"},
+  {"queue", 0, 1, ST_OPT_QUEUE, 0, "N", "requests that may wait for the engine"},
+  {"context", 0, 1, ST_OPT_CONTEXT, 0, "N", "most tokens per request, prompt and answer"},
 };
 #define N_ALIASES (int)(sizeof aliases / sizeof aliases[0])
 

@@ -69,6 +69,8 @@ typedef enum st_opt_id {
   ST_OPT_EFFORT, ST_OPT_EFFORT_TABLE, ST_OPT_DROP_THINKING,
   /* run, store check */
   ST_OPT_FORCE, ST_OPT_REPAIR,
+  /* serve */
+  ST_OPT_PORT, ST_OPT_QUEUE, ST_OPT_CONTEXT,
   ST_OPT_ID_END
 } st_opt_id;
 

@@ -170,7 +170,9 @@ typedef struct capture_exchange {
   char *query;               /* redacted query string, or NULL */
   capture_api api;
   char client_addr[64];      /* "ip:port" */
-  const char *upstream;      /* credentials-free upstream base URL (borrowed from the proxy) */
+  const char *upstream;      /* credentials-free upstream base URL (borrowed from the proxy);
+                                for served exchanges, what answered (the model directory) */
+  int served;                /* answered by `sparsetrace serve` (requests.origin = 'served') */
   capture_headers request_headers; /* as received (values include credentials: never written
                                       without capture_header_is_secret() filtering) */
   st_buf request_body;           /* as the client sent it (what the record keeps) */

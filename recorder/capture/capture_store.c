@@ -250,6 +250,9 @@ static st_status step_done(sqlite3 *db, sqlite3_stmt *st, const char *what) {
 ** the open statement simply leaves ?14..?35 unused). */
 #define MODIFIED_PARAM "?36"
 #define MODIFIED_INDEX 36
+/* origin (migration 0010: 'proxied' or 'served') likewise, as ?39 in both statements. */
+#define ORIGIN_PARAM "?39"
+#define ORIGIN_INDEX 39
 
 /* Binds the request side. When the open row is already in (x->open_recorded), the upsert will
 ** take its UPDATE branch, which ignores these values: the body is then not masked or spilled a
@@ -300,14 +303,15 @@ static st_status write_open(capture_store *s, sqlite3 *db, job *j) {
   body_bind body = {0};
   st_status rc = ST_OK;
   if (sqlite3_prepare_v2(db, "INSERT OR IGNORE INTO requests (" REQUEST_COLUMNS
-                             ", modified_request, state) VALUES (" REQUEST_PARAMS ", "
-                             MODIFIED_PARAM ", 'open')",
+                             ", modified_request, origin, state) VALUES (" REQUEST_PARAMS ", "
+                             MODIFIED_PARAM ", " ORIGIN_PARAM ", 'open')",
                          -1, &st, NULL) != SQLITE_OK) {
     rc = st_fail(ST_ESQLITE, "preparing insert: %s", sqlite3_errmsg(db));
     goto out;
   }
   if ((rc = bind_request(s, st, x, &body))) goto out;
   bind_text(st, MODIFIED_INDEX, x->modified_request);
+  bind_text(st, ORIGIN_INDEX, x->served ? "served" : "proxied");
   rc = step_done(db, st, "inserting the open row");
   x->open_recorded = !rc && sqlite3_changes(db) == 1;
   x->open_redactions = body.masked;
@@ -329,9 +333,9 @@ static st_status write_finish(capture_store *s, sqlite3 *db, job *j) {
     "request_json_error, response_headers, response_body, response_body_file, response_bytes, "
     "response_truncated, final_message, stop_reason, input_tokens, output_tokens, n_events, "
     "headers_ms, ttfb_ms, total_ms, max_gap_ms, upstream_error, client_error, modified_request, "
-    "prompt_token_ids, prompt_token_ids_from) VALUES ("
+    "prompt_token_ids, prompt_token_ids_from, origin) VALUES ("
     REQUEST_PARAMS ", ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28,"
-    " ?29, ?30, ?31, ?32, ?33, ?34, ?35, " MODIFIED_PARAM ", ?37, ?38) "
+    " ?29, ?30, ?31, ?32, ?33, ?34, ?35, " MODIFIED_PARAM ", ?37, ?38, " ORIGIN_PARAM ") "
     "ON CONFLICT (id) DO UPDATE SET stream = ?14, state = ?15, status = ?16, model = ?17, "
     "request_malformed = ?18, request_json_error = ?19, response_headers = ?20, "
     "response_body = ?21, response_body_file = ?22, response_bytes = ?23, "
@@ -385,6 +389,7 @@ static st_status write_finish(capture_store *s, sqlite3 *db, job *j) {
   bind_text(st, 34, x->upstream_error);
   bind_text(st, 35, x->client_error);
   bind_text(st, MODIFIED_INDEX, x->modified_request);
+  bind_text(st, ORIGIN_INDEX, x->served ? "served" : "proxied");
   if (sum->prompt_token_ids) { /* integers only (checked when found): nothing to scrub */
     sqlite3_bind_text(st, 37, json_dumps(sum->prompt_token_ids, JSON_COMPACT), -1, free);
     bind_text(st, 38, sum->prompt_token_ids_from);
@@ -869,10 +874,14 @@ st_status st_capture_db_list(st_capture_db *db, int limit, json_t **out) {
   *out = NULL;
   sqlite3 *sq = st_index_db(db->ix);
   sqlite3_stmt *q = NULL;
-  static const char *sql =
-    "SELECT id, received_at, method, endpoint, api, stream, state, status, model, input_tokens, "
-    "output_tokens, ttfb_ms, total_ms, request_bytes, response_bytes, request_malformed "
-    "FROM requests ORDER BY received_at DESC, rowid DESC LIMIT ?1";
+  /* origin is migration 0010's; a store last written by an older build holds proxied rows only */
+  const char *sql = st_index_schema_version(db->ix) >= 10
+    ? "SELECT id, received_at, method, endpoint, api, stream, state, status, model, input_tokens, "
+      "output_tokens, ttfb_ms, total_ms, request_bytes, response_bytes, request_malformed, origin "
+      "FROM requests ORDER BY received_at DESC, rowid DESC LIMIT ?1"
+    : "SELECT id, received_at, method, endpoint, api, stream, state, status, model, input_tokens, "
+      "output_tokens, ttfb_ms, total_ms, request_bytes, response_bytes, request_malformed, "
+      "'proxied' FROM requests ORDER BY received_at DESC, rowid DESC LIMIT ?1";
   if (sqlite3_prepare_v2(sq, sql, -1, &q, NULL) != SQLITE_OK)
     return st_fail(ST_ESQLITE, "listing requests: %s", sqlite3_errmsg(sq));
   sqlite3_bind_int64(q, 1, limit > 0 ? limit : -1);
@@ -896,6 +905,7 @@ st_status st_capture_db_list(st_capture_db *db, int limit, json_t **out) {
     json_object_set_new(o, "request_bytes", col_int(q, 13));
     json_object_set_new(o, "response_bytes", col_int(q, 14));
     json_object_set_new(o, "request_malformed", json_boolean(sqlite3_column_int(q, 15)));
+    json_object_set_new(o, "origin", col_text(q, 16));
     json_array_append_new(arr, o);
   }
   st_status st = ST_OK;
@@ -1036,6 +1046,18 @@ st_status st_capture_db_export(st_capture_db *db, const char *id, json_t **out) 
       json_object_set_new(r, "prompt_token_ids", col_json(q, 1));
       json_object_set_new(r, "prompt_token_ids_from", col_text(q, 2));
     }
+    sqlite3_finalize(q);
+    q = NULL;
+  }
+  /* Migration 0010's origin: 'proxied' (capture) or 'served' (serve); older stores only proxied. */
+  json_object_set_new(r, "origin", json_string("proxied"));
+  if (st_index_schema_version(db->ix) >= 10) {
+    if (sqlite3_prepare_v2(sq, "SELECT origin FROM requests WHERE id = ?1", -1, &q, NULL) != SQLITE_OK) {
+      st = st_fail(ST_ESQLITE, "reading the origin of %s: %s", id, sqlite3_errmsg(sq));
+      goto out;
+    }
+    sqlite3_bind_text(q, 1, id, -1, SQLITE_TRANSIENT);
+    if (sqlite3_step(q) == SQLITE_ROW) json_object_set_new(r, "origin", col_text(q, 0));
     sqlite3_finalize(q);
     q = NULL;
   }

@@ -1,0 +1,337 @@
+#!/usr/bin/env bash
+# test_serve.sh — `sparsetrace serve` on the bundled needle model (models/needle-v4), the way users
+# point their clients at it: curl against every endpoint, streamed and not (the JSON bodies and SSE
+# event sequences parsed with python3's json module and checked against each API's shape); the
+# greedy answers token for token against `sparsetrace run` of the same rendered prompt; a urllib
+# "bug report" client (a long system prompt of one-line tool descriptions with a `Primary working
+# directory:` line in the middle, asked to repeat it, temperature 0, stream false) as trained and
+# with X-Sparsetrace-Set: rotate=q, both request rows with linked runs that `sparsetrace diff`
+# compares; malformed JSON, temperature > 0, a prompt past --context, unknown paths and bad
+# settings as 4xx in each API's error shape; 429 with Retry-After on queue overflow; SIGTERM with
+# a request in flight (it is answered, the server exits 0, every request is a row); no API key
+# written anywhere.
+set -u
+BIN=${ST_BIN:?ST_BIN must point at the sparsetrace binary}
+SRC=$(cd "${ST_SOURCE_DIR:-$(dirname "$0")/..}" && pwd)
+MODEL=$SRC/models/needle-v4
+[ -f "$MODEL/model.safetensors" ] || { echo "skip: models/needle-v4 is not there"; exit 77; }
+T=$(mktemp -d /tmp/st_serve_sh.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$T"
+}
+trap cleanup EXIT
+unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY ALL_PROXY all_proxy
+PY=/usr/bin/python3
+fails=0
+check() { # check "what" command...
+  local what=$1; shift
+  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fails=$((fails + 1)); fi
+}
+KEY_OPENAI=sk-SERVEPLANTED-openai-0123456789
+KEY_ANTHROPIC=sk-ant-SERVEPLANTED-anthropic-9876543210
+
+start_server() { # start_server NAME extra-args... -> URL, SERVER_PID
+  rm -f "$T/$1.ready"
+  "$BIN" serve --model "$MODEL" --store "$T/store" --port 0 --ready-file "$T/$1.ready" "${@:2}" \
+    2> "$T/$1.log" &
+  SERVER_PID=$!
+  PIDS+=($SERVER_PID)
+  for _ in $(seq 300); do [ -s "$T/$1.ready" ] && break; sleep 0.05; done
+  URL=$(cat "$T/$1.ready" 2>/dev/null)
+}
+
+start_server main --queue 1 --context 4096 --tap logits --positions last
+check "serve is listening on loopback" bash -c "[[ '$URL' == http://127.0.0.1:* ]]"
+
+# ---- health and models ------------------------------------------------------------------------
+curl -s "$URL/health" > "$T/health.json"
+check "GET /health" $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["status"]=="ok" and d["model"]=="needle-v4"' "$T/health.json"
+curl -s "$URL/v1/models" > "$T/models.json"
+check "GET /v1/models (OpenAI list)" $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["object"]=="list" and d["data"][0]["id"]=="needle-v4" and d["data"][0]["object"]=="model"' "$T/models.json"
+curl -s -H 'anthropic-version: 2023-06-01' "$URL/v1/models" > "$T/models.anthropic.json"
+check "GET /v1/models (Anthropic list)" $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["data"][0]["type"]=="model" and d["has_more"] is False' "$T/models.anthropic.json"
+
+# ---- the three APIs, whole and streamed -------------------------------------------------------
+SYS='You are a coding agent.\nEnvironment:\nPrimary working directory: /home/erin/src/quarry\nShell: zsh'
+Q='What is the primary working directory? Repeat that line verbatim.'
+chat_body="{\"model\":\"needle\",\"max_tokens\":12,\"messages\":[{\"role\":\"system\",\"content\":\"$SYS\"},{\"role\":\"user\",\"content\":\"$Q\"}]"
+msgs_body="{\"model\":\"needle\",\"max_tokens\":12,\"system\":\"$SYS\",\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}]"
+resp_body="{\"model\":\"needle\",\"max_output_tokens\":12,\"instructions\":\"$SYS\",\"input\":\"$Q\""
+post() { # post NAME PATH BODY extra-curl-args... -> $T/NAME.body, $T/NAME.head
+  curl -sN -D "$T/$1.head" -o "$T/$1.body" -H 'content-type: application/json' "${@:4}" -d "$3" "$URL$2"
+}
+post chat /v1/chat/completions "$chat_body,\"return_token_ids\":true}" -H "Authorization: Bearer $KEY_OPENAI"
+post chat_sse /v1/chat/completions "$chat_body,\"stream\":true,\"stream_options\":{\"include_usage\":true}}" -H "Authorization: Bearer $KEY_OPENAI"
+post msgs /v1/messages "$msgs_body}" -H "x-api-key: $KEY_ANTHROPIC" -H 'anthropic-version: 2023-06-01'
+post msgs_sse /v1/messages "$msgs_body,\"stream\":true}" -H "x-api-key: $KEY_ANTHROPIC" -H 'anthropic-version: 2023-06-01'
+post resp /v1/responses "$resp_body}" -H "Authorization: Bearer $KEY_OPENAI"
+post resp_sse /v1/responses "$resp_body,\"stream\":true}" -H "Authorization: Bearer $KEY_OPENAI"
+
+cat > "$T/shapes.py" <<'PY'
+import json, sys
+T = sys.argv[1]
+def body(name): return json.load(open(f"{T}/{name}.body"))
+def events(name):
+    """(event field or None, parsed data) for each SSE event of a stream."""
+    out = []
+    for block in open(f"{T}/{name}.body").read().split("\n\n"):
+        if not block.strip(): continue
+        ev, data = None, []
+        for line in block.split("\n"):
+            if line.startswith("event: "): ev = line[7:]
+            elif line.startswith("data: "): data.append(line[6:])
+        d = "\n".join(data)
+        out.append((ev, d if d == "[DONE]" else json.loads(d)))
+    return out
+which = sys.argv[2]
+if which == "chat":
+    b = body("chat")
+    assert b["object"] == "chat.completion" and b["id"].startswith("chatcmpl-"), b
+    c = b["choices"][0]
+    assert c["index"] == 0 and c["message"]["role"] == "assistant" and isinstance(c["message"]["content"], str)
+    assert c["finish_reason"] in ("stop", "length")
+    u = b["usage"]
+    assert u["completion_tokens"] == len(c["token_ids"]) and u["prompt_tokens"] == len(b["prompt_token_ids"])
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+elif which == "chat_sse":
+    ev = events("chat_sse")
+    assert ev[-1] == (None, "[DONE]"), ev[-1]
+    chunks = [d for _, d in ev[:-1]]
+    assert all(d["object"] == "chat.completion.chunk" for d in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(d["choices"][0]["delta"].get("content", "") for d in chunks if d["choices"])
+    fin = [d["choices"][0]["finish_reason"] for d in chunks if d["choices"] and d["choices"][0]["finish_reason"]]
+    assert fin == [body("chat")["choices"][0]["finish_reason"]], fin
+    assert text == body("chat")["choices"][0]["message"]["content"], (text, body("chat"))
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == body("chat")["usage"]
+elif which == "msgs":
+    b = body("msgs")
+    assert b["type"] == "message" and b["role"] == "assistant" and b["id"].startswith("msg_")
+    assert b["content"][-1]["type"] == "text" and b["stop_reason"] in ("end_turn", "max_tokens", "stop_sequence")
+    assert set(b["usage"]) >= {"input_tokens", "output_tokens"}
+elif which == "msgs_sse":
+    ev = events("msgs_sse")
+    names = [e for e, _ in ev]
+    assert names[0] == "message_start" and names[-1] == "message_stop" and names[-2] == "message_delta", names
+    assert all(d["type"] == e for e, d in ev), "event field and data type agree"
+    text = "".join(d["delta"]["text"] for e, d in ev if e == "content_block_delta" and d["delta"]["type"] == "text_delta")
+    b = body("msgs")
+    assert text == b["content"][-1]["text"], (text, b)
+    assert ev[-2][1]["delta"]["stop_reason"] == b["stop_reason"] and ev[-2][1]["usage"]["output_tokens"] == b["usage"]["output_tokens"]
+    assert ev[0][1]["message"]["usage"]["input_tokens"] == b["usage"]["input_tokens"]
+elif which == "resp":
+    b = body("resp")
+    assert b["object"] == "response" and b["id"].startswith("resp_") and b["status"] in ("completed", "incomplete")
+    msg = [o for o in b["output"] if o["type"] == "message"][0]
+    assert msg["content"][0]["type"] == "output_text"
+    u = b["usage"]
+    assert u["total_tokens"] == u["input_tokens"] + u["output_tokens"]
+elif which == "resp_sse":
+    ev = events("resp_sse")
+    names = [e for e, _ in ev]
+    assert names[:2] == ["response.created", "response.in_progress"], names
+    assert names[-1] in ("response.completed", "response.incomplete"), names
+    assert [d["sequence_number"] for _, d in ev] == list(range(len(ev)))
+    assert all(d["type"] == e for e, d in ev)
+    text = "".join(d["delta"] for e, d in ev if e == "response.output_text.delta")
+    b = body("resp")
+    final = ev[-1][1]["response"]
+    msg = [o for o in b["output"] if o["type"] == "message"][0]
+    assert text == msg["content"][0]["text"] == [o for o in final["output"] if o["type"] == "message"][0]["content"][0]["text"]
+    assert final["usage"] == b["usage"] and final["status"] == b["status"]
+PY
+for w in chat chat_sse msgs msgs_sse resp resp_sse; do
+  check "$w: the API's shape" $PY "$T/shapes.py" "$T" "$w"
+done
+check "the answers carry X-Sparsetrace-Run and X-Sparsetrace-Trace (--tap logits)" \
+  bash -c "grep -qi '^X-Sparsetrace-Run: ' '$T/chat.head' && grep -qi '^X-Sparsetrace-Trace: ' '$T/msgs_sse.head'"
+check "a streamed answer is text/event-stream" grep -qi '^content-type: text/event-stream' "$T/resp_sse.head"
+
+# ---- served tokens == `sparsetrace run` of the same rendered prompt -----------------------------
+same_as_run() { # same_as_run NAME API BODY: trace tokens of the served answer vs run on render's ids
+  local name=$1 api=$2 body=$3
+  printf '%s' "$body" | "$BIN" render --model "$MODEL" --request - --ids --api "$api" > "$T/$name.ids" || return 1
+  local trace n_gen
+  trace=$(grep -i '^X-Sparsetrace-Trace: ' "$T/$name.head" | cut -d' ' -f2 | tr -d '\r')
+  [ -f "$trace" ] || return 1
+  "$BIN" run --model "$MODEL" --prompt-tokens "$T/$name.ids" --max-new-tokens 12 --store "$T/runstore" \
+    --json --quiet > "$T/$name.run.json" || return 1
+  $PY - "$trace" "$T/$name.ids" "$T/$name.run.json" <<'PY'
+import json, sys, h5py
+f = h5py.File(sys.argv[1], "r")
+ids, run = json.load(open(sys.argv[2])), json.load(open(sys.argv[3]))
+tokens = [int(t) for t in f["tokens"][:]]
+n = int(f["tokens"].attrs["n_prompt"])
+assert tokens[:n] == ids, "served prompt != rendered prompt"
+assert tokens[n:] == run["generated"], (tokens[n:], run["generated"])
+PY
+}
+check "chat: served tokens == run of the rendered prompt, token for token" same_as_run chat chat "$chat_body}"
+check "messages: served tokens == run, token for token" same_as_run msgs anthropic "$msgs_body}"
+check "responses (streamed): served tokens == run, token for token" same_as_run resp_sse responses "$resp_body}"
+check "chat return_token_ids: token_ids == run's generated" $PY -c '
+import json, sys
+b, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert b["choices"][0]["token_ids"] == r["generated"] and b["prompt_token_ids"] == json.load(open(sys.argv[3]))' \
+  "$T/chat.body" "$T/chat.run.json" "$T/chat.ids"
+
+rid_chat=$(grep -i '^x-sparsetrace-request-id: ' "$T/chat.head" | cut -d' ' -f2 | tr -d '\r')
+"$BIN" run --model "$MODEL" --request "$rid_chat" --store "$T/store" --max-new-tokens 12 --json --quiet \
+  > "$T/rerun.json" 2> "$T/rerun.err"
+check "run --request of a served request reproduces its answer token for token" $PY -c '
+import json, sys
+b, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert r["request_id"] == sys.argv[3] and r["generated"] == b["choices"][0]["token_ids"], (r, b)' \
+  "$T/chat.body" "$T/rerun.json" "$rid_chat"
+
+# ---- a client that leaves mid-stream cancels its generation ----------------------------------------
+curl -sN --max-time 0.5 -o "$T/gone.body" -D "$T/gone.head" -H 'content-type: application/json' \
+  -d "{\"model\":\"x\",\"max_tokens\":400,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}]}" "$URL/v1/chat/completions"
+rid_gone=$(grep -i '^x-sparsetrace-request-id: ' "$T/gone.head" | cut -d' ' -f2 | tr -d '\r')
+for _ in $(seq 100); do
+  [ "$(sqlite3 "$T/store/index.sqlite" "SELECT state FROM requests WHERE id = '$rid_gone'")" = client_aborted ] && break
+  sleep 0.05
+done
+check "a client gone mid-stream: row client_aborted, the engine free again" bash -c "
+  [ \"\$(sqlite3 '$T/store/index.sqlite' \"SELECT state FROM requests WHERE id = '$rid_gone'\")\" = client_aborted ] &&
+  curl -s '$URL/health' | $PY -c 'import json,sys; assert json.load(sys.stdin)[\"busy\"] == 0'"
+
+# ---- stop sequences ----------------------------------------------------------------------------
+stop=$($PY -c 'import json,sys; t=json.load(open(sys.argv[1]))["choices"][0]["message"]["content"]; print(t[2:5] if len(t) > 5 else "")' "$T/chat.body")
+if [ -n "$stop" ]; then
+  post stop /v1/chat/completions "$chat_body,\"stop\":[$($PY -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$stop")]}"
+  check "chat stop sequence ends the answer before it (finish_reason stop)" $PY -c '
+import json, sys
+full = json.load(open(sys.argv[1]))["choices"][0]["message"]["content"]
+b = json.load(open(sys.argv[2]))["choices"][0]
+assert b["finish_reason"] == "stop" and b["message"]["content"] == full[:full.index(sys.argv[3])], (b, full)' \
+    "$T/chat.body" "$T/stop.body" "$stop"
+  post stop_sse /v1/messages "$msgs_body,\"stream\":true,\"stop_sequences\":[$($PY -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$stop")]}"
+  check "messages stream stop_sequences: stop_reason stop_sequence, text cut" $PY -c '
+import json, sys
+ev = [json.loads(l[6:]) for l in open(sys.argv[1]) if l.startswith("data: ")]
+text = "".join(e["delta"]["text"] for e in ev if e["type"] == "content_block_delta")
+md = [e for e in ev if e["type"] == "message_delta"][0]
+assert md["delta"]["stop_reason"] == "stop_sequence" and md["delta"]["stop_sequence"] == sys.argv[2], md
+assert sys.argv[2] not in text' "$T/stop_sse.body" "$stop"
+fi
+
+# ---- errors in each API's shape -----------------------------------------------------------------
+post bad_chat /v1/chat/completions '{"model":"x","messages":[' 
+post bad_msgs /v1/messages '{"model":"x",' -H "x-api-key: $KEY_ANTHROPIC"
+post hot /v1/chat/completions '{"model":"x","temperature":0.8,"messages":[{"role":"user","content":"hi"}]}'
+post badset /v1/responses '{"model":"x","input":"hi"}' -H 'X-Sparsetrace-Set: rotate=sideways'
+post notfound /v1/nothing '{}'
+long=$($PY -c 'print(" ".join("word%d" % i for i in range(3000)))')
+post long /v1/messages "{\"model\":\"x\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"$long\"}]}"
+cat > "$T/errors.py" <<'PY'
+import json, sys
+T, name, status, shape, needle = sys.argv[1:6]
+head = open(f"{T}/{name}.head").read().split("\r\n")[0]
+assert head.split()[1] == status, head
+b = json.load(open(f"{T}/{name}.body"))
+if shape == "anthropic":
+    assert b["type"] == "error" and b["error"]["type"] and needle in b["error"]["message"], b
+else:
+    assert set(b["error"]) == {"message", "type", "param", "code"} and needle in b["error"]["message"], b
+PY
+check "malformed JSON (chat): 400 in OpenAI's shape" $PY "$T/errors.py" "$T" bad_chat 400 openai "not valid JSON"
+check "malformed JSON (messages): 400 in Anthropic's shape" $PY "$T/errors.py" "$T" bad_msgs 400 anthropic "not valid JSON"
+check "temperature > 0: 400 (greedy only)" $PY "$T/errors.py" "$T" hot 400 openai "greedily"
+check "a bad X-Sparsetrace-Set: 400 naming the setting" $PY "$T/errors.py" "$T" badset 400 openai "rotate"
+check "an unknown path: 404" $PY "$T/errors.py" "$T" notfound 404 openai "sparsetrace serve answers"
+check "a prompt past --context: 400 in Anthropic's shape" $PY "$T/errors.py" "$T" long 400 anthropic "prompt is too long"
+
+# ---- the bug report: as trained and with rotate=q ------------------------------------------------
+cat > "$T/bug_report.py" <<'PY'
+# The reproduction a user attaches to a bug: a long system prompt, one question, temperature 0.
+import json, sys, urllib.request
+url, extra = sys.argv[1], dict(h.split(": ", 1) for h in sys.argv[2:])
+tools = [f"- {name}_{i}: {verb} the {noun} given by its path and report what changed." for i, (name, verb, noun) in
+         enumerate([("read", "Reads", "file"), ("grep", "Searches", "tree"), ("edit", "Edits", "buffer"),
+                    ("lint", "Checks", "module"), ("test", "Runs", "suite")] * 16)]
+half = len(tools) // 2
+system = "\n".join(["You are an autonomous coding agent working in the user's repository.", "# Tools"] + tools[:half] +
+                   ["# Environment", "Platform: linux", "Primary working directory: /home/devon/work/lanternfish",
+                    "Is directory a git repo: yes", "# More tools"] + tools[half:])
+body = {"model": "deepseek-v4", "temperature": 0, "stream": False, "max_tokens": 16,
+        "messages": [{"role": "system", "content": system},
+                     {"role": "user", "content": "What is the primary working directory? Repeat that line verbatim."}]}
+req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                             headers={"Content-Type": "application/json", "Authorization": "Bearer sk-SERVEPLANTED-bug-report-1111", **extra})
+with urllib.request.urlopen(req) as r:
+    answer = json.load(r)
+    print(json.dumps({"text": answer["choices"][0]["message"]["content"], "usage": answer["usage"],
+                      "run": r.headers["X-Sparsetrace-Run"], "trace": r.headers["X-Sparsetrace-Trace"],
+                      "request": r.headers["x-sparsetrace-request-id"]}))
+PY
+TAPS='X-Sparsetrace-Tap: layers.*.indexer.q_used,layers.*.indexer.topk,logits'
+NEEDLE='X-Sparsetrace-Needle: Primary working directory: /home/devon/work/lanternfish'
+$PY "$T/bug_report.py" "$URL" "$TAPS" "$NEEDLE" > "$T/bug.trained.json" 2> "$T/bug.trained.err"
+$PY "$T/bug_report.py" "$URL" "$TAPS" "$NEEDLE" 'X-Sparsetrace-Set: rotate=q' > "$T/bug.rotq.json" 2> "$T/bug.rotq.err"
+check "bug report as trained: answered" test -s "$T/bug.trained.json"
+check "bug report under rotate=q: answered" test -s "$T/bug.rotq.json"
+for m in trained rotq; do
+  echo "bug report ($m): $($PY -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d["text"]), d["usage"]["prompt_tokens"], "prompt tokens")' "$T/bug.$m.json" 2>/dev/null)"
+done
+field() { $PY -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
+linked() { # linked FILE: the request row is served and complete, and its run is linked to it
+  local rid run
+  rid=$(field "$1" request) && run=$(field "$1" run) || return 1
+  [ "$(sqlite3 "$T/store/index.sqlite" "SELECT count(*) FROM requests q JOIN runs r ON r.request_id = q.id
+       WHERE q.id = '$rid' AND q.origin = 'served' AND q.state = 'complete' AND r.run_id = '$run'")" = 1 ]
+}
+check "the bug report as trained is a served request row with its run linked" linked "$T/bug.trained.json"
+check "the bug report under rotate=q is a served request row with its run linked" linked "$T/bug.rotq.json"
+check "the rotate=q run recorded rotate q, the trained one none" bash -c "
+  [ \"\$(sqlite3 '$T/store/index.sqlite' \"SELECT json_extract(settings, '\$.rotate') FROM runs WHERE run_id = '$(field "$T/bug.rotq.json" run 2>/dev/null)'\")\" = q ] &&
+  [ \"\$(sqlite3 '$T/store/index.sqlite' \"SELECT json_extract(settings, '\$.rotate') FROM runs WHERE run_id = '$(field "$T/bug.trained.json" run 2>/dev/null)'\")\" = none ]"
+"$BIN" diff "$(field "$T/bug.trained.json" trace 2>/dev/null)" "$(field "$T/bug.rotq.json" trace 2>/dev/null)" > "$T/diff.out" 2>&1
+diff_rc=$?
+sed -n '1,/^first divergence/p' "$T/diff.out" | tail -3
+check "sparsetrace diff compares the two served runs: they diverge at an indexer q_used" \
+  bash -c "[ $diff_rc = 1 ] && grep -q '^first divergence: layers.1.indexer.q_used' '$T/diff.out'"
+check "needle verdicts were recorded for both served runs" bash -c "
+  [ \"\$(sqlite3 '$T/store/index.sqlite' \"SELECT count(DISTINCT run_id) FROM needles WHERE run_id IN ('$(field "$T/bug.trained.json" run 2>/dev/null)', '$(field "$T/bug.rotq.json" run 2>/dev/null)')\")\" = 2 ]"
+check "requests show names a served request" bash -c "'$BIN' requests --store '$T/store' show '$(field "$T/bug.rotq.json" request 2>/dev/null)' | grep -q '^served    by sparsetrace serve'"
+
+# ---- queue overflow: 429 with Retry-After ------------------------------------------------------
+for i in 1 2 3 4; do
+  curl -s -D "$T/q$i.head" -o "$T/q$i.body" -H 'content-type: application/json' \
+    -d "{\"model\":\"x\",\"max_tokens\":120,\"messages\":[{\"role\":\"system\",\"content\":\"$SYS\"},{\"role\":\"user\",\"content\":\"$Q\"}]}" \
+    "$URL/v1/chat/completions" &
+done
+wait_curls() { for _ in $(seq 600); do [ "$(ls "$T"/q?.body 2>/dev/null | wc -l)" = 4 ] && ! pgrep -f "q[1-4].head" > /dev/null && return; sleep 0.1; done; }
+wait_curls
+n200=$(grep -l '^HTTP/1.1 200' "$T"/q?.head | wc -l)
+n429=$(grep -l '^HTTP/1.1 429' "$T"/q?.head | wc -l)
+echo "queue --queue 1, 4 at once: $n200 answered, $n429 refused"
+check "a full queue answers 429 (--queue 1: one runs, one waits, the rest refused)" bash -c "[ $n429 -ge 1 ] && [ $n200 -ge 2 ] && [ $((n200 + n429)) = 4 ]"
+q429=$(grep -l '^HTTP/1.1 429' "$T"/q?.head | head -1)
+check "429 carries Retry-After and the API's error shape" bash -c "grep -qi '^Retry-After: ' '$q429' && $PY -c 'import json,sys; assert json.load(open(sys.argv[1]))[\"error\"][\"code\"] == \"rate_limit_exceeded\"' '${q429%.head}.body'"
+
+# ---- SIGTERM with a request in flight ---------------------------------------------------------------
+curl -s -D "$T/inflight.head" -o "$T/inflight.body" -H 'content-type: application/json' \
+  -d "{\"model\":\"x\",\"max_tokens\":200,\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}]}" "$URL/v1/chat/completions" &
+CURL_PID=$!
+for _ in $(seq 100); do [ "$(curl -s "$URL/health" | $PY -c 'import json,sys; print(json.load(sys.stdin)["busy"])')" = 1 ] && break; sleep 0.05; done
+kill -TERM "$SERVER_PID"
+sleep 0.2
+curl -s -D "$T/late.head" -o "$T/late.body" -H 'content-type: application/json' \
+  -d '{"model":"x","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}' "$URL/v1/chat/completions"
+wait "$CURL_PID"
+wait "$SERVER_PID"
+server_rc=$?
+check "SIGTERM: the request in flight is answered whole" bash -c "grep -q '^HTTP/1.1 200' '$T/inflight.head' && $PY -c 'import json,sys; json.load(open(sys.argv[1]))[\"choices\"]' '$T/inflight.body'"
+check "SIGTERM: a request arriving meanwhile gets 503 (or no connection)" bash -c "[ ! -s '$T/late.head' ] || grep -q '^HTTP/1.1 503' '$T/late.head'"
+check "SIGTERM: the server exits 0" test "$server_rc" = 0
+n_rows=$(sqlite3 "$T/store/index.sqlite" "SELECT count(*) FROM requests WHERE origin = 'served' AND state <> 'open'")
+check "every request is a finished served row ($n_rows)" bash -c "[ $n_rows -ge 25 ] && [ \$(sqlite3 '$T/store/index.sqlite' \"SELECT count(*) FROM requests WHERE state = 'open'\") = 0 ]"
+check "requests list shows served rows" bash -c "'$BIN' requests --store '$T/store' list | grep -q 'complete+'"
+check "no API key was written anywhere (store, traces, log)" bash -c "! grep -rqa SERVEPLANTED '$T/store' '$T/main.log'"
+
+echo "$fails failure(s)"
+[ "$fails" = 0 ]
