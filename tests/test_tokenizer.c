@@ -365,6 +365,10 @@ static void test_errors(void **state) {
     {"{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": [\"a b\"]}}", ST_EFORMAT, "model.merges[0]"},
     {"{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": [\"ab\"]}}", ST_EFORMAT, "model.merges[0]"},
     {"{\"model\": {\"vocab\": {\"a\": -3}, \"merges\": []}}", ST_EFORMAT, "model.vocab[\"a\"]"},
+    /* an id far beyond the entries would size the per-id tables in gigabytes (fuzz_tokenizer) */
+    {"{\"model\": {\"vocab\": {\"a\": 800000000}, \"merges\": []}}", ST_EFORMAT, "model.vocab[\"a\"]"},
+    {"{\"added_tokens\": [{\"id\": 900000000, \"content\": \"<x>\"}], \"model\": {\"vocab\": {}, \"merges\": []}}",
+     ST_EFORMAT, "added_tokens[0]"},
     {"{\"model\": {\"vocab\": {}, \"merges\": [], \"dropout\": 0.1}}", ST_EUNSUPPORTED, "model.dropout"},
     {"{\"normalizer\": {\"type\": \"NFC\"}, \"model\": {\"vocab\": {}, \"merges\": []}}", ST_EUNSUPPORTED, "normalizer"},
     {"{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Metaspace\"}]},"

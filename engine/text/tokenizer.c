@@ -166,6 +166,14 @@ static char *arena_copy(st_tokenizer *tok, const char *s, size_t n) {
 
 /* ---------------------------------------------------------------- per-id tables */
 
+/* Ids index the per-id tables, so a file may leave holes but not name ids far beyond its entries
+** (a 5 KB tokenizer.json naming id 800000000 would have them take 6 GB): the largest id accepted
+** for `entries` entries on top of the `have` ids already held. */
+static int64_t id_limit(size_t entries, int32_t have) {
+  int64_t limit = (int64_t)have + 2 * (int64_t)entries + 65536;
+  return limit < (1 << 30) ? limit : (1 << 30);
+}
+
 static st_status ensure_ids(st_tokenizer *tok, int32_t n) {
   if (n <= tok->n_ids) return ST_OK;
   size_t old = (size_t)tok->n_ids, want = (size_t)n;
@@ -314,9 +322,14 @@ static st_status load_model(st_tokenizer *tok, const json_t *model, const char *
   if ((st = tok_strmap_init(&tok->vocab, json_object_size(vocab)))) return st;
   const char *key;
   const json_t *val;
+  const int64_t limit = id_limit(json_object_size(vocab), tok->n_ids);
   json_object_foreach((json_t *)vocab, key, val) {
     if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= (1 << 30))
       return st_fail(ST_EFORMAT, "%s: model.vocab[\"%s\"]: id is not an integer in [0, 2^30)", file, key);
+    if (json_integer_value(val) >= limit)
+      return st_fail(ST_EFORMAT, "%s: model.vocab[\"%s\"]: id %lld is far beyond the vocabulary's %zu "
+                     "entries (at most %lld)", file, key, (long long)json_integer_value(val),
+                     json_object_size(vocab), (long long)limit - 1);
     int32_t id = (int32_t)json_integer_value(val);
     size_t klen = strlen(key);
     if ((st = set_id(tok, id, key, klen))) return st;
@@ -447,6 +460,8 @@ static st_status load_added(st_tokenizer *tok, const json_t *root, const char *f
   const json_t *list = json_object_get(root, "added_tokens");
   if (!list || json_is_null(list)) return ST_OK;
   if (!json_is_array(list)) return st_fail(ST_EFORMAT, "%s: added_tokens: not an array", file);
+  const json_t *vocab = json_object_get(json_object_get(root, "model"), "vocab");
+  size_t vocab_entries = json_is_object(vocab) ? json_object_size(vocab) : 0;
   size_t i;
   const json_t *t;
   json_array_foreach(list, i, t) {
@@ -456,6 +471,10 @@ static st_status load_added(st_tokenizer *tok, const json_t *root, const char *f
     if (!json_is_object(t) || !json_is_integer(id) || json_integer_value(id) < 0 ||
         json_integer_value(id) >= (1 << 30))
       return st_fail(ST_EFORMAT, "%s: %s: expected an object with an integer id in [0, 2^30)", file, where);
+    /* added tokens follow the vocabulary: bounded by both lists' entries */
+    if (json_integer_value(id) >= id_limit(json_array_size(list) + vocab_entries, 0))
+      return st_fail(ST_EFORMAT, "%s: %s: id %lld is far beyond anything the file defines", file, where,
+                     (long long)json_integer_value(id));
     st_status st = add_token(tok, t, (int32_t)json_integer_value(id), file, where);
     if (st) return st;
   }
