@@ -309,6 +309,26 @@ static inline ST_HD void st_fp4_roundtrip_blocks(float *x, int n, int block) {
   }
 }
 
+/*
+** The F2 fault (SPEC §6): x[0..n) in blocks of `block` through the writer's e4m3fn scale
+** (max(amax, 1e-4) / 448, never ue8m0) and bytes, decoded by a reader that assumes e4m3fnuz.
+** NaN values do not raise amax (as fmaxf).
+*/
+static inline ST_HD void st_fp8_fn_as_fnuz_blocks(float *x, int n, int block) {
+  if (block <= 0) block = n;
+  for (int b0 = 0; b0 < n; b0 += block) {
+    int b1 = n - b0 < block ? n : b0 + block;
+    float amax = 0;
+    for (int i = b0; i < b1; i++) {
+      float v = x[i] < 0 ? -x[i] : x[i];
+      if (v > amax) amax = v;
+    }
+    if (amax < 1e-4f) amax = 1e-4f;
+    float scale = amax / 448.0f;
+    for (int i = b0; i < b1; i++) x[i] = st_fp8_e4m3fnuz_to_f32(st_f32_to_fp8_e4m3fn(x[i] / scale)) * scale;
+  }
+}
+
 /* Rounds each of x[0..n) to the nearest bf16 in place. */
 static inline ST_HD void st_bf16_roundtrip(float *x, size_t n) {
   for (size_t i = 0; i < n; i++) x[i] = st_round_bf16(x[i]);

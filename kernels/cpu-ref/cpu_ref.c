@@ -22,6 +22,7 @@
 #include "kernels/backend.h"
 #include "kernels/hc.h"
 #include "kernels/lowp.h"
+#include "kernels/moe.h"
 #include "kernels/weight.h"
 
 #ifdef _OPENMP
@@ -390,31 +391,9 @@ static void cpu_sparse_attention(void *ctx, float *out, const float *q, const fl
 static void cpu_moe_route(void *ctx, int32_t *experts, float *weights, float *logits, const float *bias,
                           const int32_t *hash_experts, int n, int E, int kE, float route_scale) {
 #pragma omp parallel for schedule(static)
-  for (int i = 0; i < n; i++) {
-    float *score = logits + (size_t)i * E;
-    for (int e = 0; e < E; e++) {
-      float l = score[e];
-      score[e] = sqrtf(l > 20.0f ? l : log1pf(expf(l)));
-    }
-    int32_t *chosen = experts + (size_t)i * kE;
-    if (hash_experts) {
-      memcpy(chosen, hash_experts + (size_t)i * kE, sizeof(int32_t) * (size_t)kE);
-    } else {
-      for (int c = 0; c < kE; c++) { /* selection by (score + bias) desc, then id asc */
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-          int taken = 0;
-          for (int q = 0; q < c; q++) taken |= chosen[q] == e;
-          if (taken) continue;
-          if (best < 0 || score[e] + bias[e] > score[best] + bias[best]) best = e;
-        }
-        chosen[c] = best;
-      }
-    }
-    float sum = 0;
-    for (int c = 0; c < kE; c++) sum += score[chosen[c]];
-    for (int c = 0; c < kE; c++) weights[(size_t)i * kE + c] = score[chosen[c]] / (sum + 1e-20f) * route_scale;
-  }
+  for (int i = 0; i < n; i++)
+    st_moe_route_token(logits + (size_t)i * E, bias, hash_experts ? hash_experts + (size_t)i * kE : NULL,
+                       E, kE, route_scale, experts + (size_t)i * kE, weights + (size_t)i * kE);
 }
 
 static void cpu_scatter_add(void *ctx, float *out, const float *y, const int32_t *row, const float *weight,
@@ -440,17 +419,6 @@ static void cpu_swiglu(void *ctx, float *h, const float *g, const float *u, int 
 
 static void cpu_round_bf16(void *ctx, float *x, size_t count) { st_bf16_roundtrip(x, count); }
 
-static void quantize_fn_as_fnuz(float *p, int len, int block) {
-  if (block <= 0) block = len;
-  for (int b0 = 0; b0 < len; b0 += block) { /* the writer's scale and bytes, the reader's decoding */
-    int b1 = len - b0 < block ? len : b0 + block;
-    float amax = 0;
-    for (int k = b0; k < b1; k++) amax = fmaxf(amax, fabsf(p[k]));
-    float scale = fmaxf(amax, 1e-4f) / 448.0f;
-    for (int k = b0; k < b1; k++) p[k] = st_fp8_e4m3fnuz_to_f32(st_f32_to_fp8_e4m3fn(p[k] / scale)) * scale;
-  }
-}
-
 static void cpu_quantize(void *ctx, float *x, int rows, int64_t stride, int len, int block,
                          st_qformat format, int ue8m0) {
 #pragma omp parallel for schedule(static) if (rows > 64)
@@ -460,7 +428,7 @@ static void cpu_quantize(void *ctx, float *x, int rows, int64_t stride, int len,
     case ST_Q_BF16: st_bf16_roundtrip(p, (size_t)len); break;
     case ST_Q_FP8_E4M3FN: st_fp8_roundtrip_blocks(p, len, block, ue8m0, 0); break;
     case ST_Q_FP8_E4M3FNUZ: st_fp8_roundtrip_blocks(p, len, block, ue8m0, 1); break;
-    case ST_Q_FP8_FN_AS_FNUZ: quantize_fn_as_fnuz(p, len, block); break;
+    case ST_Q_FP8_FN_AS_FNUZ: st_fp8_fn_as_fnuz_blocks(p, len, block); break;
     case ST_Q_FP4_E2M1: st_fp4_roundtrip_blocks(p, len, block); break;
     }
   }

@@ -25,6 +25,7 @@
 #include "kernels/hc.h"
 #include "kernels/cpu/cpu_internal.h"
 #include "kernels/lowp.h"
+#include "kernels/moe.h"
 #include "kernels/weight.h"
 
 #ifdef _OPENMP
@@ -235,20 +236,6 @@ static void cpu_round_bf16(void *ctx, float *x, size_t count) {
   for (size_t k = 0; k < count; k++) x[k] = st_round_bf16(x[k]);
 }
 
-/* SPEC F2: the writer's e4m3fn scale (amax / 448, never ue8m0, as cpu-ref) and bytes, decoded by
-** a reader that assumes e4m3fnuz. */
-static void fn_as_fnuz_blocks(float *x, int len, int block) {
-  if (block <= 0) block = len;
-  for (int b0 = 0; b0 < len; b0 += block) {
-    int b1 = len - b0 < block ? len : b0 + block;
-    float amax = 0;
-    for (int k = b0; k < b1; k++) amax = fmaxf(amax, fabsf(x[k]));
-    amax = fmaxf(amax, 1e-4f);
-    float scale = amax / 448.0f;
-    for (int k = b0; k < b1; k++) x[k] = st_fp8_e4m3fnuz_to_f32(st_f32_to_fp8_e4m3fn(x[k] / scale)) * scale;
-  }
-}
-
 static void cpu_quantize(void *ctx, float *x, int rows, int64_t stride, int len, int block,
                          st_qformat format, int ue8m0) {
 #pragma omp parallel for schedule(static) num_threads(threads(ctx))
@@ -258,7 +245,7 @@ static void cpu_quantize(void *ctx, float *x, int rows, int64_t stride, int len,
     case ST_Q_BF16: st_bf16_roundtrip(p, (size_t)len); break;
     case ST_Q_FP8_E4M3FN: st_fp8_roundtrip_blocks(p, len, block, ue8m0, 0); break;
     case ST_Q_FP8_E4M3FNUZ: st_fp8_roundtrip_blocks(p, len, block, ue8m0, 1); break;
-    case ST_Q_FP8_FN_AS_FNUZ: fn_as_fnuz_blocks(p, len, block); break;
+    case ST_Q_FP8_FN_AS_FNUZ: st_fp8_fn_as_fnuz_blocks(p, len, block); break;
     case ST_Q_FP4_E2M1: st_fp4_roundtrip_blocks(p, len, block); break;
     }
   }
@@ -658,31 +645,9 @@ static void cpu_moe_route(void *ctx, int32_t *experts, float *weights, float *lo
                           const float *bias, const int32_t *hash_experts, int n, int E, int kE,
                           float route_scale) {
 #pragma omp parallel for schedule(static) num_threads(threads(ctx))
-  for (int i = 0; i < n; i++) {
-    float *score = logits + (size_t)i * E;
-    for (int e = 0; e < E; e++) {
-      float l = score[e];
-      score[e] = sqrtf(l > 20.0f ? l : log1pf(expf(l)));
-    }
-    int32_t *chosen = experts + (size_t)i * kE;
-    if (hash_experts) {
-      memcpy(chosen, hash_experts + (size_t)i * kE, sizeof(int32_t) * (size_t)kE);
-    } else {
-      for (int q = 0; q < kE; q++) { /* by score + bias descending, then id ascending */
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-          int taken = 0;
-          for (int r = 0; r < q; r++) taken |= chosen[r] == e;
-          if (taken) continue;
-          if (best < 0 || score[e] + bias[e] > score[best] + bias[best]) best = e;
-        }
-        chosen[q] = best;
-      }
-    }
-    float sum = 0;
-    for (int q = 0; q < kE; q++) sum += score[chosen[q]];
-    for (int q = 0; q < kE; q++) weights[(size_t)i * kE + q] = score[chosen[q]] / (sum + 1e-20f) * route_scale;
-  }
+  for (int i = 0; i < n; i++)
+    st_moe_route_token(logits + (size_t)i * E, bias, hash_experts ? hash_experts + (size_t)i * kE : NULL,
+                       E, kE, route_scale, experts + (size_t)i * kE, weights + (size_t)i * kE);
 }
 
 static void cpu_gather_rows(void *ctx, float *dst, const float *src, const int32_t *rows, int count,

@@ -33,6 +33,7 @@ extern "C" {
 }
 #include "kernels/hc.h"
 #include "kernels/lowp.h"
+#include "kernels/moe.h"
 
 #if defined(ST_HIP)
 #define BACKEND_NAME "hip"
@@ -320,14 +321,6 @@ static void gpu_round_bf16(void *ctx, float *x, size_t count) {
   LAUNCHED(c, "round_bf16");
 }
 
-/* The writer's fn scale and bytes decoded as fnuz (SPEC F2), one block. */
-static __device__ void fn_as_fnuz(float *p, int len) {
-  float amax = 0;
-  for (int k = 0; k < len; k++) amax = fmaxf(amax, fabsf(p[k]));
-  float scale = fmaxf(amax, 1e-4f) / 448.0f;
-  for (int k = 0; k < len; k++) p[k] = st_fp8_e4m3fnuz_to_f32(st_f32_to_fp8_e4m3fn(p[k] / scale)) * scale;
-}
-
 /* One thread per (row, block): the block's round trip runs sequentially, in kernels/lowp.h. */
 static __global__ void k_quantize(float *x, int rows, int64_t stride, int len, int block,
                                   int blocks_per_row, st_qformat format, int ue8m0) {
@@ -341,7 +334,7 @@ static __global__ void k_quantize(float *x, int rows, int64_t stride, int len, i
   case ST_Q_BF16: st_bf16_roundtrip(p, (size_t)m); break;
   case ST_Q_FP8_E4M3FN: st_fp8_roundtrip_blocks(p, m, m, ue8m0, 0); break;
   case ST_Q_FP8_E4M3FNUZ: st_fp8_roundtrip_blocks(p, m, m, ue8m0, 1); break;
-  case ST_Q_FP8_FN_AS_FNUZ: fn_as_fnuz(p, m); break;
+  case ST_Q_FP8_FN_AS_FNUZ: st_fp8_fn_as_fnuz_blocks(p, m, m); break;
   case ST_Q_FP4_E2M1: st_fp4_roundtrip_blocks(p, m, m); break;
   }
 }
@@ -950,30 +943,8 @@ static __global__ void k_moe_route(int32_t *experts, float *weights, float *logi
                                    int kE, float route_scale) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  float *score = logits + (int64_t)i * E;
-  for (int e = 0; e < E; e++) {
-    float l = score[e];
-    score[e] = sqrtf(l > 20.0f ? l : log1pf(expf(l)));
-  }
-  int32_t *chosen = experts + (int64_t)i * kE;
-  if (hash_experts) {
-    for (int c = 0; c < kE; c++) chosen[c] = hash_experts[(int64_t)i * kE + c];
-  } else {
-    for (int c = 0; c < kE; c++) { /* selection by (score + bias) desc, then id asc */
-      int best = -1;
-      for (int e = 0; e < E; e++) {
-        int taken = 0;
-        for (int q = 0; q < c; q++) taken |= chosen[q] == e;
-        if (taken) continue;
-        if (best < 0 || score[e] + bias[e] > score[best] + bias[best]) best = e;
-      }
-      chosen[c] = best;
-    }
-  }
-  float sum = 0;
-  for (int c = 0; c < kE; c++) sum += score[chosen[c]];
-  for (int c = 0; c < kE; c++)
-    weights[(int64_t)i * kE + c] = score[chosen[c]] / (sum + 1e-20f) * route_scale;
+  st_moe_route_token(logits + (int64_t)i * E, bias, hash_experts ? hash_experts + (int64_t)i * kE : NULL,
+                     E, kE, route_scale, experts + (int64_t)i * kE, weights + (int64_t)i * kE);
 }
 
 static void gpu_moe_route(void *ctx, int32_t *experts, float *weights, float *logits,
