@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "common/build_info.h"
 #include "common/base.h"
 
 typedef struct command {
@@ -61,7 +62,7 @@ int main(int argc, char **argv) {
     return argc < 2 ? 2 : 0;
   }
   if (!strcmp(argv[1], "--version")) {
-    printf("sparsetrace %s (%s, %s)\n", ST_GIT_REVISION, ST_COMPILER, ST_BUILD_TYPE);
+    printf("sparsetrace %s (%s, %s)\n", st_build_revision, st_build_compiler, st_build_type);
     return 0;
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

@@ -4,6 +4,7 @@
 */
 #define _GNU_SOURCE
 #include "harness.h"
+#include "common/build_info.h"
 
 #include <curl/curl.h>
 #include <jansson.h>
@@ -406,7 +407,9 @@ static void server_attempt(sweep *w, st_harness_attempt *a) {
   curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, (long)(o->timeout_s * 1000));
   curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, 30000L);
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(curl, CURLOPT_USERAGENT, "sparsetrace-needle/" ST_GIT_REVISION);
+  char agent[64];
+  snprintf(agent, sizeof agent, "sparsetrace-needle/%s", st_build_revision);
+  curl_easy_setopt(curl, CURLOPT_USERAGENT, agent);
   CURLcode cc = curl_easy_perform(curl);
   if (cc != CURLE_OK) {
     st_fail(cc == CURLE_OPERATION_TIMEDOUT ? ST_ETIMEOUT : ST_EUPSTREAM, "POST %s: %s", w->url, curl_easy_strerror(cc));

@@ -15,6 +15,7 @@
 ** indexer.k_used) are never filtered: replay needs every compressed row a query can see.
 */
 #include "recorder.h"
+#include "common/build_info.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -239,7 +240,7 @@ st_status st_recorder_open(const char *h5_path, const char *store_dir, const st_
   st_trace_run_attrs attrs = {
     .run_id = r->run_id, .model = r->model, .model_dir = r->model_dir,
     .settings_json = r->settings, .config_json = meta->config_json,
-    .build_revision = ST_GIT_REVISION, .compiler = ST_COMPILER, .build_type = ST_BUILD_TYPE,
+    .build_revision = st_build_revision, .compiler = st_build_compiler, .build_type = st_build_type,
     .backend = r->backend, .kernel_mode = r->kernel_mode, .created_at = r->created_at,
     .command_line = r->command_line, .request_id = r->request_id, .positions = r->positions,
     .threads = meta->threads, .n_layers = meta->n_layers,

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/build_info.h"
 #include "recorder/index.h"
 #include "recorder/recorder.h"
 #include "needle.h"
@@ -140,7 +141,7 @@ st_status st_replay_store(const char *store_dir, const st_replay_report *r, cons
     goto rollback;
   }
   int64_t build_id = 0;
-  st_index_build b = {ST_GIT_REVISION, ST_COMPILER, ST_BUILD_TYPE, r->backend[0] ? r->backend : "cpu-ref",
+  st_index_build b = {st_build_revision, st_build_compiler, st_build_type, r->backend[0] ? r->backend : "cpu-ref",
                       "deterministic"};
   if ((rc = st_index_build_id(ix, &b, &build_id))) goto rollback;
   int64_t needle_id = -1;

@@ -24,6 +24,7 @@
 #include <cmocka.h>
 #include <hdf5.h>
 
+#include "common/build_info.h"
 #include "recorder/index.h"
 #include "recorder/recorder.h"
 #include "recorder/trace_reader.h"
@@ -297,9 +298,9 @@ static void check_metadata(st_trace *t, const st_run_meta *m, const char *positi
   assert_string_equal(st_trace_attr(t, "model_dir"), "/models/tiny-dsv4");
   assert_string_equal(st_trace_attr(t, "settings"), m->settings_json);
   assert_string_equal(st_trace_attr(t, "config"), m->config_json);
-  assert_string_equal(st_trace_attr(t, "build_revision"), ST_GIT_REVISION);
-  assert_string_equal(st_trace_attr(t, "compiler"), ST_COMPILER);
-  assert_string_equal(st_trace_attr(t, "build_type"), ST_BUILD_TYPE);
+  assert_string_equal(st_trace_attr(t, "build_revision"), st_build_revision);
+  assert_string_equal(st_trace_attr(t, "compiler"), st_build_compiler);
+  assert_string_equal(st_trace_attr(t, "build_type"), st_build_type);
   assert_string_equal(st_trace_attr(t, "backend"), "cpu-ref");
   assert_string_equal(st_trace_attr(t, "kernel_mode"), "deterministic");
   assert_string_equal(st_trace_attr(t, "positions"), positions);
@@ -459,7 +460,7 @@ static void round_trip(const char *name, const char *spec, int64_t lo, int64_t h
            meta.run_id, (long long)(hi - lo), lo <= 3 && hi > 3, lo <= 3 && hi > 3, lo != 0);
   assert_int_equal(index_count(store, sql), 1);
   snprintf(sql, sizeof sql, "SELECT count(*) FROM tap_summary WHERE run_id = '%s' AND name = "
-           "'logits' AND layer IS NULL AND revision = '%s'", meta.run_id, ST_GIT_REVISION);
+           "'logits' AND layer IS NULL AND revision = '%s'", meta.run_id, st_build_revision);
   assert_int_equal(index_count(store, sql), 1);
   assert_int_equal(index_count(store, "SELECT count(*) FROM taps WHERE name = "
                                       "'layers.2.indexer.k' AND axis0 = 'compressed_row' AND rows = 2"), 1);
