@@ -63,6 +63,8 @@
 #define CAPTURE_STORE_LINGER_MS 5
 /* Finished exchanges queued for the writer before submitters wait (see Backpressure above). */
 #define CAPTURE_STORE_MAX_FINISHED 256
+/* A job that failed for want of memory is tried this many more times (20, 40, 60 ms apart). */
+#define CAPTURE_STORE_NOMEM_RETRIES 3
 
 /* What a worker hands over mid-exchange (capture_store_submit_progress): copies, already masked,
 ** because the worker goes on appending to the exchange while the writer runs. */
@@ -507,15 +509,25 @@ static void run_batch(capture_store *s, job *batch) {
   for (job *j = batch; j;) {
     job *next = j->next;
     sqlite3_exec(db, "SAVEPOINT capture_job", NULL, NULL, NULL);
-    st_status rc = j->finish == JOB_FINISH     ? write_finish(s, db, j)
-                   : j->finish == JOB_PROGRESS ? write_progress(s, db, j)
-                                               : write_open(s, db, j);
-    if (rc) {
+    st_status rc;
+    /* Memory running out is often a moment, not a state: a job that failed for it is rolled
+    ** back and tried again (CAPTURE_STORE_NOMEM_RETRIES times, pausing longer each time) before
+    ** its loss is logged. The writes change the exchange only once they succeed. */
+    for (int attempt = 0;; attempt++) {
+      rc = j->finish == JOB_FINISH     ? write_finish(s, db, j)
+           : j->finish == JOB_PROGRESS ? write_progress(s, db, j)
+                                       : write_open(s, db, j);
+      if (!rc) break;
+      int nomem = rc == ST_ENOMEM || sqlite3_errcode(db) == SQLITE_NOMEM;
       sqlite3_exec(db, "ROLLBACK TO capture_job", NULL, NULL, NULL);
+      if (!nomem || attempt == CAPTURE_STORE_NOMEM_RETRIES) break;
+      struct timespec pause = {0, 20000000L * (attempt + 1)};
+      nanosleep(&pause, NULL);
+    }
+    if (rc)
       store_error(s, j->x, j->finish == JOB_FINISH     ? "recording the finished exchange"
                            : j->finish == JOB_PROGRESS ? "recording relayed bytes"
                                                        : "recording the request");
-    }
     sqlite3_exec(db, "RELEASE capture_job", NULL, NULL, NULL);
     if (!rc && j->finish == JOB_FINISH) committed_any++;
     j->next = done_list;
