@@ -1,17 +1,26 @@
 /*
-** bench_prefill.c — CPU prefill speed and peak memory of the reference engine (cpu-ref) at
-** growing context, with the cost split into where it goes, and the recording overhead.
+** bench_prefill.c — prefill (and decode) speed and peak memory of the engine on one backend
+** (--backend, default cpu-ref) at growing context, with the cost split into where it goes, and
+** the recording overhead.
 **
 ** Each measurement runs in its own child process, so the peak RSS reported is that size's alone.
-** Peers in the same invocation: (1) the backend's own physical limit on this machine — the
-** GFLOP/s of the cpu-ref matmul on a large square problem, measured here, first; (2) the
+** Peers in the same invocation: (1) the backend's own limit on this machine — the GFLOP/s of its
+** fp32 matmul on a large square problem, measured here, first; (2) the
 ** dense-attention cost the same model would pay if every query attended every earlier token,
 ** computed from the same shapes. Cost model per token t (FLOP = 2 per multiply-add):
 **   linear   every projection, router, experts (kE routed + shared), mHC mixing
 **   attention 4 H d (window + compressed candidates)  — window <= w, CSA top-k, HCA all rows
 **   indexer  2 hI dI (t+1)/m  (CSA layers: every visible compressed row is scored)
 **
+** --decode N: after each prefill, N more tokens one at a time (greedy on the logits), timed
+** apart: the decode column gives milliseconds per token at that context.
+**
+** The peak is the backend's own fp32 matmul on a large square problem (host backends [256 x
+** 1024] . [1024 x 1024]^T, device backends [4096 x 4096] . [4096 x 4096]^T, in backend memory,
+** best of 5): "of peak" says how far the whole prefill runs from the rate of its own GEMM.
+**
 ** usage: bench_prefill MODEL_DIR TOKENS[,TOKENS...] [--set K=V]... [--tap GLOB --store DIR]
+**                      [--backend NAME] [--decode N]
 */
 #include <math.h>
 #include <stdio.h>
@@ -63,32 +72,43 @@ static cost cost_model(const st_config *c, const st_settings *set, int64_t T) {
   return k;
 }
 
-/* GFLOP/s of the cpu-ref matmul, [256 x 1024] . [1024 x 1024]^T, best of 5. */
-static double matmul_peak(void) {
-  int n = 256, in = 1024, out = 1024;
-  float *x = malloc(sizeof(float) * n * in), *w = malloc(sizeof(float) * in * out);
-  float *y = malloc(sizeof(float) * n * out);
-  for (int i = 0; i < n * in; i++) x[i] = (float)(((long)i * 7919) % 1000) / 1000.0f;
-  for (int i = 0; i < in * out; i++) w[i] = (float)(((long)i * 104729) % 1000) / 1000.0f;
-  st_weight wt = {.dtype = ST_W_F32, .block = {1, 1}, .rows = out, .cols = in, .data = w};
+/* GFLOP/s of the backend's fp32 matmul on a square problem in its own memory, best of 5. */
+static double matmul_peak(const char *backend) {
   st_backend be;
-  if (st_backend_open("cpu-ref", &be)) return 0;
+  if (st_backend_open(backend, &be)) return 0;
+  int host = be.ops->host_memory;
+  size_t n = host ? 256 : 4096, in = host ? 1024 : 4096, out = in;
+  float *hx = malloc(sizeof(float) * n * in), *hw = malloc(sizeof(float) * in * out);
+  for (size_t i = 0; i < n * in; i++) hx[i] = (float)((i * 7919) % 1000) / 1000.0f;
+  for (size_t i = 0; i < in * out; i++) hw[i] = (float)((i * 104729) % 1000) / 1000.0f;
+  void *x = NULL, *w = NULL, *y = NULL;
   double best = 1e30;
-  for (int r = 0; r < 5; r++) {
-    double t0 = now();
-    be.ops->matmul(be.ctx, y, x, &wt, n);
-    best = fmin(best, now() - t0);
+  if (hx && hw && !be.ops->alloc(be.ctx, sizeof(float) * n * in, &x) &&
+      !be.ops->alloc(be.ctx, sizeof(float) * in * out, &w) &&
+      !be.ops->alloc(be.ctx, sizeof(float) * n * out, &y) &&
+      !be.ops->upload(be.ctx, x, hx, sizeof(float) * n * in) &&
+      !be.ops->upload(be.ctx, w, hw, sizeof(float) * in * out)) {
+    st_weight wt = {.dtype = ST_W_F32, .block = {1, 1}, .rows = (int64_t)out, .cols = (int64_t)in, .data = w};
+    for (int r = 0; r < 5; r++) {
+      double t0 = now();
+      be.ops->matmul(be.ctx, y, x, &wt, (int)n);
+      if (be.ops->synchronize(be.ctx)) break;
+      best = fmin(best, now() - t0);
+    }
   }
+  be.ops->free(be.ctx, x);
+  be.ops->free(be.ctx, w);
+  be.ops->free(be.ctx, y);
   st_backend_close(&be);
-  free(x);
-  free(w);
-  free(y);
-  return 2.0 * n * in * out / best / 1e9;
+  free(hx);
+  free(hw);
+  return best < 1e30 ? 2.0 * (double)n * (double)in * (double)out / best / 1e9 : 0;
 }
 
-typedef struct result { double seconds, peak_mib, weight_mib, backend_mib; } result;
+typedef struct result { double seconds, peak_mib, weight_mib, backend_mib, decode_ms; } result;
 
 static const char *backend_name = "cpu-ref";
+static int decode_tokens; /* --decode N */
 
 static int measure(const char *model_dir, int64_t T, const st_settings *settings, const char *tap,
                    const char *store, result *out) {
@@ -125,7 +145,7 @@ static int measure(const char *model_dir, int64_t T, const st_settings *settings
       if (st_recorder_open(path, store, &meta, T, &rec)) goto fail;
       taps.sink = st_recorder_sink(rec);
     }
-    st_session_options opt = {.max_tokens = T, .settings = *settings, .taps = tap ? &taps : NULL,
+    st_session_options opt = {.max_tokens = T + decode_tokens, .settings = *settings, .taps = tap ? &taps : NULL,
                               .backend = &be};
     double t_session = now();
     if (st_session_create(m, &opt, &s)) goto fail;
@@ -134,9 +154,18 @@ static int measure(const char *model_dir, int64_t T, const st_settings *settings
     float *logits = malloc(sizeof(float) * (size_t)m->cfg->vocab_size);
     double t0 = now();
     if (st_session_forward(s, tokens, (int)T, logits, NULL)) goto fail;
+    double prefill_s = now() - t0, t_decode = now();
+    for (int k = 0; k < decode_tokens; k++) { /* greedy: the next token is the logits' argmax */
+      int32_t next = 0;
+      for (int v = 1; v < m->cfg->vocab_size; v++)
+        if (logits[v] > logits[next]) next = v;
+      if (st_session_forward(s, &next, 1, logits, NULL)) goto fail;
+    }
+    double decode_s = now() - t_decode;
     if (rec && st_recorder_finish(rec, tokens, T, T)) goto fail; /* the writer drains: counted */
-    result r = {.seconds = now() - t0, .weight_mib = st_model_weight_bytes(m) / 1048576.0,
-                .backend_mib = st_session_backend_bytes(s) / 1048576.0};
+    result r = {.seconds = prefill_s, .weight_mib = st_model_weight_bytes(m) / 1048576.0,
+                .backend_mib = st_session_backend_bytes(s) / 1048576.0,
+                .decode_ms = decode_tokens ? 1000.0 * decode_s / decode_tokens : 0};
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     r.peak_mib = (double)ru.ru_maxrss / 1024.0;
@@ -156,7 +185,7 @@ static int measure(const char *model_dir, int64_t T, const st_settings *settings
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: bench_prefill MODEL_DIR TOKENS[,TOKENS...] [--set K=V]... [--tap GLOB --store DIR] [--backend NAME]\n");
+    fprintf(stderr, "usage: bench_prefill MODEL_DIR TOKENS[,TOKENS...] [--set K=V]... [--tap GLOB --store DIR] [--backend NAME] [--decode N]\n");
     return 2;
   }
   const char *model_dir = argv[1], *tap = NULL, *store = "/tmp/sparsetrace-bench";
@@ -170,6 +199,12 @@ int main(int argc, char **argv) {
     } else if (!strcmp(argv[i], "--tap") && i + 1 < argc) tap = argv[++i];
     else if (!strcmp(argv[i], "--store") && i + 1 < argc) store = argv[++i];
     else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend_name = argv[++i];
+    else if (!strcmp(argv[i], "--decode") && i + 1 < argc) {
+      char *end;
+      long v = strtol(argv[++i], &end, 10);
+      if (*end || v < 0 || v > 100000) { fprintf(stderr, "bench_prefill: --decode %s: expected 0..100000\n", argv[i]); return 2; }
+      decode_tokens = (int)v;
+    }
     else { fprintf(stderr, "bench_prefill: unknown argument %s\n", argv[i]); return 2; }
   }
   /* The parent never starts OpenMP threads: libgomp does not survive fork(), so every
@@ -186,7 +221,7 @@ int main(int argc, char **argv) {
   if (pipe(pipefd)) return 1;
   pid_t pid = fork();
   if (pid == 0) {
-    double v[2] = {matmul_peak(), 1};
+    double v[2] = {matmul_peak(backend_name), 1};
 #ifdef _OPENMP
     v[1] = omp_get_max_threads();
 #endif
@@ -198,11 +233,11 @@ int main(int argc, char **argv) {
   waitpid(pid, NULL, 0);
   double peak = peak_and_threads[0];
   int threads = (int)peak_and_threads[1];
-  printf("machine peak of the cpu-ref matmul (%d threads): %.2f GFLOP/s\n", threads, peak);
+  printf("peak of the %s backend's fp32 matmul (%d host threads): %.2f GFLOP/s\n", backend_name, threads, peak);
   printf("backend: %s   settings:%s   taps: %s\n\n", backend_name,
          settings_text[0] ? settings_text : " (defaults)", tap ? tap : "none");
-  printf("| tokens | seconds | tokens/s | peak MiB | weights MiB | session MiB | GFLOP | GFLOP/s | of peak | attention GFLOP | indexer GFLOP | dense-attention GFLOP | sparse/dense attention |\n");
-  printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  printf("| tokens | seconds | tokens/s | decode ms/token | peak MiB | weights MiB | session MiB | GFLOP | GFLOP/s | of peak | attention GFLOP | indexer GFLOP | dense-attention GFLOP | sparse/dense attention |\n");
+  printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   char *list = strdup(argv[2]);
   for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
     int64_t T = strtoll(tok, NULL, 10);
@@ -211,8 +246,10 @@ int main(int argc, char **argv) {
     if (measure(model_dir, T, &settings, tap, store, &r)) { printf("| %lld | failed |\n", (long long)T); continue; }
     cost c = cost_model(cfg, &resolved, T);
     double total = c.linear + c.attention + c.indexer;
-    printf("| %lld | %.2f | %.0f | %.0f | %.1f | %.1f | %.1f | %.2f | %.0f%% | %.1f | %.1f | %.1f | %.3f |\n",
-           (long long)T, r.seconds, (double)T / r.seconds, r.peak_mib, r.weight_mib, r.backend_mib, total / 1e9,
+    char decode[32] = "-";
+    if (decode_tokens) snprintf(decode, sizeof decode, "%.2f", r.decode_ms);
+    printf("| %lld | %.2f | %.0f | %s | %.0f | %.1f | %.1f | %.1f | %.2f | %.0f%% | %.1f | %.1f | %.1f | %.3f |\n",
+           (long long)T, r.seconds, (double)T / r.seconds, decode, r.peak_mib, r.weight_mib, r.backend_mib, total / 1e9,
            total / 1e9 / r.seconds, 100 * total / 1e9 / r.seconds / peak, c.attention / 1e9,
            c.indexer / 1e9, c.dense_attention / 1e9, c.attention / c.dense_attention);
     fflush(stdout);
