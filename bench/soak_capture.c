@@ -41,7 +41,8 @@
 **   - the row's status is what the client got, and its state fits: 'complete' for complete,
 **     'client_aborted' for client left, 'upstream_error' for the rest;
 **   - outside the outage each kind ended the way it should (table above); nothing failed;
-**   - the outage was seen (some 502s) and the final streams completed after the SIGTERM;
+**   - the outage was seen (requests that complete otherwise did not) and the final streams
+**     completed after the SIGTERM;
 **   - nothing was stuck: the proxy's log says it had just the final streams in flight at SIGTERM
 **     (an exchange whose client left unseen, or whose upstream hung unseen, would add to them);
 **   - the proxy exited 0 and `sparsetrace store check` passes on the store;
@@ -656,7 +657,15 @@ int main(int argc, char **argv) {
   for (int k = 0; k < N_KINDS; k++) wrong += bad_kind[k];
   check(wrong == 0, "outside the outage every kind ended as expected (%d did not)", wrong);
   check(failed == 0, "no client saw a transport error or an unexpected answer (%d did)", failed);
-  check(seen[N_KINDS][O_502] > 0, "the outage was seen: %d requests got 502 during it", seen[N_KINDS][O_502]);
+  /* The outage was real: some request overlapping it, of a kind that completes otherwise, did
+  ** not (a 502 for a connection refused, a stream cut by the killed upstream, a 504): under a
+  ** busy machine few requests start inside the window, so a 502 alone is not guaranteed. */
+  int outage_hit = 0;
+  for (int i = 0; i < n; i++)
+    outage_hit += reqs[i].in_outage && kind_expect[reqs[i].kind] == O_COMPLETE &&
+                  reqs[i].kind != K_DIRECT && reqs[i].outcome != O_COMPLETE;
+  check(outage_hit > 0, "the outage was seen: %d requests that complete otherwise did not during it (%d got 502)",
+        outage_hit, seen[N_KINDS][O_502]);
   int after_term = 0;
   for (int i = main_n; i < n; i++) after_term += reqs[i].end > term_at;
   check(after_term == clients, "the %d final streams were in flight at SIGTERM (%d ended after it)",

@@ -102,6 +102,13 @@ check "and keep their events" test "$(sql "SELECT count(DISTINCT request_id) FRO
 code=$(curl -s --noproxy '*' -o /dev/null -w '%{http_code}' -H 'content-type: application/json' \
   -d '{"model":"after","messages":[]}' "$URL/v1/chat/completions")
 check "the new proxy relays" test "$code" = 200
+# the client has its answer before the proxy has finished the exchange (the upstream transfer's
+# end, the row): stopping now, with --grace 0, would rightly record it as cut. Wait for its row.
+for _ in $(seq 200); do
+  [ "$(sql "SELECT count(*) FROM requests WHERE model = 'after' AND state = 'complete'")" = 1 ] && break
+  sleep 0.05
+done
+check "and records it complete" test "$(sql "SELECT count(*) FROM requests WHERE model = 'after' AND state = 'complete'")" = 1
 kill -TERM "$PROXY_PID"
 wait "$PROXY_PID"
 check "and stops cleanly" test $? = 0
