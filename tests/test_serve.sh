@@ -6,7 +6,8 @@
 # "bug report" client (a long system prompt of one-line tool descriptions with a `Primary working
 # directory:` line in the middle, asked to repeat it, temperature 0, stream false) as trained and
 # with X-Sparsetrace-Set: rotate=q, both request rows with linked runs that `sparsetrace diff`
-# compares; malformed JSON, temperature > 0, a prompt past --context, unknown paths and bad
+# compares; sampling (temperature/top_p with a seed: the same seed gives the same tokens, the seed
+# is in X-Sparsetrace-Seed); malformed JSON, temperature out of range, a prompt past --context, unknown paths and bad
 # settings as 4xx in each API's error shape; 429 with Retry-After on queue overflow; SIGTERM with
 # a request in flight (it is answered, the server exits 0, every request is a row); no API key
 # written anywhere.
@@ -188,8 +189,11 @@ assert r["request_id"] == sys.argv[3] and r["generated"] == b["choices"][0]["tok
   "$T/chat.body" "$T/rerun.json" "$rid_chat"
 
 # ---- a client that leaves mid-stream cancels its generation ----------------------------------------
+# (a prompt of ~1,800 tokens: its prefill takes about a second, so the client is gone, after the
+# stream's head and first event, before the first token: the answer's length cannot win the race)
+mid=$($PY -c 'print(" ".join("w%d" % i for i in range(900)))')
 curl -sN --max-time 0.5 -o "$T/gone.body" -D "$T/gone.head" -H 'content-type: application/json' \
-  -d "{\"model\":\"x\",\"max_tokens\":400,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}]}" "$URL/v1/chat/completions"
+  -d "{\"model\":\"x\",\"max_tokens\":400,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"$mid $Q\"}]}" "$URL/v1/chat/completions"
 rid_gone=$(grep -i '^x-sparsetrace-request-id: ' "$T/gone.head" | cut -d' ' -f2 | tr -d '\r')
 for _ in $(seq 100); do
   [ "$(sqlite3 "$T/store/index.sqlite" "SELECT state FROM requests WHERE id = '$rid_gone'")" = client_aborted ] && break
@@ -219,10 +223,25 @@ assert md["delta"]["stop_reason"] == "stop_sequence" and md["delta"]["stop_seque
 assert sys.argv[2] not in text' "$T/stop_sse.body" "$stop"
 fi
 
+# ---- sampling: seeded, deterministic ------------------------------------------------------------
+warm_body="{\"model\":\"x\",\"max_tokens\":16,\"temperature\":1.3,\"top_p\":0.95,\"return_token_ids\":true,\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}]"
+post warm1 /v1/chat/completions "$warm_body,\"seed\":7}"
+post warm2 /v1/chat/completions "$warm_body,\"seed\":7}"
+post warm3 /v1/chat/completions "$warm_body}"
+check "temperature 1.3 / top_p 0.95 with seed 7, twice: the same tokens, X-Sparsetrace-Seed: 7" $PY -c '
+import json, sys
+T = sys.argv[1]
+a, b = (json.load(open(f"{T}/warm{i}.body"))["choices"][0]["token_ids"] for i in (1, 2))
+assert a == b and len(a) > 0, (a, b)
+for i in (1, 2): assert "x-sparsetrace-seed: 7\n" in open(f"{T}/warm{i}.head").read().lower()' "$T"
+check "without a seed the server picks one and names it (X-Sparsetrace-Seed)" grep -qi '^X-Sparsetrace-Seed: [0-9]' "$T/warm3.head"
+check "greedy answers carry no seed" bash -c "! grep -qi '^X-Sparsetrace-Seed' '$T/chat.head'"
+
 # ---- errors in each API's shape -----------------------------------------------------------------
 post bad_chat /v1/chat/completions '{"model":"x","messages":[' 
 post bad_msgs /v1/messages '{"model":"x",' -H "x-api-key: $KEY_ANTHROPIC"
-post hot /v1/chat/completions '{"model":"x","temperature":0.8,"messages":[{"role":"user","content":"hi"}]}'
+post hot /v1/chat/completions '{"model":"x","temperature":2.5,"messages":[{"role":"user","content":"hi"}]}'
+post hot_p /v1/messages '{"model":"x","max_tokens":4,"top_p":0,"messages":[{"role":"user","content":"hi"}]}'
 post badset /v1/responses '{"model":"x","input":"hi"}' -H 'X-Sparsetrace-Set: rotate=sideways'
 post notfound /v1/nothing '{}'
 long=$($PY -c 'print(" ".join("word%d" % i for i in range(3000)))')
@@ -240,7 +259,8 @@ else:
 PY
 check "malformed JSON (chat): 400 in OpenAI's shape" $PY "$T/errors.py" "$T" bad_chat 400 openai "not valid JSON"
 check "malformed JSON (messages): 400 in Anthropic's shape" $PY "$T/errors.py" "$T" bad_msgs 400 anthropic "not valid JSON"
-check "temperature > 0: 400 (greedy only)" $PY "$T/errors.py" "$T" hot 400 openai "greedily"
+check "temperature 2.5: 400 naming the range" $PY "$T/errors.py" "$T" hot 400 openai "temperature: expected a number from 0 to 2"
+check "top_p 0: 400 in Anthropic's shape" $PY "$T/errors.py" "$T" hot_p 400 anthropic "top_p"
 check "a bad X-Sparsetrace-Set: 400 naming the setting" $PY "$T/errors.py" "$T" badset 400 openai "rotate"
 check "an unknown path: 404" $PY "$T/errors.py" "$T" notfound 404 openai "sparsetrace serve answers"
 check "a prompt past --context: 400 in Anthropic's shape" $PY "$T/errors.py" "$T" long 400 anthropic "prompt is too long"
