@@ -25,6 +25,14 @@
 ** back from the first byte of "<｜DSML｜tool_calls>" (and trailing whitespace before it), so the
 ** streamed text equals the whole answer's. A block that breaks the grammar is answered as text.
 **
+** Requests are checked before they are rendered: a top-level field none of the three APIs'
+** tables below lists gets a 400 naming it (in OpenAI's or Anthropic's wording), a penalty or
+** bias at a non-neutral value too (the engine does not apply them), and a content part that is
+** not text (images, audio, files) a 400 naming where it is; each is a rejected row. Prompt ids:
+** vLLM's "return_token_ids" (top-level prompt_token_ids, in the first chunk when streamed, and
+** choices[0].token_ids) and sglang's "return_prompt_token_ids" (choices[0].prompt_token_ids; a
+** stream asking for it gets sglang's 400), the fields `capture --ask-prompt-ids` reads.
+**
 ** --script-answers FILE (a test setting): the answers are the texts of a JSON array, one per
 ** request in turn, tokenised and fed through the engine token by token as if generated (the
 ** trace is the engine's), then parsed and answered by the same code as generated text: how the
@@ -182,7 +190,9 @@ static void reply_error(st_served_exchange *x, api_kind api, int status, const c
 #define MAX_STOPS 8
 typedef struct request_params {
   api_kind api;
-  int stream, include_usage, return_token_ids;
+  int stream, include_usage;
+  int return_token_ids;        /* vLLM's field: prompt_token_ids, choices[0].token_ids */
+  int return_prompt_token_ids; /* sglang's: choices[0].prompt_token_ids (not streamed) */
   int max_new;
   double temperature, top_p; /* 0 / 1: greedy */
   int has_seed;
@@ -192,9 +202,93 @@ typedef struct request_params {
   const char *model; /* the request's "model", or the server's name */
 } request_params;
 
+/* The top-level fields each API's request may carry. Read here or by the renderer (the rest is
+** accepted and has no effect on a greedy or seeded single answer: bookkeeping such as "user",
+** "metadata", "store", or choices the engine makes anyway such as "tool_choice": "auto").
+** Anything else is refused with a 400 naming it, as the official servers refuse an argument they
+** do not know, rather than silently answering a request that asked for something else. */
+static const char *const known_common[] = {
+  "model", "stream", "temperature", "top_p", "tools", "tool_choice", "parallel_tool_calls",
+  "metadata", "user", "service_tier", "store", "reasoning_effort", "chat_template_kwargs", NULL};
+static const char *const known_chat[] = {
+  "messages", "max_tokens", "max_completion_tokens", "stop", "seed", "n", "stream_options",
+  "return_token_ids", "return_prompt_token_ids", "response_format", "logit_bias",
+  "frequency_penalty", "presence_penalty", "separate_reasoning", "continue_final_message",
+  "task", "thinking", NULL};
+static const char *const known_messages[] = {
+  "messages", "system", "max_tokens", "stop_sequences", "thinking", "anthropic_version",
+  "output_config", "effort", "context_management", "container", "mcp_servers", NULL};
+static const char *const known_responses[] = {
+  "input", "instructions", "max_output_tokens", "reasoning", "previous_response_id", "seed",
+  "text", "truncation", "include", "background", "prompt_cache_key", "safety_identifier",
+  "max_tool_calls", NULL};
+
+static int known_field(const char *const *list, const char *k) {
+  for (; *list; list++)
+    if (!strcmp(*list, k)) return 1;
+  return 0;
+}
+
+/* Penalties and biases the engine does not apply: accepted only at their neutral values. */
+static int neutral_field(const char *k, json_t *v) {
+  if (json_is_null(v)) return 1;
+  if (!strcmp(k, "frequency_penalty") || !strcmp(k, "presence_penalty"))
+    return json_is_number(v) && json_number_value(v) == 0;
+  if (!strcmp(k, "logit_bias")) return json_is_object(v) && json_object_size(v) == 0;
+  return 1;
+}
+
+/* Content part types the engine reads (text, and the tool and reasoning blocks the encoder
+** renders); images, audio, files and documents are refused by name rather than dropped from the
+** prompt without a word. */
+static int text_part(const char *type) {
+  static const char *const ok[] = {"text", "input_text", "output_text", "refusal", "tool_use",
+                                   "tool_result", "thinking", "redacted_thinking", "summary_text", NULL};
+  return type && known_field(ok, type);
+}
+
+/* 0, or 400 with msg naming the first part of a type the engine cannot read: in messages[i] /
+** input[i] content arrays and in tool_result contents one level down. */
+static int check_content_types(json_t *body, api_kind api, char *msg, size_t msg_len) {
+  const char *list = api == API_RESPONSES ? "input" : "messages";
+  size_t i, j, k;
+  json_t *m, *part, *inner;
+  json_array_foreach(json_object_get(body, list), i, m) {
+    json_array_foreach(json_object_get(m, "content"), j, part) {
+      const char *type = json_string_value(json_object_get(part, "type"));
+      if (json_is_object(part) && !text_part(type))
+        return snprintf(msg, msg_len, "%s[%zu].content[%zu]: content of type \"%s\" is not supported: "
+                        "the reference engine reads text (and tool and reasoning blocks) only", list, i,
+                        j, type ? type : "(none)"), 400;
+      json_array_foreach(json_object_get(part, "content"), k, inner) {
+        const char *t = json_string_value(json_object_get(inner, "type"));
+        if (json_is_object(inner) && !text_part(t))
+          return snprintf(msg, msg_len, "%s[%zu].content[%zu].content[%zu]: content of type \"%s\" is "
+                          "not supported: the reference engine reads text only", list, i, j, k,
+                          t ? t : "(none)"), 400;
+      }
+    }
+  }
+  return 0;
+}
+
 /* Reads what decoding needs from the body; 0, or an HTTP status with msg set. */
 static int read_params(const server *sv, json_t *body, request_params *p, char *msg, size_t msg_len) {
   json_t *v;
+  const char *k;
+  const char *const *own = p->api == API_CHAT ? known_chat : p->api == API_MESSAGES ? known_messages
+                                                                                    : known_responses;
+  json_object_foreach(body, k, v) {
+    if (!known_field(known_common, k) && !known_field(own, k))
+      return snprintf(msg, msg_len, p->api == API_MESSAGES ? "%s: Extra inputs are not permitted "
+                      "(sparsetrace serve does not know this field)" : "Unrecognized request argument "
+                      "supplied: %s (sparsetrace serve does not know this field)", k), 400;
+    if (!neutral_field(k, v))
+      return snprintf(msg, msg_len, "%s: sparsetrace serve does not apply it; only its neutral value "
+                      "(0, {} or null) is accepted", k), 400;
+  }
+  int bad_content = check_content_types(body, p->api, msg, msg_len);
+  if (bad_content) return bad_content;
   p->stream = json_is_true(json_object_get(body, "stream"));
   p->model = json_string_value(json_object_get(body, "model"));
   if (!p->model) p->model = sv->model_name;
@@ -247,6 +341,9 @@ static int read_params(const server *sv, json_t *body, request_params *p, char *
   }
   p->include_usage = json_is_true(json_object_get(json_object_get(body, "stream_options"), "include_usage"));
   p->return_token_ids = json_is_true(json_object_get(body, "return_token_ids"));
+  p->return_prompt_token_ids = json_is_true(json_object_get(body, "return_prompt_token_ids"));
+  if (p->return_prompt_token_ids && p->stream) /* as sglang's serving_chat.py answers it */
+    return snprintf(msg, msg_len, "return_prompt_token_ids is not supported with streaming"), 400;
   return 0;
 }
 
@@ -260,6 +357,7 @@ typedef struct answer {
   char id[64], item_id[64], reasoning_id[64];
   long created;
   int n_prompt;
+  const int32_t *prompt_ids;  /* [n_prompt] */
   st_buf reasoning, content;  /* everything emitted so far */
   int gone;                   /* the client left: stop generating */
   int seq;                    /* responses: sequence_number */
@@ -359,6 +457,12 @@ static int resp_event(answer *a, const char *type, json_t *data) { /* type first
   return send_event(a, type, e);
 }
 
+static json_t *id_array(const int32_t *ids, int n) {
+  json_t *a = json_array();
+  for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+  return a;
+}
+
 /* The head and opening events of a stream. */
 static int answer_start(answer *a) {
   if (!a->p->stream) return 0;
@@ -367,8 +471,12 @@ static int answer_start(answer *a) {
     return -1;
   }
   switch (a->p->api) {
-  case API_CHAT:
-    return send_event(a, NULL, chat_chunk(a, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL));
+  case API_CHAT: {
+    json_t *first = chat_chunk(a, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL);
+    if (a->p->return_token_ids) /* vLLM sends the prompt's ids in the first chunk */
+      json_object_set_new(first, "prompt_token_ids", id_array(a->prompt_ids, a->n_prompt));
+    return send_event(a, NULL, first);
+  }
   case API_MESSAGES:
     if (send_event(a, "message_start", json_pack("{s:s,s:{s:s,s:s,s:s,s:s,s:[],s:n,s:n,s:{s:i,s:i}}}",
                    "type", "message_start", "message", "id", a->id, "type", "message", "role",
@@ -578,12 +686,13 @@ static int answer_finish(answer *a, finish_kind why, const char *stop_seq, int n
                           "created", (json_int_t)a->created, "model", p->model, "choices", choice,
                           "usage", usage);
     if (p->return_token_ids) { /* vLLM's fields (what capture --ask-prompt-ids vllm reads) */
-      json_t *pi = json_array(), *gi = json_array();
-      for (int i = 0; i < n_prompt; i++) json_array_append_new(pi, json_integer(prompt_ids[i]));
+      json_t *gi = json_array();
       for (int i = 0; i < n_generated; i++) json_array_append_new(gi, json_integer(gen_ids[i]));
-      json_object_set_new(o, "prompt_token_ids", pi);
+      json_object_set_new(o, "prompt_token_ids", id_array(prompt_ids, n_prompt));
       json_object_set_new(choice, "token_ids", gi);
     }
+    if (p->return_prompt_token_ids) /* sglang's (capture --ask-prompt-ids sglang) */
+      json_object_set_new(choice, "prompt_token_ids", id_array(prompt_ids, n_prompt));
     char *body = dump(o);
     int rc = body ? st_served_reply(a->x, 200, "application/json", body, strlen(body)) : -1;
     free(body);
@@ -855,6 +964,7 @@ static void serve_generate(server *sv, st_served_exchange *x, api_kind api) {
   }
   int n_prompt = (int)ids.n;
   a.n_prompt = n_prompt;
+  a.prompt_ids = ids.ids;
   if ((int64_t)n_prompt + p.max_new > sv->context) {
     if (n_prompt >= sv->context)
       reply_error(x, api, 400, "context_length_exceeded", "prompt is too long: %d tokens > %d maximum "

@@ -188,6 +188,45 @@ b, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 assert r["request_id"] == sys.argv[3] and r["generated"] == b["choices"][0]["token_ids"], (r, b)' \
   "$T/chat.body" "$T/rerun.json" "$rid_chat"
 
+# ---- prompt ids by sglang's and vLLM's fields ----------------------------------------------------
+post ids_sglang /v1/chat/completions "$chat_body,\"return_prompt_token_ids\":true}"
+post ids_vllm_sse /v1/chat/completions "$chat_body,\"stream\":true,\"return_token_ids\":true}"
+post ids_sglang_sse /v1/chat/completions "$chat_body,\"stream\":true,\"return_prompt_token_ids\":true}"
+check "sglang's return_prompt_token_ids: choices[0].prompt_token_ids; vLLM's streamed: the first chunk's" $PY -c '
+import json, sys
+T = sys.argv[1]
+want = json.load(open(f"{T}/chat.body"))["prompt_token_ids"]
+assert json.load(open(f"{T}/ids_sglang.body"))["choices"][0]["prompt_token_ids"] == want
+first = json.loads(open(f"{T}/ids_vllm_sse.body").read().split("\n\n")[0][6:])
+assert first["prompt_token_ids"] == want, first' "$T"
+check "sglang's field on a stream: 400, as sglang answers it" bash -c "grep -q '^HTTP/1.1 400' '$T/ids_sglang_sse.head' && grep -q 'not supported with streaming' '$T/ids_sglang_sse.body'"
+
+# ---- capture in front of serve: the proxy records what a client sent to the reference ---------------
+"$BIN" capture --listen 127.0.0.1:0 --upstream "$URL" --store "$T/cstore" --ready-file "$T/cap.ready" \
+  --ask-prompt-ids vllm --grace 0 2> "$T/cap.log" &
+CAP_PID=$!
+PIDS+=($CAP_PID)
+for _ in $(seq 200); do [ -s "$T/cap.ready" ] && break; sleep 0.05; done
+CAP=$(cat "$T/cap.ready")
+curl -s -D "$T/via.head" -o "$T/via.body" -H 'content-type: application/json' -H "Authorization: Bearer $KEY_OPENAI" \
+  -d "$chat_body}" "$CAP/v1/chat/completions"
+kill -TERM "$CAP_PID"
+wait "$CAP_PID"
+rid_via=$(sqlite3 "$T/cstore/index.sqlite" "SELECT id FROM requests WHERE origin = 'proxied' ORDER BY received_at DESC LIMIT 1")
+check "capture in front of serve: the answer through the proxy is serve's, its row has serve's prompt ids" $PY -c '
+import json, sys, sqlite3
+T, rid = sys.argv[1], sys.argv[2]
+direct, via = json.load(open(f"{T}/chat.body")), json.load(open(f"{T}/via.body"))
+assert via["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"], via
+ids, = sqlite3.connect(f"{T}/cstore/index.sqlite").execute("SELECT prompt_token_ids FROM requests WHERE id = ?", (rid,)).fetchone()
+assert json.loads(ids) == direct["prompt_token_ids"], ids' "$T" "$rid_via"
+"$BIN" run --model "$MODEL" --request "$rid_via" --store "$T/cstore" --max-new-tokens 12 --json --quiet \
+  > "$T/rerun_via.json" 2> "$T/rerun_via.err"
+check "run --request of the captured request (serve's ids, verbatim) gives serve's tokens" $PY -c '
+import json, sys
+b, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert r["generated"] == b["choices"][0]["token_ids"], (r, b)' "$T/chat.body" "$T/rerun_via.json"
+
 # ---- a client that leaves mid-stream cancels its generation ----------------------------------------
 # (a prompt of ~1,800 tokens: its prefill takes about a second, so the client is gone, after the
 # stream's head and first event, before the first token: the answer's length cannot win the race)
@@ -244,6 +283,12 @@ post hot /v1/chat/completions '{"model":"x","temperature":2.5,"messages":[{"role
 post hot_p /v1/messages '{"model":"x","max_tokens":4,"top_p":0,"messages":[{"role":"user","content":"hi"}]}'
 post badset /v1/responses '{"model":"x","input":"hi"}' -H 'X-Sparsetrace-Set: rotate=sideways'
 post notfound /v1/nothing '{}'
+post unknown_chat /v1/chat/completions '{"model":"x","frobnicate":1,"messages":[{"role":"user","content":"hi"}]}'
+post unknown_msgs /v1/messages '{"model":"x","max_tokens":4,"frobnicate":1,"messages":[{"role":"user","content":"hi"}]}'
+post penalty /v1/chat/completions '{"model":"x","frequency_penalty":0.5,"messages":[{"role":"user","content":"hi"}]}'
+post image_msgs /v1/messages '{"model":"x","max_tokens":4,"messages":[{"role":"user","content":[{"type":"text","text":"what is it?"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}}]}]}'
+post image_chat /v1/chat/completions '{"model":"x","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.invalid/a.png"}}]}]}'
+post image_resp /v1/responses '{"model":"x","input":[{"role":"user","content":[{"type":"input_image","image_url":"https://example.invalid/a.png"}]}]}'
 long=$($PY -c 'print(" ".join("word%d" % i for i in range(3000)))')
 post long /v1/messages "{\"model\":\"x\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"$long\"}]}"
 cat > "$T/errors.py" <<'PY'
@@ -264,6 +309,17 @@ check "top_p 0: 400 in Anthropic's shape" $PY "$T/errors.py" "$T" hot_p 400 anth
 check "a bad X-Sparsetrace-Set: 400 naming the setting" $PY "$T/errors.py" "$T" badset 400 openai "rotate"
 check "an unknown path: 404" $PY "$T/errors.py" "$T" notfound 404 openai "sparsetrace serve answers"
 check "a prompt past --context: 400 in Anthropic's shape" $PY "$T/errors.py" "$T" long 400 anthropic "prompt is too long"
+check "an unknown field (chat): 400 naming it, OpenAI's wording" $PY "$T/errors.py" "$T" unknown_chat 400 openai "Unrecognized request argument supplied: frobnicate"
+check "an unknown field (messages): 400 naming it, Anthropic's wording" $PY "$T/errors.py" "$T" unknown_msgs 400 anthropic "frobnicate: Extra inputs are not permitted"
+check "a penalty the engine does not apply: 400" $PY "$T/errors.py" "$T" penalty 400 openai "frequency_penalty"
+check "an image block (messages): 400 naming where" $PY "$T/errors.py" "$T" image_msgs 400 anthropic 'messages[0].content[1]: content of type "image" is not supported'
+check "an image_url part (chat): 400 naming where" $PY "$T/errors.py" "$T" image_chat 400 openai 'messages[0].content[0]: content of type "image_url"'
+check "an input_image part (responses): 400 naming where" $PY "$T/errors.py" "$T" image_resp 400 openai 'input[0].content[0]: content of type "input_image"'
+check "each refused request is a logged row (rejected, 400, its reason)" bash -c "
+  for n in unknown_chat unknown_msgs penalty image_msgs image_chat image_resp long; do
+    rid=\$(grep -i '^x-sparsetrace-request-id: ' '$T/'\$n.head | cut -d' ' -f2 | tr -d '\r')
+    [ \"\$(sqlite3 '$T/store/index.sqlite' \"SELECT state || ' ' || status FROM requests WHERE id = '\$rid' AND instr(CAST(response_body AS TEXT), 'error') > 0\")\" = 'rejected 400' ] || { echo \$n; exit 1; }
+  done"
 
 # ---- the bug report: as trained and with rotate=q ------------------------------------------------
 cat > "$T/bug_report.py" <<'PY'
