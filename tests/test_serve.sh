@@ -2,15 +2,18 @@
 # test_serve.sh — `sparsetrace serve` on the bundled needle model (models/needle-v4), the way users
 # point their clients at it: curl against every endpoint, streamed and not (the JSON bodies and SSE
 # event sequences parsed with python3's json module and checked against each API's shape); the
-# greedy answers token for token against `sparsetrace run` of the same rendered prompt; a urllib
-# "bug report" client (a long system prompt of one-line tool descriptions with a `Primary working
-# directory:` line in the middle, asked to repeat it, temperature 0, stream false) as trained and
-# with X-Sparsetrace-Set: rotate=q, both request rows with linked runs that `sparsetrace diff`
-# compares; sampling (temperature/top_p with a seed: the same seed gives the same tokens, the seed
-# is in X-Sparsetrace-Seed); malformed JSON, temperature out of range, a prompt past --context, unknown paths and bad
-# settings as 4xx in each API's error shape; 429 with Retry-After on queue overflow; SIGTERM with
-# a request in flight (it is answered, the server exits 0, every request is a row); no API key
-# written anywhere.
+# greedy answers token for token against `sparsetrace run` of the same rendered prompt; sampling
+# (temperature/top_p with a seed: the same seed gives the same tokens, the seed in
+# X-Sparsetrace-Seed); the prompt ids by vLLM's and sglang's fields; `capture --ask-prompt-ids` in
+# front of serve and `run --request` of the captured row; a urllib "bug report" client (a long
+# system prompt of one-line tool descriptions with a `Primary working directory:` line in the
+# middle, asked to repeat it, temperature 0, stream false) as trained and with
+# X-Sparsetrace-Set: rotate=q, both request rows with linked runs that `sparsetrace diff`
+# compares; `needle sweep --endpoint` against serve giving the engine sweep's answers; malformed
+# JSON, values out of range, unknown fields, non-text content, a prompt past --context, unknown
+# paths and bad settings as 4xx in each API's error shape, each a rejected row; 429 with
+# Retry-After on queue overflow; SIGTERM with a request in flight (it is answered, the server
+# exits 0, every request is a row); no API key written anywhere.
 set -u
 BIN=${ST_BIN:?ST_BIN must point at the sparsetrace binary}
 SRC=$(cd "${ST_SOURCE_DIR:-$(dirname "$0")/..}" && pwd)
@@ -373,6 +376,21 @@ check "sparsetrace diff compares the two served runs: they diverge at an indexer
 check "needle verdicts were recorded for both served runs" bash -c "
   [ \"\$(sqlite3 '$T/store/index.sqlite' \"SELECT count(DISTINCT run_id) FROM needles WHERE run_id IN ('$(field "$T/bug.trained.json" run 2>/dev/null)', '$(field "$T/bug.rotq.json" run 2>/dev/null)')\")\" = 2 ]"
 check "requests show names a served request" bash -c "'$BIN' requests --store '$T/store' show '$(field "$T/bug.rotq.json" request 2>/dev/null)' | grep -q '^served    by sparsetrace serve'"
+
+# ---- needle sweep against serve, and the same grid against the engine -------------------------------
+"$BIN" needle sweep --endpoint "$URL" --tokenizer "$MODEL" --model-name needle-v4 --tokens 1k \
+  --positions 0.5 --seeds 2 --store "$T/sweep_http" > "$T/sweep_http.out" 2>&1
+"$BIN" needle sweep --model "$MODEL" --tokens 1k --positions 0.5 --seeds 2 --store "$T/sweep_engine" \
+  > "$T/sweep_engine.out" 2>&1
+check "needle sweep --endpoint serve: every attempt answered, the same answers as the engine's sweep" $PY -c '
+import sqlite3, sys
+def answers(store):
+    rows = sqlite3.connect(f"{store}/index.sqlite").execute(
+        "SELECT tokens_requested, seed, answer, pass, error FROM needle_attempts ORDER BY 1, 2").fetchall()
+    assert len(rows) == 2 and all(r[4] is None and r[2] for r in rows), rows
+    return [r[:4] for r in rows]
+http, engine = answers(sys.argv[1]), answers(sys.argv[2])
+assert http == engine, (http, engine)' "$T/sweep_http" "$T/sweep_engine"
 
 # ---- queue overflow: 429 with Retry-After ------------------------------------------------------
 for i in 1 2 3 4; do
