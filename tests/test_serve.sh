@@ -47,7 +47,7 @@ start_server() { # start_server NAME extra-args... -> URL, SERVER_PID
   URL=$(cat "$T/$1.ready" 2>/dev/null)
 }
 
-start_server main --queue 1 --context 4096 --tap logits --positions last
+start_server main --queue 1 --context 8192 --tap logits --positions last
 check "serve is listening on loopback" bash -c "[[ '$URL' == http://127.0.0.1:* ]]"
 
 # ---- health and models ------------------------------------------------------------------------
@@ -292,7 +292,7 @@ post penalty /v1/chat/completions '{"model":"x","frequency_penalty":0.5,"message
 post image_msgs /v1/messages '{"model":"x","max_tokens":4,"messages":[{"role":"user","content":[{"type":"text","text":"what is it?"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}}]}]}'
 post image_chat /v1/chat/completions '{"model":"x","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.invalid/a.png"}}]}]}'
 post image_resp /v1/responses '{"model":"x","input":[{"role":"user","content":[{"type":"input_image","image_url":"https://example.invalid/a.png"}]}]}'
-long=$($PY -c 'print(" ".join("word%d" % i for i in range(3000)))')
+long=$($PY -c 'print(" ".join("word%d" % i for i in range(6000)))')
 post long /v1/messages "{\"model\":\"x\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"$long\"}]}"
 cat > "$T/errors.py" <<'PY'
 import json, sys
@@ -325,34 +325,22 @@ check "each refused request is a logged row (rejected, 400, its reason)" bash -c
   done"
 
 # ---- the bug report: as trained and with rotate=q ------------------------------------------------
-cat > "$T/bug_report.py" <<'PY'
-# The reproduction a user attaches to a bug: a long system prompt, one question, temperature 0.
-import json, sys, urllib.request
-url, extra = sys.argv[1], dict(h.split(": ", 1) for h in sys.argv[2:])
-tools = [f"- {name}_{i}: {verb} the {noun} given by its path and report what changed." for i, (name, verb, noun) in
-         enumerate([("read", "Reads", "file"), ("grep", "Searches", "tree"), ("edit", "Edits", "buffer"),
-                    ("lint", "Checks", "module"), ("test", "Runs", "suite")] * 16)]
-half = len(tools) // 2
-system = "\n".join(["You are an autonomous coding agent working in the user's repository.", "# Tools"] + tools[:half] +
-                   ["# Environment", "Platform: linux", "Primary working directory: /home/devon/work/lanternfish",
-                    "Is directory a git repo: yes", "# More tools"] + tools[half:])
-body = {"model": "deepseek-v4", "temperature": 0, "stream": False, "max_tokens": 16,
-        "messages": [{"role": "system", "content": system},
-                     {"role": "user", "content": "What is the primary working directory? Repeat that line verbatim."}]}
-req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                             headers={"Content-Type": "application/json", "Authorization": "Bearer sk-SERVEPLANTED-bug-report-1111", **extra})
-with urllib.request.urlopen(req) as r:
-    answer = json.load(r)
-    print(json.dumps({"text": answer["choices"][0]["message"]["content"], "usage": answer["usage"],
-                      "run": r.headers["X-Sparsetrace-Run"], "trace": r.headers["X-Sparsetrace-Trace"],
-                      "request": r.headers["x-sparsetrace-request-id"]}))
-PY
+# bench/bug_report.py: the reproduction a user attaches to a bug (200 one-line tool descriptions,
+# the environment section with its `Primary working directory:` line in the middle, one question,
+# temperature 0, stream false, Python's urllib); bench/serve-results.md has more lengths.
+BUG_TOOLS=200
 TAPS='X-Sparsetrace-Tap: layers.*.indexer.q_used,layers.*.indexer.topk,logits'
 NEEDLE='X-Sparsetrace-Needle: Primary working directory: /home/devon/work/lanternfish'
-$PY "$T/bug_report.py" "$URL" "$TAPS" "$NEEDLE" > "$T/bug.trained.json" 2> "$T/bug.trained.err"
-$PY "$T/bug_report.py" "$URL" "$TAPS" "$NEEDLE" 'X-Sparsetrace-Set: rotate=q' > "$T/bug.rotq.json" 2> "$T/bug.rotq.err"
+AUTH="Authorization: Bearer sk-SERVEPLANTED-bug-report-1111"
+$PY "$SRC/bench/bug_report.py" "$URL" $BUG_TOOLS "$AUTH" "$TAPS" "$NEEDLE" > "$T/bug.trained.json" 2> "$T/bug.trained.err"
+$PY "$SRC/bench/bug_report.py" "$URL" $BUG_TOOLS "$AUTH" "$TAPS" "$NEEDLE" 'X-Sparsetrace-Set: rotate=q' > "$T/bug.rotq.json" 2> "$T/bug.rotq.err"
 check "bug report as trained: answered" test -s "$T/bug.trained.json"
 check "bug report under rotate=q: answered" test -s "$T/bug.rotq.json"
+check "the bug report's two answers differ (rotate=q changes what the model copies)" $PY -c '
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert a["text"] != b["text"] and a["usage"]["prompt_tokens"] == b["usage"]["prompt_tokens"] > 4000, (a, b)' \
+  "$T/bug.trained.json" "$T/bug.rotq.json"
 for m in trained rotq; do
   echo "bug report ($m): $($PY -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d["text"]), d["usage"]["prompt_tokens"], "prompt tokens")' "$T/bug.$m.json" 2>/dev/null)"
 done
