@@ -12,11 +12,11 @@
 ** prompt) when the request gives no temperature or temperature 0. temperature > 0 (and top_p)
 ** draws from engine/sampler.h, seeded by the request's "seed" or, without one, by a seed derived
 ** from the request's row id; the seed is in the answer's X-Sparsetrace-Seed header, and the same
-** seed with the same prompt and settings gives the same tokens. max_tokens (chat: max_completion_tokens too; responses:
-** max_output_tokens), stop sequences (chat "stop", messages "stop_sequences") and EOS end the
-** answer. In thinking mode (the prompt ends with <think>) the text before </think> is the
-** reasoning: chat's message.reasoning_content, a messages "thinking" block, a responses
-** "reasoning" item.
+** seed with the same prompt and settings gives the same tokens. max_tokens (chat:
+** max_completion_tokens too; responses: max_output_tokens), stop sequences (chat "stop", messages
+** "stop_sequences") and EOS end the answer. In thinking mode (the prompt ends with <think>) the
+** text before </think> is the reasoning: chat's message.reasoning_content, a messages "thinking"
+** block (with a signature), a responses "reasoning" item.
 **
 ** Tool calls: the content part of the completion is read back by st_chat_parse_completion (the
 ** inverse of the encoder's DSML block); its calls come back as chat "tool_calls" (finish_reason
@@ -229,9 +229,14 @@ static int known_field(const char *const *list, const char *k) {
   return 0;
 }
 
-/* Penalties and biases the engine does not apply: accepted only at their neutral values. */
+/* Penalties, biases and forced tool choices the engine does not apply: accepted only at their
+** neutral values ("tool_choice": "auto" or {"type": "auto"}: the model decides). */
 static int neutral_field(const char *k, json_t *v) {
   if (json_is_null(v)) return 1;
+  if (!strcmp(k, "tool_choice")) {
+    const char *c = json_is_string(v) ? json_string_value(v) : json_string_value(json_object_get(v, "type"));
+    return c && !strcmp(c, "auto");
+  }
   if (!strcmp(k, "frequency_penalty") || !strcmp(k, "presence_penalty"))
     return json_is_number(v) && json_number_value(v) == 0;
   if (!strcmp(k, "logit_bias")) return json_is_object(v) && json_object_size(v) == 0;
@@ -285,7 +290,7 @@ static int read_params(const server *sv, json_t *body, request_params *p, char *
                       "supplied: %s (sparsetrace serve does not know this field)", k), 400;
     if (!neutral_field(k, v))
       return snprintf(msg, msg_len, "%s: sparsetrace serve does not apply it; only its neutral value "
-                      "(0, {} or null) is accepted", k), 400;
+                      "(0, {}, \"auto\" or null) is accepted", k), 400;
   }
   int bad_content = check_content_types(body, p->api, msg, msg_len);
   if (bad_content) return bad_content;

@@ -32,15 +32,18 @@ int32_t st_argmax(const float *logits, int n_vocab) {
   return best;
 }
 
-st_status st_sampler_init(st_sampler *s, int n_vocab, double temperature, double top_p, uint64_t seed) {
+st_status st_sampler_init(st_sampler *s, int n_vocab, double temperature, double top_p,
+                          uint64_t seed) {
   *s = (st_sampler){.temperature = temperature, .top_p = top_p, .seed = seed, .n_vocab = n_vocab};
   if (!(temperature >= 0 && temperature <= 100))
     return st_fail(ST_EINVAL, "temperature %g: expected a number from 0 to 100", temperature);
-  if (!(top_p > 0 && top_p <= 1)) return st_fail(ST_EINVAL, "top_p %g: expected a number in (0, 1]", top_p);
+  if (!(top_p > 0 && top_p <= 1))
+    return st_fail(ST_EINVAL, "top_p %g: expected a number in (0, 1]", top_p);
   if (n_vocab < 1) return st_fail(ST_EINVAL, "sampler: a vocabulary of %d ids", n_vocab);
   if (temperature == 0) return ST_OK;
   s->weight = malloc(sizeof(double) * (size_t)n_vocab);
-  s->order = top_p < 1 ? malloc(sizeof(int32_t) * 2 * (size_t)n_vocab) : NULL; /* ids + merge scratch */
+  /* the ids by weight, and the merge sort's scratch */
+  s->order = top_p < 1 ? malloc(sizeof(int32_t) * 2 * (size_t)n_vocab) : NULL;
   if (!s->weight || (top_p < 1 && !s->order)) {
     st_sampler_free(s);
     return st_fail(ST_ENOMEM, "sampler scratch for %d ids", n_vocab);

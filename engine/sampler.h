@@ -30,7 +30,8 @@ typedef struct st_sampler {
 
 /* Checks the parameters (temperature in [0, 100], top_p in (0, 1]; ST_EINVAL naming the one
 ** out of range) and sizes the scratch for n_vocab ids. Free with st_sampler_free. */
-st_status st_sampler_init(st_sampler *s, int n_vocab, double temperature, double top_p, uint64_t seed);
+st_status st_sampler_init(st_sampler *s, int n_vocab, double temperature, double top_p,
+                          uint64_t seed);
 void st_sampler_free(st_sampler *s);
 
 /* The next token for logits[0..n_vocab). Non-finite logits never win (NaN and -inf weigh 0); a

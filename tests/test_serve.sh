@@ -289,6 +289,7 @@ post notfound /v1/nothing '{}'
 post unknown_chat /v1/chat/completions '{"model":"x","frobnicate":1,"messages":[{"role":"user","content":"hi"}]}'
 post unknown_msgs /v1/messages '{"model":"x","max_tokens":4,"frobnicate":1,"messages":[{"role":"user","content":"hi"}]}'
 post penalty /v1/chat/completions '{"model":"x","frequency_penalty":0.5,"messages":[{"role":"user","content":"hi"}]}'
+post forced /v1/messages '{"model":"x","max_tokens":4,"tool_choice":{"type":"any"},"messages":[{"role":"user","content":"hi"}]}'
 post image_msgs /v1/messages '{"model":"x","max_tokens":4,"messages":[{"role":"user","content":[{"type":"text","text":"what is it?"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}}]}]}'
 post image_chat /v1/chat/completions '{"model":"x","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.invalid/a.png"}}]}]}'
 post image_resp /v1/responses '{"model":"x","input":[{"role":"user","content":[{"type":"input_image","image_url":"https://example.invalid/a.png"}]}]}'
@@ -315,11 +316,12 @@ check "a prompt past --context: 400 in Anthropic's shape" $PY "$T/errors.py" "$T
 check "an unknown field (chat): 400 naming it, OpenAI's wording" $PY "$T/errors.py" "$T" unknown_chat 400 openai "Unrecognized request argument supplied: frobnicate"
 check "an unknown field (messages): 400 naming it, Anthropic's wording" $PY "$T/errors.py" "$T" unknown_msgs 400 anthropic "frobnicate: Extra inputs are not permitted"
 check "a penalty the engine does not apply: 400" $PY "$T/errors.py" "$T" penalty 400 openai "frequency_penalty"
+check "a forced tool choice the engine does not apply: 400" $PY "$T/errors.py" "$T" forced 400 anthropic "tool_choice"
 check "an image block (messages): 400 naming where" $PY "$T/errors.py" "$T" image_msgs 400 anthropic 'messages[0].content[1]: content of type "image" is not supported'
 check "an image_url part (chat): 400 naming where" $PY "$T/errors.py" "$T" image_chat 400 openai 'messages[0].content[0]: content of type "image_url"'
 check "an input_image part (responses): 400 naming where" $PY "$T/errors.py" "$T" image_resp 400 openai 'input[0].content[0]: content of type "input_image"'
 check "each refused request is a logged row (rejected, 400, its reason)" bash -c "
-  for n in unknown_chat unknown_msgs penalty image_msgs image_chat image_resp long; do
+  for n in unknown_chat unknown_msgs penalty forced image_msgs image_chat image_resp long; do
     rid=\$(grep -i '^x-sparsetrace-request-id: ' '$T/'\$n.head | cut -d' ' -f2 | tr -d '\r')
     [ \"\$(sqlite3 '$T/store/index.sqlite' \"SELECT state || ' ' || status FROM requests WHERE id = '\$rid' AND instr(CAST(response_body AS TEXT), 'error') > 0\")\" = 'rejected 400' ] || { echo \$n; exit 1; }
   done"

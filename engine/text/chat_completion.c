@@ -64,20 +64,23 @@ static long until(reader *r, const char *end, const char **start) {
 }
 
 static st_status bad(const reader *r, size_t base, const char *what) {
-  return st_fail(ST_EFORMAT, "the completion's DSML tool-call block, byte %zu: expected %s", base + r->at, what);
+  return st_fail(ST_EFORMAT, "the completion's DSML tool-call block, byte %zu: expected %s",
+                 base + r->at, what);
 }
 
 static st_status read_invoke(reader *r, size_t base, st_tool_call *call) {
   const char *name;
   long name_len = until(r, "\">", &name);
-  if (name_len < 1 || memchr(name, '\n', (size_t)name_len)) return bad(r, base, "a tool name and '\">'");
+  if (name_len < 1 || memchr(name, '\n', (size_t)name_len))
+    return bad(r, base, "a tool name and '\">'");
   call->name = strndup(name, (size_t)name_len);
   call->arguments = json_object();
   if (!call->name || !call->arguments) return st_fail(ST_ENOMEM, "a parsed tool call");
   for (;;) {
     skip_space(r);
     if (take(r, invoke_close)) return ST_OK;
-    if (!take(r, param_open)) return bad(r, base, "<" DSML "parameter name=\"...\"> or </" DSML "invoke>");
+    if (!take(r, param_open))
+      return bad(r, base, "<" DSML "parameter name=\"...\"> or </" DSML "invoke>");
     const char *key;
     long key_len = until(r, "\"", &key);
     if (key_len < 1) return bad(r, base, "a parameter name and '\"'");
@@ -140,7 +143,8 @@ st_status st_chat_parse_completion(const char *text, size_t len, st_chat_complet
   }
   /* the content is what comes before the block, without the "\n\n" the renderer puts there */
   out->content_len = base;
-  while (out->content_len > 0 && isspace((unsigned char)text[out->content_len - 1])) out->content_len--;
+  while (out->content_len > 0 && isspace((unsigned char)text[out->content_len - 1]))
+    out->content_len--;
   return ST_OK;
 fail:
   st_chat_completion_free(out);
