@@ -9,12 +9,34 @@
 ** as one JSON body or, with "stream": true, in each API's own SSE event sequence.
 **
 ** Decoding is greedy (argmax, ties to the lower id: the same tokens `run` generates for the same
-** prompt). A request asking for temperature > 0 is refused with a 400 in the API's error shape:
-** there is no sampler yet. max_tokens (chat: max_completion_tokens too; responses:
-** max_output_tokens), stop sequences (chat "stop", messages "stop_sequences") and EOS end the
-** answer. In thinking mode (the prompt ends with <think>) the text before </think> is the
-** reasoning: chat's message.reasoning_content, a messages "thinking" block, a responses
-** "reasoning" item.
+** prompt) when the request gives no temperature or temperature 0. temperature > 0 (and top_p)
+** draws from engine/sampler.h, seeded by the request's "seed" or, without one, by a seed derived
+** from the request's row id; the seed is in the answer's X-Sparsetrace-Seed header, and the same
+** seed with the same prompt and settings gives the same tokens. max_tokens (chat:
+** max_completion_tokens too; responses: max_output_tokens), stop sequences (chat "stop", messages
+** "stop_sequences") and EOS end the answer. In thinking mode (the prompt ends with <think>) the
+** text before </think> is the reasoning: chat's message.reasoning_content, a messages "thinking"
+** block (with a signature), a responses "reasoning" item.
+**
+** Tool calls: the content part of the completion is read back by st_chat_parse_completion (the
+** inverse of the encoder's DSML block); its calls come back as chat "tool_calls" (finish_reason
+** "tool_calls"), messages "tool_use" blocks (stop_reason "tool_use") and responses
+** "function_call" items, streamed as each API streams them. While streaming, content is held
+** back from the first byte of "<｜DSML｜tool_calls>" (and trailing whitespace before it), so the
+** streamed text equals the whole answer's. A block that breaks the grammar is answered as text.
+**
+** Requests are checked before they are rendered: a top-level field none of the three APIs'
+** tables below lists gets a 400 naming it (in OpenAI's or Anthropic's wording), a penalty or
+** bias at a non-neutral value too (the engine does not apply them), and a content part that is
+** not text (images, audio, files) a 400 naming where it is; each is a rejected row. Prompt ids:
+** vLLM's "return_token_ids" (top-level prompt_token_ids, in the first chunk when streamed, and
+** choices[0].token_ids) and sglang's "return_prompt_token_ids" (choices[0].prompt_token_ids; a
+** stream asking for it gets sglang's 400), the fields `capture --ask-prompt-ids` reads.
+**
+** --script-answers FILE (a test setting): the answers are the texts of a JSON array, one per
+** request in turn, tokenised and fed through the engine token by token as if generated (the
+** trace is the engine's), then parsed and answered by the same code as generated text: how the
+** tests drive tool calls and thinking through a model that does not write them by itself.
 **
 ** One engine. The listener's workers (capture_http.c) read requests concurrently; a request that
 ** needs the engine takes a ticket and waits its turn, at most --queue of them waiting: one more
@@ -44,6 +66,7 @@
 #include "commands.h"
 #include "options.h"
 #include "engine/model.h"
+#include "engine/sampler.h"
 #include "engine/text/chat.h"
 #include "engine/text/tokenizer.h"
 #include "recorder/capture/served.h"
@@ -68,6 +91,8 @@ static const st_opt_use serve_options[] = {
                          "model's max_position_embeddings); longer prompts get a 400"},
   {ST_OPT_QUEUE, NULL, "requests that may wait for the engine, 0..256 (default 8); one more\n"
                        "is answered 429 with Retry-After"},
+  {ST_OPT_SCRIPT_ANSWERS, NULL, "test setting: request k is answered with text k (mod n) of FILE, a\n"
+                              "JSON array of strings, fed through the engine as if generated"},
   {ST_OPT_BACKEND, NULL, NULL},
   {ST_OPT_THREADS, NULL, NULL},
   {ST_OPT_READY_FILE, NULL, "once listening, write the server's URL to FILE (for scripts)"},
@@ -85,8 +110,9 @@ static const st_cmd_spec serve_spec = {
   serve_options,
   "Request headers: X-Sparsetrace-Set: K=V,K=V (settings on top of --set), X-Sparsetrace-Tap:\n"
   "GLOB,GLOB, X-Sparsetrace-Positions: SPEC, X-Sparsetrace-Needle: TEXT. Answers carry\n"
-  "X-Sparsetrace-Run and X-Sparsetrace-Trace when a run was traced. temperature > 0 is refused\n"
-  "(400): decoding is greedy. API keys clients send are never written (capture's redaction).\n"
+  "X-Sparsetrace-Run and X-Sparsetrace-Trace when a run was traced, X-Sparsetrace-Seed when\n"
+  "sampled (temperature > 0; greedy otherwise). API keys clients send are never written\n"
+  "(capture's redaction).\n"
   "\n"
   "Exit status: 0 after a clean shutdown (SIGINT/SIGTERM), 1 on failure, 2 usage error.\n"};
 
@@ -104,6 +130,8 @@ typedef struct server {
   st_backend backend;
   st_tokenizer *tok;
   st_served *served;
+  json_t *script;              /* --script-answers: an array of strings, or NULL */
+  size_t script_next;          /* the next one (under the engine) */
   /* the engine's queue: tickets served in order, one at a time */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -162,24 +190,129 @@ static void reply_error(st_served_exchange *x, api_kind api, int status, const c
 #define MAX_STOPS 8
 typedef struct request_params {
   api_kind api;
-  int stream, include_usage, return_token_ids;
+  int stream, include_usage;
+  int return_token_ids;        /* vLLM's field: prompt_token_ids, choices[0].token_ids */
+  int return_prompt_token_ids; /* sglang's: choices[0].prompt_token_ids (not streamed) */
   int max_new;
+  double temperature, top_p; /* 0 / 1: greedy */
+  int has_seed;
+  uint64_t seed;
   const char *stops[MAX_STOPS];
   int n_stops;
   const char *model; /* the request's "model", or the server's name */
 } request_params;
 
+/* The top-level fields each API's request may carry. Read here or by the renderer (the rest is
+** accepted and has no effect on a greedy or seeded single answer: bookkeeping such as "user",
+** "metadata", "store", or choices the engine makes anyway such as "tool_choice": "auto").
+** Anything else is refused with a 400 naming it, as the official servers refuse an argument they
+** do not know, rather than silently answering a request that asked for something else. */
+static const char *const known_common[] = {
+  "model", "stream", "temperature", "top_p", "tools", "tool_choice", "parallel_tool_calls",
+  "metadata", "user", "service_tier", "store", "reasoning_effort", "chat_template_kwargs", NULL};
+static const char *const known_chat[] = {
+  "messages", "max_tokens", "max_completion_tokens", "stop", "seed", "n", "stream_options",
+  "return_token_ids", "return_prompt_token_ids", "response_format", "logit_bias",
+  "frequency_penalty", "presence_penalty", "separate_reasoning", "continue_final_message",
+  "task", "thinking", NULL};
+static const char *const known_messages[] = {
+  "messages", "system", "max_tokens", "stop_sequences", "thinking", "anthropic_version",
+  "output_config", "effort", "context_management", "container", "mcp_servers", NULL};
+static const char *const known_responses[] = {
+  "input", "instructions", "max_output_tokens", "reasoning", "previous_response_id", "seed",
+  "text", "truncation", "include", "background", "prompt_cache_key", "safety_identifier",
+  "max_tool_calls", NULL};
+
+static int known_field(const char *const *list, const char *k) {
+  for (; *list; list++)
+    if (!strcmp(*list, k)) return 1;
+  return 0;
+}
+
+/* Penalties, biases and forced tool choices the engine does not apply: accepted only at their
+** neutral values ("tool_choice": "auto" or {"type": "auto"}: the model decides). */
+static int neutral_field(const char *k, json_t *v) {
+  if (json_is_null(v)) return 1;
+  if (!strcmp(k, "tool_choice")) {
+    const char *c = json_is_string(v) ? json_string_value(v) : json_string_value(json_object_get(v, "type"));
+    return c && !strcmp(c, "auto");
+  }
+  if (!strcmp(k, "frequency_penalty") || !strcmp(k, "presence_penalty"))
+    return json_is_number(v) && json_number_value(v) == 0;
+  if (!strcmp(k, "logit_bias")) return json_is_object(v) && json_object_size(v) == 0;
+  return 1;
+}
+
+/* Content part types the engine reads (text, and the tool and reasoning blocks the encoder
+** renders); images, audio, files and documents are refused by name rather than dropped from the
+** prompt without a word. */
+static int text_part(const char *type) {
+  static const char *const ok[] = {"text", "input_text", "output_text", "refusal", "tool_use",
+                                   "tool_result", "thinking", "redacted_thinking", "summary_text", NULL};
+  return type && known_field(ok, type);
+}
+
+/* 0, or 400 with msg naming the first part of a type the engine cannot read: in messages[i] /
+** input[i] content arrays and in tool_result contents one level down. */
+static int check_content_types(json_t *body, api_kind api, char *msg, size_t msg_len) {
+  const char *list = api == API_RESPONSES ? "input" : "messages";
+  size_t i, j, k;
+  json_t *m, *part, *inner;
+  json_array_foreach(json_object_get(body, list), i, m) {
+    json_array_foreach(json_object_get(m, "content"), j, part) {
+      const char *type = json_string_value(json_object_get(part, "type"));
+      if (json_is_object(part) && !text_part(type))
+        return snprintf(msg, msg_len, "%s[%zu].content[%zu]: content of type \"%s\" is not supported: "
+                        "the reference engine reads text (and tool and reasoning blocks) only", list, i,
+                        j, type ? type : "(none)"), 400;
+      json_array_foreach(json_object_get(part, "content"), k, inner) {
+        const char *t = json_string_value(json_object_get(inner, "type"));
+        if (json_is_object(inner) && !text_part(t))
+          return snprintf(msg, msg_len, "%s[%zu].content[%zu].content[%zu]: content of type \"%s\" is "
+                          "not supported: the reference engine reads text only", list, i, j, k,
+                          t ? t : "(none)"), 400;
+      }
+    }
+  }
+  return 0;
+}
+
 /* Reads what decoding needs from the body; 0, or an HTTP status with msg set. */
 static int read_params(const server *sv, json_t *body, request_params *p, char *msg, size_t msg_len) {
   json_t *v;
+  const char *k;
+  const char *const *own = p->api == API_CHAT ? known_chat : p->api == API_MESSAGES ? known_messages
+                                                                                    : known_responses;
+  json_object_foreach(body, k, v) {
+    if (!known_field(known_common, k) && !known_field(own, k))
+      return snprintf(msg, msg_len, p->api == API_MESSAGES ? "%s: Extra inputs are not permitted "
+                      "(sparsetrace serve does not know this field)" : "Unrecognized request argument "
+                      "supplied: %s (sparsetrace serve does not know this field)", k), 400;
+    if (!neutral_field(k, v))
+      return snprintf(msg, msg_len, "%s: sparsetrace serve does not apply it; only its neutral value "
+                      "(0, {}, \"auto\" or null) is accepted", k), 400;
+  }
+  int bad_content = check_content_types(body, p->api, msg, msg_len);
+  if (bad_content) return bad_content;
   p->stream = json_is_true(json_object_get(body, "stream"));
   p->model = json_string_value(json_object_get(body, "model"));
   if (!p->model) p->model = sv->model_name;
+  p->top_p = 1;
   if ((v = json_object_get(body, "temperature")) && !json_is_null(v)) {
-    if (!json_is_number(v)) return snprintf(msg, msg_len, "temperature: expected a number"), 400;
-    if (json_number_value(v) > 0)
-      return snprintf(msg, msg_len, "temperature %g: sparsetrace serve decodes greedily only "
-                      "(temperature 0); there is no sampler yet", json_number_value(v)), 400;
+    double hi = p->api == API_MESSAGES ? 1 : 2; /* each API's documented range */
+    if (!json_is_number(v) || json_number_value(v) < 0 || json_number_value(v) > hi)
+      return snprintf(msg, msg_len, "temperature: expected a number from 0 to %g", hi), 400;
+    p->temperature = json_number_value(v);
+  }
+  if ((v = json_object_get(body, "top_p")) && !json_is_null(v)) {
+    if (!json_is_number(v) || !(json_number_value(v) > 0) || json_number_value(v) > 1)
+      return snprintf(msg, msg_len, "top_p: expected a number in (0, 1]"), 400;
+    p->top_p = json_number_value(v);
+  }
+  if ((v = json_object_get(body, "seed")) && !json_is_null(v)) {
+    if (!json_is_integer(v)) return snprintf(msg, msg_len, "seed: expected an integer"), 400;
+    p->has_seed = 1;
+    p->seed = (uint64_t)json_integer_value(v);
   }
   if ((v = json_object_get(body, "n")) && json_is_integer(v) && json_integer_value(v) != 1)
     return snprintf(msg, msg_len, "n: only one choice is generated (n = 1)"), 400;
@@ -213,6 +346,9 @@ static int read_params(const server *sv, json_t *body, request_params *p, char *
   }
   p->include_usage = json_is_true(json_object_get(json_object_get(body, "stream_options"), "include_usage"));
   p->return_token_ids = json_is_true(json_object_get(body, "return_token_ids"));
+  p->return_prompt_token_ids = json_is_true(json_object_get(body, "return_prompt_token_ids"));
+  if (p->return_prompt_token_ids && p->stream) /* as sglang's serving_chat.py answers it */
+    return snprintf(msg, msg_len, "return_prompt_token_ids is not supported with streaming"), 400;
   return 0;
 }
 
@@ -226,13 +362,47 @@ typedef struct answer {
   char id[64], item_id[64], reasoning_id[64];
   long created;
   int n_prompt;
+  const int32_t *prompt_ids;  /* [n_prompt] */
   st_buf reasoning, content;  /* everything emitted so far */
   int gone;                   /* the client left: stop generating */
   int seq;                    /* responses: sequence_number */
   int block_open;             /* messages/responses stream: 0 none, 1 reasoning, 2 content */
   int n_blocks;               /* blocks (messages) / output items (responses) opened so far */
   int content_opened;         /* the text block / message item was opened */
+  char hex[40];               /* the request row's id without dashes: the names' suffix */
+  st_chat_completion tools;   /* the tool calls read from the completion, at the end */
 } answer;
+
+/* An opaque, stable signature for a thinking block (Anthropic's clients carry one back with the
+** block): FNV-1a of the text, so the same reasoning always has the same signature. */
+static void thinking_signature(const char *text, char out[32]) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const unsigned char *c = (const unsigned char *)(text ? text : ""); *c; c++) h = (h ^ *c) * 0x100000001b3ull;
+  snprintf(out, 32, "sparsetrace-%016llx", (unsigned long long)h);
+}
+
+/* The arguments of a parsed call as the APIs carry them: a JSON text. */
+static char *call_arguments(const st_tool_call *c) {
+  return json_dumps(c->arguments, JSON_COMPACT | JSON_PRESERVE_ORDER);
+}
+
+/* call ids: call_<hex>_<i> (chat, responses' call_id), toolu_<hex>_<i> (messages), fc_<hex>_<i>
+** (responses' item id) */
+static void call_name(const answer *a, const char *prefix, size_t i, char *out, size_t n) {
+  snprintf(out, n, "%s%s_%zu", prefix, a->hex, i);
+}
+
+static json_t *responses_call_item(const answer *a, size_t i, const char *status, int with_arguments) {
+  char id[96], call_id[96];
+  call_name(a, "fc_", i, id, sizeof id);
+  call_name(a, "call_", i, call_id, sizeof call_id);
+  char *args = with_arguments ? call_arguments(&a->tools.calls[i]) : NULL;
+  json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "type", "function_call", "id", id, "call_id",
+                        call_id, "name", a->tools.calls[i].name, "arguments", args ? args : "",
+                        "status", status);
+  free(args);
+  return o;
+}
 
 static int send_event(answer *a, const char *event, json_t *data) {
   char *body = dump(data);
@@ -292,6 +462,12 @@ static int resp_event(answer *a, const char *type, json_t *data) { /* type first
   return send_event(a, type, e);
 }
 
+static json_t *id_array(const int32_t *ids, int n) {
+  json_t *a = json_array();
+  for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+  return a;
+}
+
 /* The head and opening events of a stream. */
 static int answer_start(answer *a) {
   if (!a->p->stream) return 0;
@@ -300,8 +476,12 @@ static int answer_start(answer *a) {
     return -1;
   }
   switch (a->p->api) {
-  case API_CHAT:
-    return send_event(a, NULL, chat_chunk(a, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL));
+  case API_CHAT: {
+    json_t *first = chat_chunk(a, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL);
+    if (a->p->return_token_ids) /* vLLM sends the prompt's ids in the first chunk */
+      json_object_set_new(first, "prompt_token_ids", id_array(a->prompt_ids, a->n_prompt));
+    return send_event(a, NULL, first);
+  }
   case API_MESSAGES:
     if (send_event(a, "message_start", json_pack("{s:s,s:{s:s,s:s,s:s,s:s,s:[],s:n,s:n,s:{s:i,s:i}}}",
                    "type", "message_start", "message", "id", a->id, "type", "message", "role",
@@ -325,8 +505,15 @@ static int close_block(answer *a) {
   if (!a->block_open) return 0;
   int rc = 0, idx = a->n_blocks - 1;
   if (a->p->api == API_MESSAGES) {
-    rc = send_event(a, "content_block_stop", json_pack("{s:s,s:i}", "type", "content_block_stop",
-                                                      "index", idx));
+    if (a->block_open == 1) {
+      char sig[32];
+      thinking_signature(a->reasoning.data, sig);
+      rc = send_event(a, "content_block_delta", json_pack("{s:s,s:i,s:{s:s,s:s}}", "type",
+                      "content_block_delta", "index", idx, "delta", "type", "signature_delta",
+                      "signature", sig));
+    }
+    if (!rc) rc = send_event(a, "content_block_stop", json_pack("{s:s,s:i}", "type", "content_block_stop",
+                                                               "index", idx));
   } else if (a->block_open == 1) {
     json_t *item = responses_reasoning_item(a, a->reasoning.len ? a->reasoning.data : "");
     rc = resp_event(a, "response.reasoning_summary_text.done",
@@ -414,6 +601,49 @@ static int answer_delta(answer *a, int channel, const char *text, size_t n) {
 
 typedef enum finish_kind { FINISH_EOS, FINISH_STOP, FINISH_LENGTH } finish_kind;
 
+/* A stream's tool calls, after its text: a chat delta per call; a messages tool_use block per
+** call (input as one input_json_delta); a responses function_call item per call. */
+static int stream_tool_calls(answer *a) {
+  int rc = 0;
+  for (size_t i = 0; i < a->tools.n_calls && !rc; i++) {
+    const st_tool_call *c = &a->tools.calls[i];
+    char *args = call_arguments(c), id[96];
+    if (!args) return -1;
+    if (a->p->api == API_CHAT) {
+      call_name(a, "call_", i, id, sizeof id);
+      rc = send_event(a, NULL, chat_chunk(a, json_pack("{s:[{s:i,s:s,s:s,s:{s:s,s:s}}]}", "tool_calls",
+                      "index", (int)i, "id", id, "type", "function", "function", "name", c->name,
+                      "arguments", args), NULL));
+    } else if (a->p->api == API_MESSAGES) {
+      if (!(rc = close_block(a))) {
+        int idx = a->n_blocks++;
+        call_name(a, "toolu_", i, id, sizeof id);
+        rc = send_event(a, "content_block_start", json_pack("{s:s,s:i,s:{s:s,s:s,s:s,s:{}}}", "type",
+                        "content_block_start", "index", idx, "content_block", "type", "tool_use",
+                        "id", id, "name", c->name, "input"));
+        if (!rc) rc = send_event(a, "content_block_delta", json_pack("{s:s,s:i,s:{s:s,s:s}}", "type",
+                                 "content_block_delta", "index", idx, "delta", "type",
+                                 "input_json_delta", "partial_json", args));
+        if (!rc) rc = send_event(a, "content_block_stop", json_pack("{s:s,s:i}", "type",
+                                 "content_block_stop", "index", idx));
+      }
+    } else if (!(rc = close_block(a))) {
+      int idx = a->n_blocks++;
+      call_name(a, "fc_", i, id, sizeof id);
+      rc = resp_event(a, "response.output_item.added", json_pack("{s:i,s:o}", "output_index", idx,
+                      "item", responses_call_item(a, i, "in_progress", 0)));
+      if (!rc) rc = resp_event(a, "response.function_call_arguments.delta", json_pack("{s:s,s:i,s:s}",
+                               "item_id", id, "output_index", idx, "delta", args));
+      if (!rc) rc = resp_event(a, "response.function_call_arguments.done", json_pack("{s:s,s:i,s:s,s:s}",
+                               "item_id", id, "output_index", idx, "name", c->name, "arguments", args));
+      if (!rc) rc = resp_event(a, "response.output_item.done", json_pack("{s:i,s:o}", "output_index", idx,
+                               "item", responses_call_item(a, i, "completed", 1)));
+    }
+    free(args);
+  }
+  return rc;
+}
+
 /* The end: the closing events of a stream, or the whole JSON body. */
 static int answer_finish(answer *a, finish_kind why, const char *stop_seq, int n_generated,
                          const int32_t *prompt_ids, const int32_t *gen_ids) {
@@ -421,8 +651,10 @@ static int answer_finish(answer *a, finish_kind why, const char *stop_seq, int n
   const char *reasoning = a->reasoning.len ? a->reasoning.data : NULL;
   const char *content = a->content.len ? a->content.data : "";
   int n_prompt = a->n_prompt;
+  size_t n_calls = a->tools.n_calls;
+  if (p->stream && n_calls && stream_tool_calls(a) < 0) return -1;
   if (p->api == API_CHAT) {
-    const char *finish = why == FINISH_LENGTH ? "length" : "stop";
+    const char *finish = n_calls ? "tool_calls" : why == FINISH_LENGTH ? "length" : "stop";
     json_t *usage = json_pack("{s:i,s:i,s:i}", "prompt_tokens", n_prompt, "completion_tokens",
                               n_generated, "total_tokens", n_prompt + n_generated);
     if (p->stream) {
@@ -439,29 +671,43 @@ static int answer_finish(answer *a, finish_kind why, const char *stop_seq, int n
       }
       return rc;
     }
-    json_t *msg = json_pack("{s:s,s:s}", "role", "assistant", "content", content);
+    json_t *msg = json_pack("{s:s,s:o}", "role", "assistant", "content",
+                            n_calls && !*content ? json_null() : json_string(content));
     if (reasoning) json_object_set_new(msg, "reasoning_content", json_string(reasoning));
+    if (n_calls) {
+      json_t *calls = json_array();
+      for (size_t i = 0; i < n_calls; i++) {
+        char id[96], *args = call_arguments(&a->tools.calls[i]);
+        call_name(a, "call_", i, id, sizeof id);
+        json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", id, "type", "function",
+                              "function", "name", a->tools.calls[i].name, "arguments", args ? args : "{}"));
+        free(args);
+      }
+      json_object_set_new(msg, "tool_calls", calls);
+    }
     json_t *choice = json_pack("{s:i,s:o,s:n,s:s}", "index", 0, "message", msg, "logprobs",
                                "finish_reason", finish);
     json_t *o = json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", a->id, "object", "chat.completion",
                           "created", (json_int_t)a->created, "model", p->model, "choices", choice,
                           "usage", usage);
     if (p->return_token_ids) { /* vLLM's fields (what capture --ask-prompt-ids vllm reads) */
-      json_t *pi = json_array(), *gi = json_array();
-      for (int i = 0; i < n_prompt; i++) json_array_append_new(pi, json_integer(prompt_ids[i]));
+      json_t *gi = json_array();
       for (int i = 0; i < n_generated; i++) json_array_append_new(gi, json_integer(gen_ids[i]));
-      json_object_set_new(o, "prompt_token_ids", pi);
+      json_object_set_new(o, "prompt_token_ids", id_array(prompt_ids, n_prompt));
       json_object_set_new(choice, "token_ids", gi);
     }
+    if (p->return_prompt_token_ids) /* sglang's (capture --ask-prompt-ids sglang) */
+      json_object_set_new(choice, "prompt_token_ids", id_array(prompt_ids, n_prompt));
     char *body = dump(o);
     int rc = body ? st_served_reply(a->x, 200, "application/json", body, strlen(body)) : -1;
     free(body);
     return rc;
   }
   if (p->api == API_MESSAGES) {
-    const char *reason = why == FINISH_LENGTH ? "max_tokens" : why == FINISH_STOP ? "stop_sequence" : "end_turn";
+    const char *reason = n_calls ? "tool_use" : why == FINISH_LENGTH ? "max_tokens"
+                         : why == FINISH_STOP ? "stop_sequence" : "end_turn";
     if (p->stream) {
-      if (!a->content_opened) open_block(a, 2); /* an empty answer still has its text block */
+      if (!a->content_opened && !n_calls) open_block(a, 2); /* an empty answer still has its text block */
       int rc = close_block(a);
       if (!rc) rc = send_event(a, "message_delta", json_pack("{s:s,s:{s:s,s:o},s:{s:i}}", "type", "message_delta",
                                "delta", "stop_reason", reason, "stop_sequence", stop_seq ? json_string(stop_seq)
@@ -470,9 +716,19 @@ static int answer_finish(answer *a, finish_kind why, const char *stop_seq, int n
       return rc;
     }
     json_t *blocks = json_array();
-    if (reasoning) json_array_append_new(blocks, json_pack("{s:s,s:s,s:s}", "type", "thinking", "thinking",
-                                                           reasoning, "signature", ""));
-    json_array_append_new(blocks, json_pack("{s:s,s:s}", "type", "text", "text", content));
+    if (reasoning) {
+      char sig[32];
+      thinking_signature(reasoning, sig);
+      json_array_append_new(blocks, json_pack("{s:s,s:s,s:s}", "type", "thinking", "thinking",
+                                              reasoning, "signature", sig));
+    }
+    if (*content || !n_calls) json_array_append_new(blocks, json_pack("{s:s,s:s}", "type", "text", "text", content));
+    for (size_t i = 0; i < n_calls; i++) {
+      char id[96];
+      call_name(a, "toolu_", i, id, sizeof id);
+      json_array_append_new(blocks, json_pack("{s:s,s:s,s:s,s:O}", "type", "tool_use", "id", id, "name",
+                                              a->tools.calls[i].name, "input", a->tools.calls[i].arguments));
+    }
     json_t *o = json_pack("{s:s,s:s,s:s,s:s,s:o,s:s,s:o,s:{s:i,s:i}}", "id", a->id, "type", "message",
                           "role", "assistant", "model", p->model, "content", blocks, "stop_reason", reason,
                           "stop_sequence", stop_seq ? json_string(stop_seq) : json_null(), "usage",
@@ -491,10 +747,11 @@ static int answer_finish(answer *a, finish_kind why, const char *stop_seq, int n
                             n_prompt + n_generated);
   json_t *output = json_array();
   if (reasoning) json_array_append_new(output, responses_reasoning_item(a, reasoning));
-  json_array_append_new(output, responses_message_item(a, "completed", content));
+  if (*content || !n_calls) json_array_append_new(output, responses_message_item(a, "completed", content));
+  for (size_t i = 0; i < n_calls; i++) json_array_append_new(output, responses_call_item(a, i, "completed", 1));
   json_t *o = responses_object(a, status, output, usage, incomplete);
   if (p->stream) {
-    if (!a->content_opened) open_block(a, 2); /* the message item the body has, even empty */
+    if (!a->content_opened && !n_calls) open_block(a, 2); /* the message item the body has, even empty */
     int rc = close_block(a);
     if (!rc) rc = resp_event(a, why == FINISH_LENGTH ? "response.incomplete" : "response.completed",
                              json_pack("{s:o}", "response", o));
@@ -533,6 +790,7 @@ typedef struct splitter {
   size_t r_sent, c_sent; /* bytes of reasoning / content emitted */
   int stopped;           /* a stop sequence was found */
   const char *stop_seq;
+  char tools_error[256]; /* why a DSML block was answered as text ("" when none was) */
 } splitter;
 
 /* text: the whole decoded answer so far; final: no more tokens follow. */
@@ -564,6 +822,26 @@ static int split_emit(answer *a, splitter *sp, const char *text, size_t n, int f
       size_t k = partial_suffix(content, c_len, a->p->stops[i]);
       if (c_len - k < safe) safe = c_len - k;
     }
+  /* tool calls: the content ends where the DSML block begins; at the end the block is parsed */
+  const char *marker = st_chat_tool_calls_marker();
+  const char *block = memmem(content, safe, marker, strlen(marker));
+  if (block && final) {
+    st_chat_completion_free(&a->tools);
+    if (st_chat_parse_completion(content, safe, &a->tools) == ST_OK && a->tools.n_calls) {
+      safe = a->tools.content_len;
+    } else { /* answered as the text it is */
+      snprintf(sp->tools_error, sizeof sp->tools_error, "%s", st_errmsg());
+      st_clear_error();
+    }
+  } else if (block) {
+    safe = (size_t)(block - content);
+  } else if (!final) {
+    safe -= partial_suffix(content, safe, marker);
+  }
+  if (!final) /* whitespace that may turn out to precede a block waits for what follows it */
+    while (safe > sp->c_sent && (content[safe - 1] == ' ' || content[safe - 1] == '\n' ||
+                                 content[safe - 1] == '\t' || content[safe - 1] == '\r'))
+      safe--;
   if (safe > sp->c_sent && answer_delta(a, 2, content + sp->c_sent, safe - sp->c_sent) < 0) return -1;
   if (safe > sp->c_sent) sp->c_sent = safe;
   return 0;
@@ -600,13 +878,6 @@ static void engine_release(server *sv) {
 
 /* ---- one generation ------------------------------------------------------------------------------ */
 
-static int32_t argmax(const float *v, int n) { /* ties to the lower id, as run and st_generate_greedy */
-  int32_t best = 0;
-  for (int i = 1; i < n; i++)
-    if (v[i] > v[best]) best = i;
-  return best;
-}
-
 /* Splits "a,b,c" into at most max pieces (trimmed) in buf; returns the count. */
 static int split_list(const char *text, char *buf, size_t buf_len, const char **out, int max) {
   snprintf(buf, buf_len, "%s", text);
@@ -627,7 +898,8 @@ static void serve_generate(server *sv, st_served_exchange *x, api_kind api) {
   json_error_t jerr;
   json_t *body = json_loadb(body_text, body_len, 0, &jerr); /* duplicate keys: the last wins, as in Python servers */
   st_chat_prompt prompt = {0};
-  st_token_ids ids = {0};
+  st_token_ids ids = {0}, script = {0};
+  st_sampler sampler = {0};
   st_taps taps = {0};
   st_recorder *recorder = NULL;
   st_session *session = NULL;
@@ -697,6 +969,7 @@ static void serve_generate(server *sv, st_served_exchange *x, api_kind api) {
   }
   int n_prompt = (int)ids.n;
   a.n_prompt = n_prompt;
+  a.prompt_ids = ids.ids;
   if ((int64_t)n_prompt + p.max_new > sv->context) {
     if (n_prompt >= sv->context)
       reply_error(x, api, 400, "context_length_exceeded", "prompt is too long: %d tokens > %d maximum "
@@ -721,6 +994,19 @@ static void serve_generate(server *sv, st_served_exchange *x, api_kind api) {
     goto out;
   }
 
+  uint64_t seed = p.seed;
+  if (!p.has_seed) /* the request row's id: a different stream per request, and reported */
+    for (const char *c = st_served_id(x); *c; c++) seed = (seed ^ (unsigned char)*c) * 0x100000001b3ull;
+  if (st_sampler_init(&sampler, (int)cfg->vocab_size, p.temperature, p.top_p, seed)) {
+    reply_error(x, api, 400, "invalid_request", "%s", st_errmsg());
+    goto out;
+  }
+  if (p.temperature > 0) {
+    char seed_text[32];
+    snprintf(seed_text, sizeof seed_text, "%llu", (unsigned long long)seed);
+    st_served_add_header(x, "X-Sparsetrace-Seed", seed_text);
+  }
+
   /* the engine */
   status = engine_acquire(sv);
   if (status == 429) {
@@ -734,6 +1020,13 @@ static void serve_generate(server *sv, st_served_exchange *x, api_kind api) {
     goto out;
   }
   held = 1;
+  if (sv->script) { /* --script-answers: this request's text, as tokens, then EOS */
+    json_t *t = json_array_get(sv->script, sv->script_next++ % json_array_size(sv->script));
+    if (st_tokenizer_encode(sv->tok, json_string_value(t), json_string_length(t), 0, &script)) {
+      reply_error(x, api, 500, "server_error", "--script-answers: %s", st_errmsg());
+      goto out;
+    }
+  }
 
   st_settings resolved = settings;
   st_settings_resolve(&resolved, cfg);
@@ -779,14 +1072,13 @@ static void serve_generate(server *sv, st_served_exchange *x, api_kind api) {
     goto out;
   }
   /* ids for the answer's names: the request row's uuid without dashes */
-  char hex[40];
   size_t h = 0;
-  for (const char *c = st_served_id(x); *c && h + 1 < sizeof hex; c++)
-    if (*c != '-') hex[h++] = *c;
-  hex[h] = 0;
-  snprintf(a.id, sizeof a.id, "%s%s", api == API_CHAT ? "chatcmpl-" : api == API_MESSAGES ? "msg_" : "resp_", hex);
-  snprintf(a.item_id, sizeof a.item_id, "msg_%s", hex);
-  snprintf(a.reasoning_id, sizeof a.reasoning_id, "rs_%s", hex);
+  for (const char *c = st_served_id(x); *c && h + 1 < sizeof a.hex; c++)
+    if (*c != '-') a.hex[h++] = *c;
+  a.hex[h] = 0;
+  snprintf(a.id, sizeof a.id, "%s%s", api == API_CHAT ? "chatcmpl-" : api == API_MESSAGES ? "msg_" : "resp_", a.hex);
+  snprintf(a.item_id, sizeof a.item_id, "msg_%s", a.hex);
+  snprintf(a.reasoning_id, sizeof a.reasoning_id, "rs_%s", a.hex);
   a.created = (long)time(NULL);
   splitter sp = {.thinking = prompt.thinking};
   if (answer_start(&a) < 0) goto out;
@@ -798,7 +1090,8 @@ static void serve_generate(server *sv, st_served_exchange *x, api_kind api) {
   finish_kind why = FINISH_LENGTH;
   int32_t *gen = tokens + n_prompt;
   while (!rc && n_gen < p.max_new) {
-    int32_t next = argmax(logits, cfg->vocab_size);
+    int32_t next = !sv->script ? st_sampler_next(&sampler, logits)
+                   : (size_t)n_gen < script.n ? script.ids[n_gen] : (int32_t)cfg->eos_token_id;
     gen[n_gen++] = next;
     if (next == cfg->eos_token_id) {
       why = FINISH_EOS;
@@ -829,6 +1122,11 @@ static void serve_generate(server *sv, st_served_exchange *x, api_kind api) {
   if (st_tokenizer_decode(sv->tok, gen, (size_t)n_text, ST_TOK_SKIP_SPECIAL, &text, &len) == ST_OK)
     split_emit(&a, &sp, text, len, 1);
   if (sp.stopped) why = FINISH_STOP;
+  if (*sp.tools_error) {
+    char line[400];
+    snprintf(line, sizeof line, "warning: %s: answered as text: %s", st_served_id(x), sp.tools_error);
+    log_line(sv, line);
+  }
   if (recorder) {
     st_recorder_note_nonfinite(recorder, sv->model->nonfinite_tensors + st_session_nonfinite_logits(session));
     st_recorder *finishing = recorder;
@@ -860,6 +1158,9 @@ out:
   st_session_free(session);
   st_taps_free(&taps);
   st_token_ids_free(&ids);
+  st_token_ids_free(&script);
+  st_sampler_free(&sampler);
+  st_chat_completion_free(&a.tools);
   st_chat_prompt_free(&prompt);
   st_buf_free(&a.reasoning);
   st_buf_free(&a.content);
@@ -967,6 +1268,21 @@ int st_cmd_serve(int argc, char **argv) {
       if (st_render_profile_parse(o.arg, &sv.profile)) goto bad_value;
       break;
     case ST_OPT_READY_FILE: ready_file = o.arg; break;
+    case ST_OPT_SCRIPT_ANSWERS: {
+      json_error_t e;
+      json_decref(sv.script);
+      sv.script = json_load_file(o.arg, 0, &e);
+      size_t i;
+      json_t *t;
+      int ok = json_is_array(sv.script) && json_array_size(sv.script) > 0;
+      json_array_foreach(sv.script, i, t) ok = ok && json_is_string(t);
+      if (!ok) {
+        st_opts_error(&o, "--script-answers %s: %s", o.arg, sv.script ? "expected a non-empty JSON array "
+                      "of strings" : e.text);
+        goto usage_out;
+      }
+      break;
+    }
     default:
       st_opts_error(&o, "unexpected argument '%s'", o.arg);
       goto usage_out;
@@ -1080,11 +1396,13 @@ bad_value:
   st_opts_fail(&o);
 usage_out:
   st_opts_free(&o);
+  json_decref(sv.script);
   return exit_code ? exit_code : 0;
 out:
   st_tokenizer_close(sv.tok);
   st_model_close(sv.model);
   st_backend_close(&sv.backend);
   st_opts_free(&o);
+  json_decref(sv.script);
   return exit_code;
 }

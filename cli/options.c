@@ -125,6 +125,7 @@ static const alias aliases[] = {
   {"port", 0, 1, ST_OPT_PORT, 0, "N", "port to listen on (0: a free one)"},
   {"queue", 0, 1, ST_OPT_QUEUE, 0, "N", "requests that may wait for the engine"},
   {"context", 0, 1, ST_OPT_CONTEXT, 0, "N", "most tokens per request, prompt and answer"},
+  {"script-answers", 0, 1, ST_OPT_SCRIPT_ANSWERS, 0, "FILE", "test setting: answers in turn from a JSON array of strings"},
 };
 #define N_ALIASES (int)(sizeof aliases / sizeof aliases[0])
 

@@ -70,7 +70,7 @@ typedef enum st_opt_id {
   /* run, store check */
   ST_OPT_FORCE, ST_OPT_REPAIR,
   /* serve */
-  ST_OPT_PORT, ST_OPT_QUEUE, ST_OPT_CONTEXT,
+  ST_OPT_PORT, ST_OPT_QUEUE, ST_OPT_CONTEXT, ST_OPT_SCRIPT_ANSWERS,
   ST_OPT_ID_END
 } st_opt_id;
 

@@ -340,8 +340,81 @@ static void test_prompt_ids(void **state) {
   free(dir);
 }
 
+
+/* Reading a completion back: the assistant turn the reference encoder renders for a message with
+** tool_calls is what a model trained on it writes, so encoding then parsing must give the
+** calls back (names, arguments, order) and the content before the block. */
+static void test_completion_tool_calls_round_trip(void **state) {
+  (void)state;
+  const char *messages =
+    "[{\"role\":\"user\",\"content\":\"q\"},"
+    "{\"role\":\"assistant\",\"content\":\"Let me look.\",\"tool_calls\":["
+    "{\"type\":\"function\",\"function\":{\"name\":\"read_file\",\"arguments\":"
+    "\"{\\\"path\\\":\\\"/srv/a <b> \\\\\\\"c\\\\\\\"\\\\nline2\\\",\\\"limit\\\":40,\\\"opts\\\":{\\\"x\\\":[1,true,null]}}\"}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"ls\",\"arguments\":\"{}\"}}]}]";
+  json_t *m = parse(messages);
+  st_chat_encoder enc;
+  st_chat_encoder_default(&enc);
+  st_buf t = {0};
+  if (st_chat_encode_messages(m, &enc, &t)) fail_msg("%s", st_errmsg());
+  /* the assistant's content: after the last <｜Assistant｜> and its </think>, before EOS */
+  const char *turn = NULL;
+  for (const char *q = t.data; (q = strstr(q, "<｜Assistant｜>")); q++) turn = q + strlen("<｜Assistant｜>");
+  assert_non_null(turn);
+  if (strstr(turn, "</think>")) turn = strstr(turn, "</think>") + 8; /* the reasoning is split off first */
+  const char *eos = strstr(turn, "<｜end▁of▁sentence｜>");
+  assert_non_null(eos);
+  st_chat_completion c;
+  assert_int_equal(st_chat_parse_completion(turn, (size_t)(eos - turn), &c), ST_OK);
+  assert_int_equal(c.n_calls, 2);
+  if (c.content_len != strlen("Let me look.")) fail_msg("content [%.*s]", (int)c.content_len, turn);
+  assert_memory_equal(turn, "Let me look.", c.content_len);
+  assert_string_equal(c.calls[0].name, "read_file");
+  assert_string_equal(c.calls[1].name, "ls");
+  json_t *want0 = parse("{\"path\":\"/srv/a <b> \\\"c\\\"\\nline2\",\"limit\":40,\"opts\":{\"x\":[1,true,null]}}");
+  assert_true(json_equal(c.calls[0].arguments, want0));
+  assert_int_equal(json_object_size(c.calls[1].arguments), 0);
+  /* key order as written (the OpenAI arguments string keeps it) */
+  const char *first_key = json_object_iter_key(json_object_iter(c.calls[0].arguments));
+  assert_string_equal(first_key, "path");
+  json_decref(want0);
+  st_chat_completion_free(&c);
+  st_buf_free(&t);
+  json_decref(m);
+}
+
+/* Hand cases: no block, loose whitespace, a non-JSON string="false" value, broken blocks. */
+static void test_completion_parse_edges(void **state) {
+  (void)state;
+  st_chat_completion c;
+  const char *plain = "Primary working directory: /a/b";
+  assert_int_equal(st_chat_parse_completion(plain, strlen(plain), &c), ST_OK);
+  assert_int_equal(c.n_calls, 0);
+  assert_int_equal(c.content_len, strlen(plain));
+  const char *loose = "<｜DSML｜tool_calls>  <｜DSML｜invoke name=\"f\">"
+                      "<｜DSML｜parameter name=\"n\" string=\"false\">not json</｜DSML｜parameter>"
+                      "\n\n</｜DSML｜invoke></｜DSML｜tool_calls>";
+  assert_int_equal(st_chat_parse_completion(loose, strlen(loose), &c), ST_OK);
+  assert_int_equal(c.n_calls, 1);
+  assert_int_equal(c.content_len, 0);
+  assert_string_equal(json_string_value(json_object_get(c.calls[0].arguments, "n")), "not json");
+  st_chat_completion_free(&c);
+  const char *cut = "ok\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"p\" string=\"true\">abc";
+  assert_int_equal(st_chat_parse_completion(cut, strlen(cut), &c), ST_EFORMAT);
+  assert_non_null(strstr(st_errmsg(), "</｜DSML｜parameter>"));
+  assert_int_equal(c.n_calls, 0);
+  assert_int_equal(c.content_len, strlen(cut)); /* all of it is text */
+  const char *empty = "<｜DSML｜tool_calls>\n</｜DSML｜tool_calls>";
+  assert_int_equal(st_chat_parse_completion(empty, strlen(empty), &c), ST_EFORMAT);
+  const char *odd = "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"p\" kind=\"x\">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  assert_int_equal(st_chat_parse_completion(odd, strlen(odd), &c), ST_EFORMAT);
+  assert_non_null(strstr(st_errmsg(), "byte 80"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_completion_tool_calls_round_trip),
+    cmocka_unit_test(test_completion_parse_edges),
     cmocka_unit_test(test_golden_cases),
     cmocka_unit_test(test_detect_api),
     cmocka_unit_test(test_encoder_python_semantics),

@@ -2,14 +2,18 @@
 # test_serve.sh — `sparsetrace serve` on the bundled needle model (models/needle-v4), the way users
 # point their clients at it: curl against every endpoint, streamed and not (the JSON bodies and SSE
 # event sequences parsed with python3's json module and checked against each API's shape); the
-# greedy answers token for token against `sparsetrace run` of the same rendered prompt; a urllib
-# "bug report" client (a long system prompt of one-line tool descriptions with a `Primary working
-# directory:` line in the middle, asked to repeat it, temperature 0, stream false) as trained and
-# with X-Sparsetrace-Set: rotate=q, both request rows with linked runs that `sparsetrace diff`
-# compares; malformed JSON, temperature > 0, a prompt past --context, unknown paths and bad
-# settings as 4xx in each API's error shape; 429 with Retry-After on queue overflow; SIGTERM with
-# a request in flight (it is answered, the server exits 0, every request is a row); no API key
-# written anywhere.
+# greedy answers token for token against `sparsetrace run` of the same rendered prompt; sampling
+# (temperature/top_p with a seed: the same seed gives the same tokens, the seed in
+# X-Sparsetrace-Seed); the prompt ids by vLLM's and sglang's fields; `capture --ask-prompt-ids` in
+# front of serve and `run --request` of the captured row; a urllib "bug report" client (a long
+# system prompt of one-line tool descriptions with a `Primary working directory:` line in the
+# middle, asked to repeat it, temperature 0, stream false) as trained and with
+# X-Sparsetrace-Set: rotate=q, both request rows with linked runs that `sparsetrace diff`
+# compares; `needle sweep --endpoint` against serve giving the engine sweep's answers; malformed
+# JSON, values out of range, unknown fields, non-text content, a prompt past --context, unknown
+# paths and bad settings as 4xx in each API's error shape, each a rejected row; 429 with
+# Retry-After on queue overflow; SIGTERM with a request in flight (it is answered, the server
+# exits 0, every request is a row); no API key written anywhere.
 set -u
 BIN=${ST_BIN:?ST_BIN must point at the sparsetrace binary}
 SRC=$(cd "${ST_SOURCE_DIR:-$(dirname "$0")/..}" && pwd)
@@ -43,7 +47,7 @@ start_server() { # start_server NAME extra-args... -> URL, SERVER_PID
   URL=$(cat "$T/$1.ready" 2>/dev/null)
 }
 
-start_server main --queue 1 --context 4096 --tap logits --positions last
+start_server main --queue 1 --context 8192 --tap logits --positions last
 check "serve is listening on loopback" bash -c "[[ '$URL' == http://127.0.0.1:* ]]"
 
 # ---- health and models ------------------------------------------------------------------------
@@ -187,9 +191,51 @@ b, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 assert r["request_id"] == sys.argv[3] and r["generated"] == b["choices"][0]["token_ids"], (r, b)' \
   "$T/chat.body" "$T/rerun.json" "$rid_chat"
 
+# ---- prompt ids by sglang's and vLLM's fields ----------------------------------------------------
+post ids_sglang /v1/chat/completions "$chat_body,\"return_prompt_token_ids\":true}"
+post ids_vllm_sse /v1/chat/completions "$chat_body,\"stream\":true,\"return_token_ids\":true}"
+post ids_sglang_sse /v1/chat/completions "$chat_body,\"stream\":true,\"return_prompt_token_ids\":true}"
+check "sglang's return_prompt_token_ids: choices[0].prompt_token_ids; vLLM's streamed: the first chunk's" $PY -c '
+import json, sys
+T = sys.argv[1]
+want = json.load(open(f"{T}/chat.body"))["prompt_token_ids"]
+assert json.load(open(f"{T}/ids_sglang.body"))["choices"][0]["prompt_token_ids"] == want
+first = json.loads(open(f"{T}/ids_vllm_sse.body").read().split("\n\n")[0][6:])
+assert first["prompt_token_ids"] == want, first' "$T"
+check "sglang's field on a stream: 400, as sglang answers it" bash -c "grep -q '^HTTP/1.1 400' '$T/ids_sglang_sse.head' && grep -q 'not supported with streaming' '$T/ids_sglang_sse.body'"
+
+# ---- capture in front of serve: the proxy records what a client sent to the reference ---------------
+"$BIN" capture --listen 127.0.0.1:0 --upstream "$URL" --store "$T/cstore" --ready-file "$T/cap.ready" \
+  --ask-prompt-ids vllm --grace 0 2> "$T/cap.log" &
+CAP_PID=$!
+PIDS+=($CAP_PID)
+for _ in $(seq 200); do [ -s "$T/cap.ready" ] && break; sleep 0.05; done
+CAP=$(cat "$T/cap.ready")
+curl -s -D "$T/via.head" -o "$T/via.body" -H 'content-type: application/json' -H "Authorization: Bearer $KEY_OPENAI" \
+  -d "$chat_body}" "$CAP/v1/chat/completions"
+kill -TERM "$CAP_PID"
+wait "$CAP_PID"
+rid_via=$(sqlite3 "$T/cstore/index.sqlite" "SELECT id FROM requests WHERE origin = 'proxied' ORDER BY received_at DESC LIMIT 1")
+check "capture in front of serve: the answer through the proxy is serve's, its row has serve's prompt ids" $PY -c '
+import json, sys, sqlite3
+T, rid = sys.argv[1], sys.argv[2]
+direct, via = json.load(open(f"{T}/chat.body")), json.load(open(f"{T}/via.body"))
+assert via["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"], via
+ids, = sqlite3.connect(f"{T}/cstore/index.sqlite").execute("SELECT prompt_token_ids FROM requests WHERE id = ?", (rid,)).fetchone()
+assert json.loads(ids) == direct["prompt_token_ids"], ids' "$T" "$rid_via"
+"$BIN" run --model "$MODEL" --request "$rid_via" --store "$T/cstore" --max-new-tokens 12 --json --quiet \
+  > "$T/rerun_via.json" 2> "$T/rerun_via.err"
+check "run --request of the captured request (serve's ids, verbatim) gives serve's tokens" $PY -c '
+import json, sys
+b, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert r["generated"] == b["choices"][0]["token_ids"], (r, b)' "$T/chat.body" "$T/rerun_via.json"
+
 # ---- a client that leaves mid-stream cancels its generation ----------------------------------------
+# (a prompt of ~1,800 tokens: its prefill takes about a second, so the client is gone, after the
+# stream's head and first event, before the first token: the answer's length cannot win the race)
+mid=$($PY -c 'print(" ".join("w%d" % i for i in range(900)))')
 curl -sN --max-time 0.5 -o "$T/gone.body" -D "$T/gone.head" -H 'content-type: application/json' \
-  -d "{\"model\":\"x\",\"max_tokens\":400,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}]}" "$URL/v1/chat/completions"
+  -d "{\"model\":\"x\",\"max_tokens\":400,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"$mid $Q\"}]}" "$URL/v1/chat/completions"
 rid_gone=$(grep -i '^x-sparsetrace-request-id: ' "$T/gone.head" | cut -d' ' -f2 | tr -d '\r')
 for _ in $(seq 100); do
   [ "$(sqlite3 "$T/store/index.sqlite" "SELECT state FROM requests WHERE id = '$rid_gone'")" = client_aborted ] && break
@@ -219,13 +265,35 @@ assert md["delta"]["stop_reason"] == "stop_sequence" and md["delta"]["stop_seque
 assert sys.argv[2] not in text' "$T/stop_sse.body" "$stop"
 fi
 
+# ---- sampling: seeded, deterministic ------------------------------------------------------------
+warm_body="{\"model\":\"x\",\"max_tokens\":16,\"temperature\":1.3,\"top_p\":0.95,\"return_token_ids\":true,\"messages\":[{\"role\":\"user\",\"content\":\"$Q\"}]"
+post warm1 /v1/chat/completions "$warm_body,\"seed\":7}"
+post warm2 /v1/chat/completions "$warm_body,\"seed\":7}"
+post warm3 /v1/chat/completions "$warm_body}"
+check "temperature 1.3 / top_p 0.95 with seed 7, twice: the same tokens, X-Sparsetrace-Seed: 7" $PY -c '
+import json, sys
+T = sys.argv[1]
+a, b = (json.load(open(f"{T}/warm{i}.body"))["choices"][0]["token_ids"] for i in (1, 2))
+assert a == b and len(a) > 0, (a, b)
+for i in (1, 2): assert "x-sparsetrace-seed: 7\n" in open(f"{T}/warm{i}.head").read().lower()' "$T"
+check "without a seed the server picks one and names it (X-Sparsetrace-Seed)" grep -qi '^X-Sparsetrace-Seed: [0-9]' "$T/warm3.head"
+check "greedy answers carry no seed" bash -c "! grep -qi '^X-Sparsetrace-Seed' '$T/chat.head'"
+
 # ---- errors in each API's shape -----------------------------------------------------------------
 post bad_chat /v1/chat/completions '{"model":"x","messages":[' 
 post bad_msgs /v1/messages '{"model":"x",' -H "x-api-key: $KEY_ANTHROPIC"
-post hot /v1/chat/completions '{"model":"x","temperature":0.8,"messages":[{"role":"user","content":"hi"}]}'
+post hot /v1/chat/completions '{"model":"x","temperature":2.5,"messages":[{"role":"user","content":"hi"}]}'
+post hot_p /v1/messages '{"model":"x","max_tokens":4,"top_p":0,"messages":[{"role":"user","content":"hi"}]}'
 post badset /v1/responses '{"model":"x","input":"hi"}' -H 'X-Sparsetrace-Set: rotate=sideways'
 post notfound /v1/nothing '{}'
-long=$($PY -c 'print(" ".join("word%d" % i for i in range(3000)))')
+post unknown_chat /v1/chat/completions '{"model":"x","frobnicate":1,"messages":[{"role":"user","content":"hi"}]}'
+post unknown_msgs /v1/messages '{"model":"x","max_tokens":4,"frobnicate":1,"messages":[{"role":"user","content":"hi"}]}'
+post penalty /v1/chat/completions '{"model":"x","frequency_penalty":0.5,"messages":[{"role":"user","content":"hi"}]}'
+post forced /v1/messages '{"model":"x","max_tokens":4,"tool_choice":{"type":"any"},"messages":[{"role":"user","content":"hi"}]}'
+post image_msgs /v1/messages '{"model":"x","max_tokens":4,"messages":[{"role":"user","content":[{"type":"text","text":"what is it?"},{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}}]}]}'
+post image_chat /v1/chat/completions '{"model":"x","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.invalid/a.png"}}]}]}'
+post image_resp /v1/responses '{"model":"x","input":[{"role":"user","content":[{"type":"input_image","image_url":"https://example.invalid/a.png"}]}]}'
+long=$($PY -c 'print(" ".join("word%d" % i for i in range(6000)))')
 post long /v1/messages "{\"model\":\"x\",\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"$long\"}]}"
 cat > "$T/errors.py" <<'PY'
 import json, sys
@@ -240,40 +308,41 @@ else:
 PY
 check "malformed JSON (chat): 400 in OpenAI's shape" $PY "$T/errors.py" "$T" bad_chat 400 openai "not valid JSON"
 check "malformed JSON (messages): 400 in Anthropic's shape" $PY "$T/errors.py" "$T" bad_msgs 400 anthropic "not valid JSON"
-check "temperature > 0: 400 (greedy only)" $PY "$T/errors.py" "$T" hot 400 openai "greedily"
+check "temperature 2.5: 400 naming the range" $PY "$T/errors.py" "$T" hot 400 openai "temperature: expected a number from 0 to 2"
+check "top_p 0: 400 in Anthropic's shape" $PY "$T/errors.py" "$T" hot_p 400 anthropic "top_p"
 check "a bad X-Sparsetrace-Set: 400 naming the setting" $PY "$T/errors.py" "$T" badset 400 openai "rotate"
 check "an unknown path: 404" $PY "$T/errors.py" "$T" notfound 404 openai "sparsetrace serve answers"
 check "a prompt past --context: 400 in Anthropic's shape" $PY "$T/errors.py" "$T" long 400 anthropic "prompt is too long"
+check "an unknown field (chat): 400 naming it, OpenAI's wording" $PY "$T/errors.py" "$T" unknown_chat 400 openai "Unrecognized request argument supplied: frobnicate"
+check "an unknown field (messages): 400 naming it, Anthropic's wording" $PY "$T/errors.py" "$T" unknown_msgs 400 anthropic "frobnicate: Extra inputs are not permitted"
+check "a penalty the engine does not apply: 400" $PY "$T/errors.py" "$T" penalty 400 openai "frequency_penalty"
+check "a forced tool choice the engine does not apply: 400" $PY "$T/errors.py" "$T" forced 400 anthropic "tool_choice"
+check "an image block (messages): 400 naming where" $PY "$T/errors.py" "$T" image_msgs 400 anthropic 'messages[0].content[1]: content of type "image" is not supported'
+check "an image_url part (chat): 400 naming where" $PY "$T/errors.py" "$T" image_chat 400 openai 'messages[0].content[0]: content of type "image_url"'
+check "an input_image part (responses): 400 naming where" $PY "$T/errors.py" "$T" image_resp 400 openai 'input[0].content[0]: content of type "input_image"'
+check "each refused request is a logged row (rejected, 400, its reason)" bash -c "
+  for n in unknown_chat unknown_msgs penalty forced image_msgs image_chat image_resp long; do
+    rid=\$(grep -i '^x-sparsetrace-request-id: ' '$T/'\$n.head | cut -d' ' -f2 | tr -d '\r')
+    [ \"\$(sqlite3 '$T/store/index.sqlite' \"SELECT state || ' ' || status FROM requests WHERE id = '\$rid' AND instr(CAST(response_body AS TEXT), 'error') > 0\")\" = 'rejected 400' ] || { echo \$n; exit 1; }
+  done"
 
 # ---- the bug report: as trained and with rotate=q ------------------------------------------------
-cat > "$T/bug_report.py" <<'PY'
-# The reproduction a user attaches to a bug: a long system prompt, one question, temperature 0.
-import json, sys, urllib.request
-url, extra = sys.argv[1], dict(h.split(": ", 1) for h in sys.argv[2:])
-tools = [f"- {name}_{i}: {verb} the {noun} given by its path and report what changed." for i, (name, verb, noun) in
-         enumerate([("read", "Reads", "file"), ("grep", "Searches", "tree"), ("edit", "Edits", "buffer"),
-                    ("lint", "Checks", "module"), ("test", "Runs", "suite")] * 16)]
-half = len(tools) // 2
-system = "\n".join(["You are an autonomous coding agent working in the user's repository.", "# Tools"] + tools[:half] +
-                   ["# Environment", "Platform: linux", "Primary working directory: /home/devon/work/lanternfish",
-                    "Is directory a git repo: yes", "# More tools"] + tools[half:])
-body = {"model": "deepseek-v4", "temperature": 0, "stream": False, "max_tokens": 16,
-        "messages": [{"role": "system", "content": system},
-                     {"role": "user", "content": "What is the primary working directory? Repeat that line verbatim."}]}
-req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                             headers={"Content-Type": "application/json", "Authorization": "Bearer sk-SERVEPLANTED-bug-report-1111", **extra})
-with urllib.request.urlopen(req) as r:
-    answer = json.load(r)
-    print(json.dumps({"text": answer["choices"][0]["message"]["content"], "usage": answer["usage"],
-                      "run": r.headers["X-Sparsetrace-Run"], "trace": r.headers["X-Sparsetrace-Trace"],
-                      "request": r.headers["x-sparsetrace-request-id"]}))
-PY
+# bench/bug_report.py: the reproduction a user attaches to a bug (200 one-line tool descriptions,
+# the environment section with its `Primary working directory:` line in the middle, one question,
+# temperature 0, stream false, Python's urllib); bench/serve-results.md has more lengths.
+BUG_TOOLS=200
 TAPS='X-Sparsetrace-Tap: layers.*.indexer.q_used,layers.*.indexer.topk,logits'
 NEEDLE='X-Sparsetrace-Needle: Primary working directory: /home/devon/work/lanternfish'
-$PY "$T/bug_report.py" "$URL" "$TAPS" "$NEEDLE" > "$T/bug.trained.json" 2> "$T/bug.trained.err"
-$PY "$T/bug_report.py" "$URL" "$TAPS" "$NEEDLE" 'X-Sparsetrace-Set: rotate=q' > "$T/bug.rotq.json" 2> "$T/bug.rotq.err"
+AUTH="Authorization: Bearer sk-SERVEPLANTED-bug-report-1111"
+$PY "$SRC/bench/bug_report.py" "$URL" $BUG_TOOLS "$AUTH" "$TAPS" "$NEEDLE" > "$T/bug.trained.json" 2> "$T/bug.trained.err"
+$PY "$SRC/bench/bug_report.py" "$URL" $BUG_TOOLS "$AUTH" "$TAPS" "$NEEDLE" 'X-Sparsetrace-Set: rotate=q' > "$T/bug.rotq.json" 2> "$T/bug.rotq.err"
 check "bug report as trained: answered" test -s "$T/bug.trained.json"
 check "bug report under rotate=q: answered" test -s "$T/bug.rotq.json"
+check "the bug report's two answers differ (rotate=q changes what the model copies)" $PY -c '
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert a["text"] != b["text"] and a["usage"]["prompt_tokens"] == b["usage"]["prompt_tokens"] > 4000, (a, b)' \
+  "$T/bug.trained.json" "$T/bug.rotq.json"
 for m in trained rotq; do
   echo "bug report ($m): $($PY -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d["text"]), d["usage"]["prompt_tokens"], "prompt tokens")' "$T/bug.$m.json" 2>/dev/null)"
 done
@@ -297,6 +366,21 @@ check "sparsetrace diff compares the two served runs: they diverge at an indexer
 check "needle verdicts were recorded for both served runs" bash -c "
   [ \"\$(sqlite3 '$T/store/index.sqlite' \"SELECT count(DISTINCT run_id) FROM needles WHERE run_id IN ('$(field "$T/bug.trained.json" run 2>/dev/null)', '$(field "$T/bug.rotq.json" run 2>/dev/null)')\")\" = 2 ]"
 check "requests show names a served request" bash -c "'$BIN' requests --store '$T/store' show '$(field "$T/bug.rotq.json" request 2>/dev/null)' | grep -q '^served    by sparsetrace serve'"
+
+# ---- needle sweep against serve, and the same grid against the engine -------------------------------
+"$BIN" needle sweep --endpoint "$URL" --tokenizer "$MODEL" --model-name needle-v4 --tokens 1k \
+  --positions 0.5 --seeds 2 --store "$T/sweep_http" > "$T/sweep_http.out" 2>&1
+"$BIN" needle sweep --model "$MODEL" --tokens 1k --positions 0.5 --seeds 2 --store "$T/sweep_engine" \
+  > "$T/sweep_engine.out" 2>&1
+check "needle sweep --endpoint serve: every attempt answered, the same answers as the engine's sweep" $PY -c '
+import sqlite3, sys
+def answers(store):
+    rows = sqlite3.connect(f"{store}/index.sqlite").execute(
+        "SELECT tokens_requested, seed, answer, pass, error FROM needle_attempts ORDER BY 1, 2").fetchall()
+    assert len(rows) == 2 and all(r[4] is None and r[2] for r in rows), rows
+    return [r[:4] for r in rows]
+http, engine = answers(sys.argv[1]), answers(sys.argv[2])
+assert http == engine, (http, engine)' "$T/sweep_http" "$T/sweep_engine"
 
 # ---- queue overflow: 429 with Retry-After ------------------------------------------------------
 for i in 1 2 3 4; do

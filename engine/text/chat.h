@@ -118,4 +118,29 @@ void st_chat_prompt_free(st_chat_prompt *p);
 ** (tokenizer.encode without BOS: the prompt already starts with its BOS text), appended. */
 st_status st_chat_prompt_ids(st_tokenizer *tok, const st_chat_prompt *p, st_token_ids *out);
 
+/* ---- reading a completion back (chat_completion.c) ---- */
+
+/* A tool call the model wrote: the invoke's name and its parameters as a JSON object (string
+** parameters as strings, string="false" ones parsed as JSON). */
+typedef struct st_tool_call {
+  char *name;
+  json_t *arguments;
+} st_tool_call;
+
+typedef struct st_chat_completion {
+  size_t content_len;   /* text[0..content_len) is the content (the bytes before the block) */
+  st_tool_call *calls;  /* [n_calls], in the order written */
+  size_t n_calls;
+} st_chat_completion;
+
+/* Splits a completion's content part (after </think>) into its text and its DSML tool calls.
+** No block: ST_OK, no calls, all of it content. A block that breaks the grammar: ST_EFORMAT
+** naming the byte offset, no calls, all of it content. Free with st_chat_completion_free. */
+st_status st_chat_parse_completion(const char *text, size_t len, st_chat_completion *out);
+void st_chat_completion_free(st_chat_completion *c);
+
+/* "<｜DSML｜tool_calls>": where a completion's tool-call block begins (for streaming, which
+** holds content back from the first byte of it). */
+const char *st_chat_tool_calls_marker(void);
+
 #endif
