@@ -21,7 +21,9 @@ OUT/hf/rotate_q/          the same prompt with the planted bug (indexer query Ha
 OUT/hf/summary.json       per CSA layer: positions whose top-k sets differ between the two runs
 OUT/log.txt               everything the steps printed; the exit status is 1 if any step failed
 
-Usage (from the repository root): python3 tools/make_import_fixtures.py OUT
+Usage (from the repository root): python3 tools/make_import_fixtures.py OUT [--torchsave-only]
+(--torchsave-only: the torch.save set alone, which needs torch but not transformers; the
+reader's test makes it with whatever torch the machine has.)
 """
 import collections
 import json
@@ -125,6 +127,7 @@ def value_text(v):
 
 
 def tensor_record(t):
+    is_parameter = isinstance(t, torch.nn.Parameter)
     t = t.detach()
     c = t.contiguous()
     raw = c.reshape(-1).view(torch.uint8) if c.numel() else torch.zeros(0, dtype=torch.uint8)
@@ -138,7 +141,7 @@ def tensor_record(t):
         values = c.reshape(-1).tolist()
     return {"kind": "tensor", "dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape),
             "stride": list(t.stride()), "storage_offset": t.storage_offset(),
-            "is_parameter": isinstance(t, torch.nn.Parameter),
+            "is_parameter": is_parameter,
             "hex": bytes(raw.tolist()).hex(), "values": values}
 
 
@@ -249,13 +252,15 @@ def make_hf(outdir):
 
 
 def main():
-    if len(sys.argv) != 2:
+    args = [a for a in sys.argv[1:] if a != "--torchsave-only"]
+    if len(args) != 1:
         sys.exit(__doc__)
-    outdir = sys.argv[1]
+    outdir = args[0]
+    steps = (make_torchsave,) if "--torchsave-only" in sys.argv else (make_torchsave, make_hf)
     os.makedirs(outdir, exist_ok=True)
     log(f"make_import_fixtures: torch {torch.__version__}, python {sys.version.split()[0]}")
     failed = 0
-    for step in (make_torchsave, make_hf):
+    for step in steps:
         try:
             step(outdir)
         except Exception:
