@@ -188,12 +188,20 @@ def make_torchsave(outdir):
         torch.save(obj, path)
         records = []
         walk(obj, "", records)
+        # A sanity check of the file by torch itself (the manifest comes from the objects, not
+        # from this): weights_only first; torch 1.x's weights_only refuses floats (BINFLOAT), so
+        # then the full loader on this file we just wrote.
+        loader = "weights_only"
         try:
             reloads = same(obj, torch.load(path, weights_only=True))
-        except Exception as e:  # recorded, not fatal: the file itself is what the reader tests
-            reloads = f"torch.load failed: {e}"
+        except Exception as e:
+            loader = f"full (weights_only refused: {str(e)[-80:]})"
+            try:
+                reloads = same(obj, torch.load(path, weights_only=False))
+            except Exception as e2:  # recorded, not fatal: the file itself is what the reader tests
+                reloads = f"torch.load failed: {e2}"
         manifest["files"][name + ".pt"] = {"size": os.path.getsize(path), "reloads_equal": reloads,
-                                           "records": records}
+                                           "reloaded_with": loader, "records": records}
         log(f"torchsave: {name}.pt {os.path.getsize(path)} bytes, {len(records)} records, "
             f"reloads equal: {reloads}")
     with open(os.path.join(d, "manifest.json"), "w", encoding="utf-8") as f:
