@@ -163,8 +163,9 @@ def hf_checks():
     rc, out, err = run("inspect", h5)
     check(rc == 0 and "imported    hf" in out and "never_mapped_tensor" in out and "converted from bfloat16" in out,
           f"inspect shows the import: {out[:2000]}")
-    rc, out, err = run("query", "--store", os.path.join(WORK, "store"), "SELECT count(*) FROM runs")
-    check(rc == 0 and "1" in out, f"indexed: {out} {err}")
+    rc, out, err = run("query", "--store", os.path.join(WORK, "store"),
+                       "SELECT b.backend || '/' || r.n_tokens || '/' || r.n_prompt FROM runs r JOIN builds b USING (build_id)")
+    check(rc == 0 and f"import:hf/{T}/{T}" in out, f"indexed as a run (backend import:hf, {T} tokens): {out} {err}")
 
 
 # ------------------------------------------------------------------ sglang flat axis, two steps
@@ -199,6 +200,24 @@ def sglang_checks():
     check(list(pos) == list(range(24)) and np.array_equal(got, out_all[1]), f"sglang request 1 stitched: {pos}")
     f = h5py.File(h5, "r")
     check(list(f["tokens"][()]) == list(ids[1]), "sglang /tokens of request 1")
+    # sglang's compact indexer-layer ids (the k-th CSA layer) through a --map with csa_layer
+    d2 = os.path.join(WORK, "sglang_compact")
+    du = Dumper(d2)
+    n = 12
+    du.dump("input_ids", t(ids[1, :n], torch.long))
+    top = np.stack([rng.permutation(3)[:2] for _ in range(n)])
+    du.dump("topk_of_csa_layer", t(top, torch.int32), 1)  # CSA layer 1 of the tiny model is layer 3
+    mp = os.path.join(WORK, "compact.map")
+    with open(mp, "w") as f:
+        f.write("input_ids @tokens N\ntopk_of_csa_layer indexer.topk N,k topk,csa_layer\n")
+    h5c = os.path.join(WORK, "compact.h5")
+    rc, out, err = run("import", "sglang-dumper", d2, "--model", MODEL, "--out", h5c, "--map", mp)
+    csa = [i for i, kind in enumerate(CFG["layer_types"]) if kind == "compressed_sparse_attention"]
+    if rc == 0:
+        got, pos = read_tap(h5c, f"layers.{csa[1]}.indexer.topk")
+        check(np.array_equal(got, sets(top)), f"compact CSA layer 1 -> model layer {csa[1]}")
+    else:
+        check(False, f"import with csa_layer: {err}")
     rc, out, err = run("import", "sglang-dumper", d, "--model", MODEL, "--out", os.path.join(WORK, "s9.h5"), "--request", "9")
     check(rc == 1 and "--request 9" in err, f"--request past the requests: {err}")
 

@@ -39,6 +39,7 @@ typedef struct map_line {
   char axes[MAX_AXES][8];
   int n_axes;
   int topk;
+  int csa_layer; /* the dump's layer id counts CSA layers only (sglang's compress_layer_id) */
   int line;
 } map_line;
 
@@ -117,9 +118,12 @@ static st_status parse_map(importer *im, const char *text, const char *origin) {
         return st_fail(ST_EFORMAT, "%s line %d: layout with more than %d axes or a long axis name", origin, line_no, MAX_AXES);
       snprintf(m->axes[m->n_axes++], sizeof m->axes[0], "%s", ax);
     }
-    if (!strcmp(align, "topk")) m->topk = 1;
-    else if (strcmp(align, "-"))
-      return st_fail(ST_EFORMAT, "%s line %d: unknown ALIGN '%s' (topk or -)", origin, line_no, align);
+    for (char *flag = strtok(align, ","); flag; flag = strtok(NULL, ",")) {
+      if (!strcmp(flag, "topk")) m->topk = 1;
+      else if (!strcmp(flag, "csa_layer")) m->csa_layer = 1;
+      else if (strcmp(flag, "-"))
+        return st_fail(ST_EFORMAT, "%s line %d: unknown ALIGN '%s' (topk, csa_layer or -)", origin, line_no, flag);
+    }
     im->n_map++;
   }
   return ST_OK;
@@ -566,6 +570,18 @@ static st_status import_step(importer *im, int from, int to) {
     const st_py *meta;
     const st_torch_tensor *t = value_tensor(st_torchsave_root(ts), &meta);
     if (meta && layer < 0) layer = (int)meta_int(meta, "layer_id", -1);
+    if (m->csa_layer && layer >= 0) { /* compact CSA-layer id -> the model's layer */
+      int k = -1, model_layer = -1;
+      for (int l = 0; l < im->cfg.num_hidden_layers && model_layer < 0; l++)
+        if (im->cfg.compress_ratio[l] == im->cfg.compress_rate_csa && ++k == layer) model_layer = l;
+      if (model_layer < 0) {
+        rc = st_fail(ST_EFORMAT, "%s: tensor %s: CSA layer %d, but the model has %d CSA layers", f->path, f->name,
+                     layer, k + 1);
+        st_torchsave_close(ts);
+        break;
+      }
+      layer = model_layer;
+    }
     if (!t) rc = st_fail(ST_EFORMAT, "%s: %s is not a tensor (nor {\"value\": tensor, ...})", f->path, f->name);
     else rc = import_tensor(im, f, m, layer, ts, t, meta, &al);
     st_torchsave_close(ts);
