@@ -147,6 +147,45 @@ static void num_text(double v, int valid, char *buf, size_t size) {
 
 static const char *or_dash(const char *s) { return s && *s ? s : "-"; }
 
+/* An imported trace (sparsetrace import): its source, and per tap what could not be aligned. */
+static void print_import_text(const st_trace *t) {
+  const char *imp = st_trace_attr(t, "import");
+  if (!imp) return;
+  json_t *o = json_loads(imp, 0, NULL), *notes = NULL;
+  json_t *src = json_object_get(o, "source");
+  printf("imported    %s from %s (map %s)", json_string_value(json_object_get(o, "format")) ? json_string_value(json_object_get(o, "format")) : "?",
+         json_string_value(json_object_get(o, "source_dir")) ? json_string_value(json_object_get(o, "source_dir")) : "?",
+         json_string_value(json_object_get(o, "map")) ? json_string_value(json_object_get(o, "map")) : "?");
+  const char *key;
+  json_t *v;
+  int first = 1;
+  json_object_foreach(src, key, v) {
+    char *text = json_is_string(v) ? strdup(json_string_value(v)) : json_dumps(v, JSON_ENCODE_ANY);
+    printf("%s%s=%s", first ? "\n  source    " : ", ", key, text ? text : "?");
+    free(text);
+    first = 0;
+  }
+  putchar('\n');
+  const char *text = st_trace_attr(t, "import_notes");
+  notes = text ? json_loads(text, 0, NULL) : NULL;
+  json_t *taps = json_object_get(notes, "taps"), *unmapped = json_object_get(notes, "unmapped");
+  if (json_object_size(taps)) printf("  not aligned as-is (per tap):\n");
+  json_object_foreach(taps, key, v) {
+    size_t i;
+    json_t *line;
+    json_array_foreach(v, i, line) printf("    %-26s %s\n", key, json_string_value(line) ? json_string_value(line) : "?");
+  }
+  if (json_array_size(unmapped)) {
+    printf("  source tensors not in the map (%zu%s):", json_array_size(unmapped), json_array_size(unmapped) >= 64 ? "+" : "");
+    size_t i;
+    json_t *name;
+    json_array_foreach(unmapped, i, name) printf("%s%s", i ? ", " : " ", json_string_value(name) ? json_string_value(name) : "?");
+    putchar('\n');
+  }
+  json_decref(notes);
+  json_decref(o);
+}
+
 static void print_text(const st_trace *t, long long file_bytes, const readiness *r, int n_ready,
                        const char *source) {
   int64_t n_tokens = 0;
@@ -172,6 +211,7 @@ static void print_text(const st_trace *t, long long file_bytes, const readiness 
     printf("tokens      %lld (%lld prompt + %lld generated)\n", (long long)n_tokens,
            (long long)n_prompt, (long long)(n_tokens - n_prompt));
   printf("positions   %s\n", or_dash(st_trace_attr(t, "positions")));
+  print_import_text(t);
   int n = st_trace_tap_count(t);
   printf("taps        %d\n", n);
   size_t wn = 4, ws = 5;
@@ -245,6 +285,12 @@ static int print_json(const st_trace *t, long long file_bytes, const readiness *
                                 "request_id", "positions"};
   for (size_t i = 0; i < sizeof plain / sizeof *plain; i++)
     json_object_set_new(o, plain[i], json_text(st_trace_attr(t, plain[i])));
+  static const char *import_keys[] = {"import", "import_notes"};
+  for (size_t i = 0; i < 2; i++) {
+    const char *text = st_trace_attr(t, import_keys[i]);
+    json_t *v = text ? json_loads(text, 0, NULL) : NULL;
+    json_object_set_new(o, import_keys[i], v ? v : json_text(text));
+  }
   const char *settings = st_trace_attr(t, "settings");
   json_t *parsed = settings ? json_loads(settings, 0, NULL) : NULL;
   json_object_set_new(o, "settings", parsed ? parsed : json_text(settings));

@@ -26,6 +26,7 @@ static const command commands[] = {
   {"capture", st_cmd_capture, "proxy between a client and its server, recording every request"},
   {"serve", st_cmd_serve, "the reference engine behind OpenAI and Anthropic endpoints, traced"},
   {"requests", st_cmd_requests, "list, show and export captured requests"},
+  {"import", st_cmd_import, "turn another engine's tensor dumps (sglang, transformers) into a trace"},
   {"store", st_cmd_store, "check a trace store's index against its files (--repair fixes it)"},
   {"tokenize", st_cmd_tokenize, "text to token ids and back with a model's tokenizer.json"},
   {"render", st_cmd_render, "a chat request as the DeepSeek-V4 prompt (or its ids) an engine builds"},

@@ -121,6 +121,8 @@ static const alias aliases[] = {
 
   {"force", 0, 0, ST_OPT_FORCE, 0, NULL, "overwrite on purpose"},
   {"repair", 0, 0, ST_OPT_REPAIR, 0, NULL, "fix what is found"},
+  {"pickle", 0, 0, ST_OPT_PICKLE, 0, NULL, "the file is a bare pickle, not a torch.save archive"},
+  {"map", 0, 1, ST_OPT_MAP, 0, "FILE", "source-name-to-tap table replacing the format's own"},
 
   {"port", 0, 1, ST_OPT_PORT, 0, "N", "port to listen on (0: a free one)"},
   {"queue", 0, 1, ST_OPT_QUEUE, 0, "N", "requests that may wait for the engine"},

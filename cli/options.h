@@ -71,6 +71,8 @@ typedef enum st_opt_id {
   ST_OPT_FORCE, ST_OPT_REPAIR,
   /* serve */
   ST_OPT_PORT, ST_OPT_QUEUE, ST_OPT_CONTEXT, ST_OPT_SCRIPT_ANSWERS,
+  /* import */
+  ST_OPT_PICKLE, ST_OPT_MAP,
   ST_OPT_ID_END
 } st_opt_id;
 

@@ -245,7 +245,7 @@ st_status st_recorder_open(const char *h5_path, const char *store_dir, const st_
     .command_line = r->command_line, .request_id = r->request_id, .positions = r->positions,
     .threads = meta->threads, .n_layers = meta->n_layers,
     .needle_start = meta->needle_start, .needle_end = meta->needle_end,
-    .needle_text = meta->needle_text,
+    .needle_text = meta->needle_text, .import_json = meta->import_json,
   };
   if ((st = st_trace_writer_open(r->part_path, &attrs, NULL, &r->writer))) {
     recorder_free(r);
@@ -306,6 +306,10 @@ static void sync_parent_dir(const char *path) {
     fsync(fd);
     close(fd);
   }
+}
+
+st_status st_recorder_set_import_notes(st_recorder *r, const char *json) {
+  return r ? st_trace_writer_set_import_notes(r->writer, json) : ST_OK;
 }
 
 void st_recorder_note_nonfinite(st_recorder *r, int64_t n) {

@@ -32,6 +32,7 @@ typedef struct st_run_meta {
                                ** of the run that held its path (a note says which) */
   int64_t needle_start, needle_end; /* run --needle/--needle-tokens span (end > start), else 0, 0 */
   const char *needle_text;     /* --needle TEXT, or NULL */
+  const char *import_json;     /* sparsetrace import: the trace attribute `import`, or NULL */
 } st_run_meta;
 
 /* Fills meta->run_id with a fresh random uuid. */
@@ -58,6 +59,9 @@ const st_tap_sink *st_recorder_sink(st_recorder *r);
 /* The run's non-finite warnings (NaN/inf weight tensors plus positions with non-finite logits),
 ** recorded as the trace attribute nonfinite_warnings at finish. */
 void st_recorder_note_nonfinite(st_recorder *r, int64_t n);
+
+/* sparsetrace import: the per-tap alignment notes (JSON), the trace attribute import_notes. */
+st_status st_recorder_set_import_notes(st_recorder *r, const char *json);
 
 /* Writes /tokens (prompt then generated) with attribute n_prompt, drains the writer thread,
 ** closes and renames the file, inserts the run, its build and its taps (with shape, dtype and

@@ -64,7 +64,8 @@ static inline const char *st_trace_axis0_name(int row_axis) {
   X(format) X(schema_version) X(run_id) X(created_at) X(model) X(model_dir) X(settings)         \
   X(config) X(build_revision) X(compiler) X(build_type) X(backend) X(kernel_mode) X(threads)    \
   X(n_layers) X(command_line) X(request_id) X(positions) X(needle_start) X(needle_end)          \
-  X(needle_text) X(writer_peak_queued) X(nonfinite_warnings) X(content_digest) X(complete)
+  X(needle_text) X(writer_peak_queued) X(nonfinite_warnings) X(content_digest) X(import)         \
+  X(import_notes) X(complete)
 
 /* Run-level metadata written as file attributes (all strings borrowed, NULL = absent). */
 typedef struct st_trace_run_attrs {
@@ -78,6 +79,9 @@ typedef struct st_trace_run_attrs {
   ** needle_text (NULL: none) is the --needle text */
   int64_t needle_start, needle_end;
   const char *needle_text;
+  /* sparsetrace import: JSON naming the source engine, its version and settings, and what could
+  ** not be aligned per tap (schemas/trace-layout.md "Imported traces"); NULL for engine runs */
+  const char *import_json;
 } st_trace_run_attrs;
 
 #endif

@@ -110,6 +110,7 @@ struct st_trace_writer {
   const int32_t *tokens;
   int64_t n_tokens, n_prompt;
   int64_t nonfinite_warnings; /* set by the caller before finish (st_trace_writer_set_nonfinite) */
+  char *import_notes;         /* set before finish (st_trace_writer_set_import_notes), or NULL */
   double last_flush; /* CLOCK_MONOTONIC seconds */
   double wait_s;     /* under lock: seconds appends waited for queue space */
   char digest[ST_H5_DIGEST_LEN]; /* content_digest, computed at finish */
@@ -443,6 +444,7 @@ static st_status write_file_attrs(st_trace_writer *w, const st_trace_run_attrs *
        (st = st_h5_attr_write_int(f, "needle_end", a->needle_end)) ||
        (st = st_h5_attr_write_string(f, "needle_text", a->needle_text))))
     return st;
+  if (a->import_json && (st = st_h5_attr_write_string(f, "import", a->import_json))) return st;
   return ST_OK;
 }
 
@@ -467,6 +469,7 @@ static st_status write_tokens(st_trace_writer *w) {
     st = st_h5_fail(ST_EHDF5, "writing /tokens");
   if (!st) st = st_h5_attr_write_int(d, "n_prompt", w->n_prompt);
   if (!st) st = st_h5_attr_write_int(w->file, "nonfinite_warnings", w->nonfinite_warnings);
+  if (!st && w->import_notes) st = st_h5_attr_write_string(w->file, "import_notes", w->import_notes);
   if (d >= 0) H5Dclose(d);
   if (space >= 0) H5Sclose(space);
   return st;
@@ -724,6 +727,7 @@ static void writer_free(st_trace_writer *w) {
   free(w->order);
   free(w->by_key);
   free(w->path);
+  free(w->import_notes);
   pthread_mutex_destroy(&w->lock);
   pthread_cond_destroy(&w->nonempty);
   pthread_cond_destroy(&w->space);
@@ -862,6 +866,13 @@ st_status st_trace_writer_append(st_trace_writer *w, st_tap_id id, int layer, in
 
 void st_trace_writer_set_nonfinite(st_trace_writer *w, int64_t n) {
   if (w) w->nonfinite_warnings = n;
+}
+
+st_status st_trace_writer_set_import_notes(st_trace_writer *w, const char *json) {
+  if (!w) return ST_OK;
+  free(w->import_notes);
+  w->import_notes = json ? strdup(json) : NULL;
+  return json && !w->import_notes ? st_fail(ST_ENOMEM, "import notes") : ST_OK;
 }
 
 void st_trace_writer_digest_out(st_trace_writer *w, char *out) {

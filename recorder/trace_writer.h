@@ -45,6 +45,10 @@ st_status st_trace_writer_append(st_trace_writer *w, st_tap_id id, int layer, in
 ** Call before st_trace_writer_finish. */
 void st_trace_writer_set_nonfinite(st_trace_writer *w, int64_t n);
 
+/* sparsetrace import: what could not be aligned, per tap (JSON, copied), written at finish as
+** the file attribute import_notes. */
+st_status st_trace_writer_set_import_notes(st_trace_writer *w, const char *json);
+
 /* Where st_trace_writer_finish copies, on success, the content digest it wrote as the file
 ** attribute content_digest ("fnv1a64:<16 hex>", ST_TRACE_DIGEST_LEN bytes with the NUL; see
 ** st_h5_content_digest and schemas/trace-layout.md). Call before finish. */

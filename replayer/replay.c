@@ -775,6 +775,9 @@ st_status st_replay_run(const st_replay_request *req, st_replay_report **out) {
   if ((rc = st_trace_open(req->trace_path, 0, &t))) goto out;
   if ((rc = check_content(t, req->store_dir, rep->content_digest))) goto out;
   const char *backend_name = req->backend ? req->backend : st_trace_attr(t, "backend");
+  /* an imported trace (sparsetrace import: backend "import:FORMAT") was computed by another
+  ** engine: replay it on the reference backend */
+  if (backend_name && !strncmp(backend_name, "import:", 7) && !req->backend) backend_name = "cpu-ref";
   if ((rc = st_backend_open(backend_name ? backend_name : "cpu-ref", &be))) goto out;
   snprintf(rep->backend, sizeof rep->backend, "%s", be.ops->name);
   if (req->layer < 0 || req->layer >= cfg.num_hidden_layers) {

@@ -5,7 +5,7 @@
 # repository root or the file's folder (no ../shared/DESIGN.md of a steering repository). And
 # the README's walk-through uses only traces it made: every *.h5 that a `$st diff`, `replay`,
 # `bisect` or `inspect` line reads is written by an earlier line of the same code block
-# (--out / --trace of a run). Bounded: well under a second.
+# (--out / --trace of a run or an import). Bounded: well under a second.
 set -uo pipefail
 data=${ST_TEST_DATA:-}
 src=$(cd "${ST_SOURCE_DIR:-${data:+$data/../..}}" 2>/dev/null && pwd) || src=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,7 +48,7 @@ if out=$(awk '
   /\\$/ { held = held substr($0, 1, length($0) - 1) " "; next }   # a continued command line
   { line = held $0; held = ""; sub(/#.*/, "", line); n = split(line, w, /[ \t]+/)
     for (i = 1; i <= n; i++) if ((w[i] == "--out" || w[i] == "--trace" || w[i] == "-o") && w[i + 1] ~ /\.h5$/) {
-      if (line ~ /[ \t]run[ \t]/) made[w[i + 1]] = 1
+      if (line ~ /[ \t](run|import)[ \t]/) made[w[i + 1]] = 1
     }
     if (line ~ /[ \t](diff|replay|bisect|inspect)[ \t]/)
       for (i = 1; i <= n; i++) if (w[i] ~ /^[A-Za-z0-9_.\/-]+\.h5$/ && !(w[i] in made) && w[i] !~ /</)

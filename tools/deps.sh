@@ -7,6 +7,7 @@ packages=(
   libhdf5-dev hdf5-tools libsqlite3-dev sqlite3 libcurl4-openssl-dev curl libjansson-dev
   libpcre2-dev libmicrohttpd-dev libcmocka-dev
   python3-h5py python3-numpy bc
+  python3-torch             # tests/test_torchsave.sh: real torch.save files for the import reader
   clang libclang-rt-14-dev  # tools/fuzz.sh: libFuzzer + ASan/UBSan runtimes
   hipcc libamdhip64-dev     # the hip backend's compile check (ROCm 5.2; nothing runs without a GPU)
 )
