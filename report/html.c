@@ -308,13 +308,13 @@ void st_html_heatmap_svg(st_buf *b, const st_html_heatmap *h) {
 }
 
 void st_html_grid_svg(st_buf *b, const st_html_grid *g) {
-  double cell_w = 86, cell_h = 34, left = 110, top = 44;
+  double cell_w = 86, cell_h = 34, left = 110, top = 58;
   double width = left + cell_w * g->n_cols + 20, height = top + cell_h * g->n_rows + 24;
   figure_begin(b, g->id, width, height);
   svg_text(b, left, 14, "start", g->title);
   svg_text(b, left - 8, top - 8, "end", g->row_axis);
   for (int c = 0; c < g->n_cols; c++) svg_text(b, left + cell_w * c + cell_w / 2, top - 8, "middle", g->col_names[c]);
-  svg_text(b, left + cell_w * g->n_cols / 2, 30, "middle", g->col_axis);
+  svg_text(b, left + cell_w * g->n_cols / 2, 32, "middle", g->col_axis);
   for (int r = 0; r < g->n_rows; r++) {
     svg_text(b, left - 8, top + cell_h * r + cell_h * 0.6, "end", g->row_names[r]);
     for (int c = 0; c < g->n_cols; c++) {

@@ -503,8 +503,13 @@ static st_status section_replays(report_ctx *c, report_run *r, int index) {
   sqlite3_bind_text(st, 1, r->run_id, -1, SQLITE_TRANSIENT);
   int n = 0;
   char id[48];
-  st_needle_verdict v[4096];
-  while (sqlite3_step(st) == SQLITE_ROW) {
+  st_needle_verdict *v = NULL;
+  int64_t v_cap = 0;
+  /* the cells' verdict counts, drawn as bars after the table */
+  double bar_values[256];
+  int bar_flags[256], n_bars = 0;
+  char bar_labels[256][96];
+  while (!rc && sqlite3_step(st) == SQLITE_ROW) {
     if (!n++) {
       st_buf_str(c->out, "<h3>Replays stored for this run</h3>\n");
       const char *headers[] = {"layer", "stage", "cell", "bit exact", "retrieves", "kept", "needle rank",
@@ -515,7 +520,12 @@ static st_status section_replays(report_ctx *c, report_run *r, int index) {
     int64_t nv = 0;
     sqlite3_reset(vs);
     sqlite3_bind_text(vs, 1, column_text(st, 0), -1, SQLITE_TRANSIENT);
-    while (sqlite3_step(vs) == SQLITE_ROW && nv < 4096) {
+    while (sqlite3_step(vs) == SQLITE_ROW) {
+      if (nv == v_cap) {
+        st_needle_verdict *grown = realloc(v, sizeof *v * (size_t)(v_cap = v_cap ? v_cap * 2 : 256));
+        if (!grown) { rc = st_fail(ST_ENOMEM, "replay verdicts"); break; }
+        v = grown;
+      }
       st_needle_verdict *x = &v[nv++];
       x->position = sqlite3_column_int64(vs, 0);
       x->best_rank = sqlite3_column_type(vs, 1) == SQLITE_NULL ? -1 : sqlite3_column_int64(vs, 1);
@@ -534,6 +544,12 @@ static st_status section_replays(report_ctx *c, report_run *r, int index) {
       if (j.positions) {
         snprintf(kept, sizeof kept, "%d of %d", j.kept, j.positions);
         snprintf(rank, sizeof rank, "%lld..%lld", (long long)j.best_rank, (long long)j.worst_rank);
+        if (n_bars < 256) {
+          snprintf(bar_labels[n_bars], sizeof bar_labels[n_bars], "layer %d %s", sqlite3_column_int(st, 1),
+                   column_text(st, 3) ? column_text(st, 3) : "?");
+          bar_values[n_bars] = j.kept;
+          bar_flags[n_bars++] = j.retrieves != 1;
+        }
       }
     }
     if (sqlite3_column_type(st, 5) != SQLITE_NULL) snprintf(jac, sizeof jac, "%.4f", sqlite3_column_double(st, 5));
@@ -546,9 +562,20 @@ static st_status section_replays(report_ctx *c, report_run *r, int index) {
     st_html_table_row(c->out, cells, 10);
   }
   if (n) st_html_table_end(c->out);
+  if (!rc && n_bars) {
+    const char *names[256];
+    for (int i = 0; i < n_bars; i++) names[i] = bar_labels[i];
+    snprintf(id, sizeof id, "replay-kept-%d", index);
+    st_html_bars h = {.id = id, .title = "answer positions where the replayed layer keeps the needle",
+                      .value_axis = "positions kept (red: the layer does not retrieve the needle)", .n = n_bars,
+                      .names = names, .values = bar_values, .flag = bar_flags,
+                      .max = (double)(r->needle_end - r->needle_start)};
+    st_html_bars_svg(c->out, &h);
+  }
+  free(v);
   sqlite3_finalize(st);
   sqlite3_finalize(vs);
-  return ST_OK;
+  return rc;
 }
 
 /* ---------------------------------------------------------------- two runs: the diff */

@@ -133,6 +133,19 @@ for i, path in enumerate((trace_a, trace_b)):
              int(r[4]), int(r[5])) for r in rows]
     check("run %d: the verdict table is needle_rank_by_layer's" % i, mine == [tuple(v) for v in view], (mine, view))
 
+# ---------------------------------------------------------------- stored replays == the view
+svg = by_id("replay-kept-0")
+got = [float(b.attrs["data-value"]) for b in svg.find_all(lambda n: "data-name" in n.attrs)] if svg else []
+want = [float(k) for (k,) in db.execute(
+    "SELECT v.answer_positions_kept FROM replays r JOIN needle_rank_by_layer v ON v.replay_id = r.replay_id "
+    "WHERE r.run_id = ? ORDER BY r.created_at, r.rowid", (runs[trace_a],))]
+flags = [b.attrs["data-flag"] for b in svg.find_all(lambda n: "data-name" in n.attrs)] if svg else []
+want_flags = ["0" if r == 1 else "1" for (r,) in db.execute(
+    "SELECT v.retrieves FROM replays r JOIN needle_rank_by_layer v ON v.replay_id = r.replay_id "
+    "WHERE r.run_id = ? ORDER BY r.created_at, r.rowid", (runs[trace_a],))]
+check("replay cells: positions kept are needle_rank_by_layer's per replay (%d cells)" % len(want),
+      got == want and len(want) == 2 and flags == want_flags, (got, want, flags, want_flags))
+
 # ---------------------------------------------------------------- score histograms == the trace
 with h5py.File(trace_a, "r") as f:
     n_prompt = int(f["tokens"].attrs["n_prompt"])
