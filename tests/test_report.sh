@@ -9,6 +9,7 @@
 #    histograms' bins, needle marks and top-k line, the top-k Jaccard per layer, the first
 #    divergence's difference, the sweep grids' counts, the bisect's sentence and columns;
 #  - hostile text (an answer and a store path holding markup) is shown as text, never markup;
+#  - a run written by `serve` links its request row (stores of run, serve and needle sweep alike);
 #  - bad targets get an error naming them, and no page;
 #  - screenshots (screen and print) are taken and must be non-empty PNGs.
 # Chromium comes from tools/deps.sh; the test skips (77) only when it cannot be installed.
@@ -24,7 +25,8 @@ if ! command -v chromium >/dev/null; then
   command -v chromium >/dev/null || { echo "skip: chromium is not installed and tools/deps.sh could not install it"; exit 77; }
 fi
 work=$(mktemp -d /tmp/st_report.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+serve_pid=
+trap '[ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null; rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} OMP_WAIT_POLICY=passive
 failures=0
 ok() { echo "ok: $1"; }
@@ -91,6 +93,35 @@ rid=$($py -c 'import h5py,sys; print(h5py.File(sys.argv[1],"r").attrs["run_id"])
 $st report --store "$store" "${rid:0:8}" -o "$work/one.html" 2>/dev/null
 if grep -q "data-key=\"run id\">$rid<" "$work/one.html"; then ok "a run id prefix finds the run"
 else bad "report by run id prefix"; fi
+
+# ---------------------------------------------------------------- a run written by serve
+# the store of `sparsetrace serve`: its run carries request_id, the report links the request row
+"$st" serve --model "$model" --store "$work/served" --port 0 --ready-file "$work/ready" --tap 'layers.*.indexer.topk' \
+  --positions last --quiet 2>"$work/serve.log" &
+serve_pid=$!
+for _ in $(seq 300); do [ -s "$work/ready" ] && break; sleep 0.05; done
+url=$(cat "$work/ready" 2>/dev/null)
+curl -s -D "$work/head" -H 'content-type: application/json' -H 'authorization: Bearer sk-REPORTPLANTED-0001' \
+  -d '{"model":"needle","max_tokens":6,"messages":[{"role":"user","content":"Working directory: /srv/<i>x</i>\nRepeat it."}]}' \
+  "$url/v1/chat/completions" >/dev/null
+kill "$serve_pid" 2>/dev/null
+wait "$serve_pid" 2>/dev/null
+served_run=$(sed -n 's/^X-Sparsetrace-Run: //Ip' "$work/head" | tr -d '\r')
+request_id=$(sqlite3 "$work/served/index.sqlite" "SELECT request_id FROM runs WHERE run_id = '$served_run'" 2>/dev/null)
+if [ -n "$served_run" ] && [ -n "$request_id" ] &&
+   $st report --store "$work/served" "$served_run" -o "$work/served.html" 2>"$work/served.err"; then
+  chromium_dom "$work/served.html" "$work/served.dom"
+  if $py - "$work/served.dom" "$request_id" <<'PY'
+import re, sys, html
+dom = open(sys.argv[1]).read()
+m = re.search(r'data-key="request">([^<]*)<', dom)
+sys.exit(0 if m and html.unescape(m.group(1)).startswith(sys.argv[2] + ": POST /v1/chat/completions (openai.chat")
+         and "REPORTPLANTED" not in dom else 1)
+PY
+  then ok "a served run's page links its request ($request_id, POST /v1/chat/completions) and holds no API key"
+  else bad "served run: the request row is not linked: $(grep -o 'data-key="request">[^<]*' "$work/served.dom")"; fi
+  [ -s "$work/served.dom.console" ] && bad "served page console: $(head -3 "$work/served.dom.console")"
+else bad "a served run: run '$served_run', request '$request_id': $(cat "$work/served.err" "$work/serve.log" 2>/dev/null | tail -3)"; fi
 
 # ---------------------------------------------------------------- bad targets
 check_error() { # WHAT EXPECTED-TEXT ARGS...
