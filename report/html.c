@@ -255,11 +255,20 @@ void st_html_heatmap_svg(st_buf *b, const st_html_heatmap *h) {
                        "data-col=\"%lld\" data-value=\"",
                     x, y, cell_w, cell_h - 2, colour, (long long)h->row_keys[r], (long long)h->col_keys[c]);
       put_number(b, v);
-      st_buf_printf(b, "\" data-over=\"%d\"><title>%s, %s %lld: %s ", over, h->row_names[r], h->col_axis,
-                    (long long)h->col_keys[c], vn);
+      st_buf_printf(b, "\" data-over=\"%d\"><title>", over);
+      st_html_text(b, h->row_names[r]);
+      st_buf_str(b, ", ");
+      st_html_text(b, h->col_axis);
+      st_buf_printf(b, " %lld: ", (long long)h->col_keys[c]);
+      st_html_text(b, vn);
+      st_buf_str(b, " ");
       if (v >= 0) put_short(b, v);
       else st_buf_str(b, "none (no verdict)");
-      if (h->line > 0 && v >= 0) st_buf_printf(b, over ? " (outside the %s)" : " (inside the %s)", h->line_name);
+      if (h->line > 0 && v >= 0) {
+        st_buf_str(b, over ? " (outside the " : " (inside the ");
+        st_html_text(b, h->line_name);
+        st_buf_str(b, ")");
+      }
       if (h->col_notes && h->col_notes[c]) { st_buf_str(b, "; "); st_html_text(b, h->col_notes[c]); }
       st_buf_str(b, "</title></rect>\n");
       if (over) {

@@ -117,7 +117,7 @@ static st_status resolve_run(report_ctx *c, const char *target, report_run *r) {
     if (!c->ix) return st_fail(ST_ENOTFOUND, "report target '%s': no index in %s to look the run up in",
                                target, c->o->store_dir);
     sqlite3_stmt *st = NULL;
-    if ((rc = sql_prepare(c, "SELECT run_id, trace_path FROM runs WHERE run_id = ?1 OR run_id LIKE ?1 || '%' "
+    if ((rc = sql_prepare(c, "SELECT run_id, trace_path FROM runs WHERE substr(run_id, 1, length(?1)) = ?1 "
                              "ORDER BY run_id = ?1 DESC LIMIT 2", &st)))
       return rc;
     sqlite3_bind_text(st, 1, target, -1, SQLITE_TRANSIENT);
@@ -217,7 +217,7 @@ static st_status resolve_sweeps(report_ctx *c, const char *target) {
   sqlite3_stmt *st = NULL;
   st_status rc = sql_prepare(c, !strcmp(id, "all")
       ? "SELECT sweep_id FROM needle_attempts GROUP BY sweep_id ORDER BY min(created_at)"
-      : "SELECT sweep_id FROM needle_attempts WHERE sweep_id = ?1 OR sweep_id LIKE ?1 || '%' "
+      : "SELECT sweep_id FROM needle_attempts WHERE substr(sweep_id, 1, length(?1)) = ?1 "
         "GROUP BY sweep_id ORDER BY min(created_at)", &st);
   if (rc) return rc;
   if (strcmp(id, "all")) sqlite3_bind_text(st, 1, id, -1, SQLITE_TRANSIENT);
