@@ -126,10 +126,8 @@ int st_cmd_bisect(int argc, char **argv) {
                r->good[i].positions, (long long)r->good[i].rank);
       snprintf(bs, sizeof bs, "%-5s %3d/%-3d %6lld", r->bad[i].retrieves ? "yes" : "no", r->bad[i].kept,
                r->bad[i].positions, (long long)r->bad[i].rank);
-      printf("  %-6d  %-24s %-24s%s\n", r->layers[i], gs, bs,
-             r->layers[i] == r->first_flip_layer ? "  <- first flip"
-             : r->good[i].retrieves != r->bad[i].retrieves ? "  <- flips"
-             : r->good[i].kept != r->bad[i].kept ? "  <- counts change, no flip" : "");
+      const char *note = st_bisect_layer_note(r, i);
+      printf("  %-6d  %-24s %-24s%s%s\n", r->layers[i], gs, bs, *note ? "  <- " : "", note);
     }
     printf("changes:\n");
     for (int i = 0; i < r->n_changes; i++) {

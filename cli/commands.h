@@ -22,6 +22,7 @@ int st_cmd_render(int argc, char **argv);   /* cli/cmd_render.c */
 int st_cmd_diff(int argc, char **argv);     /* cli/cmd_diff.c: exit 0 same, 1 diverges, 2 error */
 int st_cmd_replay(int argc, char **argv);   /* cli/cmd_replay.c */
 int st_cmd_bisect(int argc, char **argv);   /* cli/cmd_bisect.c */
+int st_cmd_report(int argc, char **argv);   /* cli/cmd_report.c: the HTML page (report/) */
 int st_cmd_needle(int argc, char **argv);   /* cli/cmd_needle.c: make, sweep */
 int st_cmd_store(int argc, char **argv);    /* cli/cmd_store.c: check [--repair]; 1 = problems */
 int st_cmd_import(int argc, char **argv);   /* cli/cmd_import.c: show, sglang-dumper, hf */

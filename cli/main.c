@@ -22,6 +22,7 @@ static const command commands[] = {
   {"diff", st_cmd_diff, "compare two traces tap by tap; report the first divergence"},
   {"replay", st_cmd_replay, "re-execute one layer of a trace under alternate settings, sweep them"},
   {"bisect", st_cmd_bisect, "find the setting change and the first layer that lose the needle"},
+  {"report", st_cmd_report, "one self-contained HTML page of runs, their diff, sweeps, a bisect"},
   {"needle", st_cmd_needle, "make needle-recall requests; sweep them against the engine or a server"},
   {"capture", st_cmd_capture, "proxy between a client and its server, recording every request"},
   {"serve", st_cmd_serve, "the reference engine behind OpenAI and Anthropic endpoints, traced"},

@@ -277,3 +277,10 @@ st_status st_bisect_run(const st_bisect_request *req, st_bisect_report *out) {
   out->seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
   return ST_OK;
 }
+
+const char *st_bisect_layer_note(const st_bisect_report *r, int i) {
+  if (r->layers[i] == r->first_flip_layer) return "first flip";
+  if (r->good[i].retrieves != r->bad[i].retrieves) return "flips";
+  if (r->good[i].kept != r->bad[i].kept) return "counts change, no flip";
+  return "";
+}

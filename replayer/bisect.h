@@ -62,4 +62,9 @@ typedef struct st_bisect_request {
 
 st_status st_bisect_run(const st_bisect_request *req, st_bisect_report *out);
 
+/* What layer i (an index into r->layers) shows between good and bad: "first flip", "flips",
+** "counts change, no flip" or "" (the same verdict and counts). The text table and the report
+** both say it with this. */
+const char *st_bisect_layer_note(const st_bisect_report *r, int i);
+
 #endif

@@ -226,9 +226,7 @@ out:
   return rc;
 }
 
-/* Compressed rows (of a CSA layer, ratio m, overlapping) that pool any token of [start, end):
-** row j pools tokens [m(j-1), m j + m - 1]. */
-static int needle_rows(int m, int64_t rows, int64_t start, int64_t end, int32_t *out, int cap) {
+int st_replay_needle_rows(int m, int64_t rows, int64_t start, int64_t end, int32_t *out, int cap) {
   int n = 0;
   for (int64_t j = start / m - 1; j <= (end - 1) / m + 1 && j < rows; j++) {
     if (j < 0) continue;
@@ -865,7 +863,7 @@ st_status st_replay_run(const st_replay_request *req, st_replay_report **out) {
     rep->n_positions = in.n;
     rep->n_rows = in.rows;
     if (req->needle_end > req->needle_start)
-      rep->n_needle_rows = needle_rows(in.ratio, in.rows, req->needle_start, req->needle_end,
+      rep->n_needle_rows = st_replay_needle_rows(in.ratio, in.rows, req->needle_start, req->needle_end,
                                        rep->needle_rows, 64);
     rc = replay_indexer(&be, req, &cfg, &recorded, specs, n_cells, &in, rep);
     free(in.positions);
@@ -873,7 +871,7 @@ st_status st_replay_run(const st_replay_request *req, st_replay_report **out) {
     if (req->needle_end > req->needle_start && csa) {
       const st_trace_tap *input = st_trace_find_tap_id(t, ST_TAP_INPUT, req->layer);
       int64_t T = input ? input->shape[0] : 0;
-      rep->n_needle_rows = needle_rows(cfg.compress_ratio[req->layer], T / cfg.compress_ratio[req->layer],
+      rep->n_needle_rows = st_replay_needle_rows(cfg.compress_ratio[req->layer], T / cfg.compress_ratio[req->layer],
                                        req->needle_start, req->needle_end, rep->needle_rows, 64);
     }
     const st_trace_tap *input0 = NULL;

@@ -119,6 +119,11 @@ typedef struct st_replay_report {
 st_status st_replay_run(const st_replay_request *req, st_replay_report **out);
 void st_replay_report_free(st_replay_report *r);
 
+/* The compressed rows of a CSA layer (compress ratio m, `rows` rows, overlapping pools: row j
+** pools tokens [m(j-1), m j + m - 1]) that pool any token of [start, end), ascending, at most cap
+** into out; returns how many. The needle rows of every verdict and of `report`'s histograms. */
+int st_replay_needle_rows(int m, int64_t rows, int64_t start, int64_t end, int32_t *out, int cap);
+
 /* Parses a trace's "settings" attribute (JSON) into settings. */
 st_status st_settings_from_json(const char *json, st_settings *out);
 

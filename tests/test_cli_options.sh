@@ -21,7 +21,7 @@ echo '[1, 2, 3, 4, 5, 6, 7, 8, 9]' >"$work/p.json"
 run=($st run --model "$model" --prompt-tokens "$work/p.json" --store "$work/store")
 
 # 1. --help: exit 0, stdout "usage: sparsetrace CMD", an options list ending with -h, --help
-commands=(run query inspect diff replay bisect "needle make" "needle sweep" capture requests tokenize
+commands=(run query inspect diff replay bisect report "needle make" "needle sweep" capture requests tokenize
           render taps settings)
 for cmd in "${commands[@]}"; do
   # shellcheck disable=SC2086
@@ -66,6 +66,7 @@ expect "needle make --seed -1" 2 "--seed '-1'" $st needle make --tokens 1k --pos
 expect "needle sweep --seeds 2^32+1" 2 "--seeds '4294967297'" $st needle sweep --model "$model" --seeds 4294967297
 expect "needle sweep --max-new-tokens 2^32+1" 2 "--max-new-tokens '4294967297'" $st needle sweep --model "$model" --max-new-tokens 4294967297
 expect "needle sweep --threads 100000" 2 "--threads '100000'" $st needle sweep --model "$model" --threads 100000
+expect "report --position -1" 2 "--position '-1'" $st report --store "$work/store" x.h5 --position -1
 expect "requests --limit 2^32+1" 2 "--limit '4294967297'" $st requests --store "$work/store" list --limit 4294967297
 expect "capture --threads 100000" 2 "--threads '100000'" $st capture --upstream http://127.0.0.1:9 --threads 100000
 

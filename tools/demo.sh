@@ -5,7 +5,8 @@
 # once as the model was trained and once with the Hadamard rotation on the indexer query only
 # (SPEC-dsv4 §6 F1, the bug behind the lost-needle reports). The first copies the line back; the
 # second invents one. Then the traces say why: where the needle ranks layer by layer, replays of
-# one layer's indexer under other settings, bisect, diff, and a small recall sweep.
+# one layer's indexer under other settings, bisect, diff, and a small recall sweep; and one HTML
+# page of it all (sparsetrace report).
 #
 # models/needle-v4 is a 12.4M-parameter DeepSeek-V4 (sliding, CSA and HCA layers, lightning
 # indexer with top-k 32, hash and routed MoE, mHC, YaRN; FP8/FP4 release) trained with
@@ -63,6 +64,11 @@ echo "== 9. recall sweep, 1k and 2k tokens x 4 positions x 2 seeds: as trained, 
 $st needle sweep --backend "$backend" --model "$model" --tokens 1k,2k --seeds 2 --first-seed 2 --kind path --store "$store" --quiet
 $st needle sweep --backend "$backend" --model "$model" --tokens 1k,2k --seeds 2 --first-seed 2 --kind path --set rotate=q \
   --store "$store" --quiet
+echo
+echo "== 10. report: one HTML page of both runs, their diff, the replays, the sweeps and the bisect"
+$st report --store "$store" --model "$model" "$store/trained.h5" "$store/rotate-q.h5" sweep:all \
+  --good rotate=none --bad rotate=q -o "$store/report.html"
+echo "open $store/report.html (self-contained: file:// is fine)"
 echo
 echo "What it shows: as trained, the model copies the line back from 900 tokens earlier, far beyond"
 echo "its 64-token window: the indexer of layer 5, its last CSA layer, keeps the needle's compressed"

@@ -10,6 +10,7 @@ packages=(
   python3-torch             # tests/test_torchsave.sh: real torch.save files for the import reader
   clang libclang-rt-14-dev  # tools/fuzz.sh: libFuzzer + ASan/UBSan runtimes
   hipcc libamdhip64-dev     # the hip backend's compile check (ROCm 5.2; nothing runs without a GPU)
+  chromium fonts-dejavu-core # tests/test_report.sh: the report page in headless Chromium
 )
 missing=()
 for p in "${packages[@]}"; do
