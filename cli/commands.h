@@ -23,6 +23,7 @@ int st_cmd_diff(int argc, char **argv);     /* cli/cmd_diff.c: exit 0 same, 1 di
 int st_cmd_replay(int argc, char **argv);   /* cli/cmd_replay.c */
 int st_cmd_bisect(int argc, char **argv);   /* cli/cmd_bisect.c */
 int st_cmd_needle(int argc, char **argv);   /* cli/cmd_needle.c: make, sweep */
+int st_cmd_scoreboard(int argc, char **argv); /* cli/cmd_scoreboard.c */
 int st_cmd_store(int argc, char **argv);    /* cli/cmd_store.c: check [--repair]; 1 = problems */
 
 /* Shared by subcommands: "prefix argv[0] ... argv[argc-1]" for provenance (caller frees; NULL
