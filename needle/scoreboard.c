@@ -237,10 +237,14 @@ static st_status target_pairs(const char *arg, const char *pairs, st_scoreboard_
 
 st_status st_scoreboard_target_parse(const char *arg, st_scoreboard_target *out) {
   memset(out, 0, sizeof *out);
-  const char *spec = arg, *eq = strchr(arg, '=');
+  const char *spec = arg, *eq = NULL;
   char label[ST_SCOREBOARD_MAX_LABEL] = "";
-  /* LABEL= is the text before the first '=' when it holds no ':' ("patchA=http://...",
-  ** "trained=engine"); "engine:rotate=q" has none */
+  /* LABEL= is the text before the first "=engine", "=binary:" or "=http" when it holds no ':'
+  ** ("patchA=http://...", "rotate=q=engine:rotate=q"); "engine:rotate=q" has none */
+  for (const char *p = strchr(arg, '='); p && !eq; p = strchr(p + 1, '='))
+    if (!strncmp(p + 1, "engine", 6) || !strncmp(p + 1, "binary:", 7) || !strncmp(p + 1, "http://", 7) ||
+        !strncmp(p + 1, "https://", 8))
+      eq = p;
   if (eq && eq > arg && !memchr(arg, ':', (size_t)(eq - arg))) {
     if ((size_t)(eq - arg) >= sizeof label)
       return st_fail(ST_EINVAL, "--target '%s': the label is longer than %d bytes", arg, ST_SCOREBOARD_MAX_LABEL - 1);
@@ -248,8 +252,8 @@ st_status st_scoreboard_target_parse(const char *arg, st_scoreboard_target *out)
     spec = eq + 1;
   }
   for (const char *p = label; *p; p++)
-    if ((unsigned char)*p <= ' ' || *p == ',' || *p == '"' || *p == '\'')
-      return st_fail(ST_EINVAL, "--target '%s': a label is one word (no spaces, commas or quotes)", arg);
+    if ((unsigned char)*p <= ' ' || *p == '"' || *p == '\'')
+      return st_fail(ST_EINVAL, "--target '%s': a label is one word (no spaces or quotes)", arg);
   if (snprintf(out->spec, sizeof out->spec, "%s", spec) >= (int)sizeof out->spec)
     return st_fail(ST_EINVAL, "--target: longer than %zu bytes", sizeof out->spec - 1);
   char deflabel[4096] = "";

@@ -6,7 +6,7 @@
 ** of the same shape) that expands deterministically into cases: kinds x tokens x positions x
 ** seeds x formats, in that nesting order. Each case is one request of `needle make`'s generator.
 **
-** Target: "[LABEL=]SPEC" where SPEC is
+** Target: "[LABEL=]SPEC" (LABEL one word, '=' allowed: "rotate=q=engine:rotate=q") where SPEC is
 **   engine[:K=V,...]          this build's engine on --model: settings (rotate=q) and backend=NAME
 **   binary:PATH[,K=V,...]     another sparsetrace build's engine on --model, same keys
 **   http(s)://HOST:PORT[/v1]  a live server; each case goes to the API of its request format

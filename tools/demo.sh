@@ -64,6 +64,12 @@ $st needle sweep --backend "$backend" --model "$model" --tokens 1k,2k --seeds 2 
 $st needle sweep --backend "$backend" --model "$model" --tokens 1k,2k --seeds 2 --first-seed 2 --kind path --set rotate=q \
   --store "$store" --quiet
 echo
+echo "== 10. scoreboard: the fixed demo corpus (schemas/scoreboard-corpora.json: 4 cases of ~512 tokens)"
+echo "       against three targets; per case, what rotate=q and rotate=both fix and break against it"
+$st scoreboard --corpus demo --model "$model" --store "$store" --quiet \
+  --target trained=engine:backend=$backend --target rotate=q=engine:backend=$backend,rotate=q \
+  --target rotate=both=engine:backend=$backend,rotate=both
+echo
 echo "What it shows: as trained, the model copies the line back from 900 tokens earlier, far beyond"
 echo "its 64-token window: the indexer of layer 5, its last CSA layer, keeps the needle's compressed"
 echo "rows among its 32 at 14 of the answer's 15 positions (the one it misses emits \" directory\","
@@ -72,4 +78,5 @@ echo "although every other tensor is identical, the needle drops out of the top-
 echo "the line, and the model answers with another project's path. Rotating both sides keeps it:"
 echo "the Hadamard is orthogonal. bisect names the setting, the layer whose verdict it flips and the"
 echo "layers where it only changes the counts (layer 5: 14 -> 11 of 15); the sweep shows the recall it"
-echo "costs. The verdict rule: schemas/needle-verdicts.md."
+echo "costs, and the scoreboard the same per case for each candidate: rotate=q breaks every case the"
+echo "model passes as trained, rotate=both breaks none. The verdict rule: schemas/needle-verdicts.md."
