@@ -232,7 +232,7 @@ eb=(--corpus-file "$work/corpora.json" --corpus engine --model "$tiny" --store "
 $st scoreboard "${eb[@]}" --target q=engine:rotate=q,backend=cpu-ref >"$work/e1.txt" 2>"$work/e1.err" &
 sb_pid=$!
 pids+=($sb_pid)
-for _ in $(seq 1200); do
+for _ in $(seq 6000); do # up to 5 min (a sanitizer build)
   n=$($py -c "import sqlite3; print(sqlite3.connect('file:$work/e/index.sqlite?mode=ro', uri=True).execute(
     'SELECT count(*) FROM scoreboard_results').fetchone()[0])" 2>/dev/null || echo 0)
   [ "$n" -ge 2 ] && break
