@@ -125,17 +125,17 @@ st_status st_scoreboard_corpus_parse(const char *text, const char *origin, const
     rc = ST_EFORMAT;
     goto out;
   }
+  /* the matrix's axes: a repeated value would be one column twice */
   for (int a = 0; a < nt; a++)
     for (int b = 0; b < a; b++)
-      if (out->tokens[a] == out->tokens[b] || (a < np && b < np && out->positions[a] == out->positions[b])) {
-        rc = st_fail(ST_EFORMAT, "%s: corpus \"%s\": \"%s\" repeats a value", origin, name,
-                     out->tokens[a] == out->tokens[b] ? "tokens" : "positions");
+      if (out->tokens[a] == out->tokens[b]) {
+        rc = st_fail(ST_EFORMAT, "%s: corpus \"%s\": \"tokens\" repeats %lld", origin, name, (long long)out->tokens[a]);
         goto out;
       }
-  for (int a = nt; a < np; a++)
+  for (int a = 0; a < np; a++)
     for (int b = 0; b < a; b++)
       if (out->positions[a] == out->positions[b]) {
-        rc = st_fail(ST_EFORMAT, "%s: corpus \"%s\": \"positions\" repeats a value", origin, name);
+        rc = st_fail(ST_EFORMAT, "%s: corpus \"%s\": \"positions\" repeats %g", origin, name, out->positions[a]);
         goto out;
       }
   out->n_tokens = nt;
@@ -338,9 +338,10 @@ static st_status store_cases(st_index *ix, const st_scoreboard_corpus *c) {
     if (!rc) {
       sqlite3_bind_text(count, 1, c->name, -1, SQLITE_STATIC);
       sqlite3_bind_int(count, 2, c->version);
-      if (sqlite3_step(count) == SQLITE_ROW && sqlite3_column_int(count, 0) > c->n_cases)
+      int stored = sqlite3_step(count) == SQLITE_ROW ? sqlite3_column_int(count, 0) : 0;
+      if (stored > 0 && stored != c->n_cases)
         rc = st_fail(ST_EMISMATCH, "corpus \"%s\" version %d: the store holds %d cases, the definition %d: a changed "
-                     "corpus needs a new version", c->name, c->version, sqlite3_column_int(count, 0), c->n_cases);
+                     "corpus needs a new version", c->name, c->version, stored, c->n_cases);
     }
     sqlite3_finalize(count);
   }

@@ -214,6 +214,10 @@ PY
 # ---------------------------------------------------------------- usage and corpus errors
 expect_fail "a changed corpus under the same version is refused" 1 "needs a new version" \
   $st scoreboard --corpus-file "$work/changed.json" --corpus t --store "$work/s" --target x=http://127.0.0.1:$port_perfect
+sed 's/"seeds": \[1, 2\], "formats": \["openai-chat", "anthropic"\]/"seeds": [1, 2, 3], "formats": ["openai-chat", "anthropic"]/' \
+  "$work/corpora.json" >"$work/grown.json"
+expect_fail "a corpus grown under the same version is refused" 1 "holds 48 cases, the definition 72" \
+  $st scoreboard --corpus-file "$work/grown.json" --corpus t --store "$work/s" --target x=http://127.0.0.1:$port_perfect
 expect_fail "a label already naming another target is refused" 1 "already names http" \
   $st scoreboard "${sb[@]}" --target early=http://127.0.0.1:$port_late
 expect_fail "two targets with one label" 1 "two targets are labelled" \
