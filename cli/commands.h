@@ -24,6 +24,7 @@ int st_cmd_replay(int argc, char **argv);   /* cli/cmd_replay.c */
 int st_cmd_bisect(int argc, char **argv);   /* cli/cmd_bisect.c */
 int st_cmd_report(int argc, char **argv);   /* cli/cmd_report.c: the HTML page (report/) */
 int st_cmd_needle(int argc, char **argv);   /* cli/cmd_needle.c: make, sweep */
+int st_cmd_scoreboard(int argc, char **argv); /* cli/cmd_scoreboard.c */
 int st_cmd_store(int argc, char **argv);    /* cli/cmd_store.c: check [--repair]; 1 = problems */
 int st_cmd_import(int argc, char **argv);   /* cli/cmd_import.c: show, sglang-dumper, hf */
 

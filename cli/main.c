@@ -24,6 +24,7 @@ static const command commands[] = {
   {"bisect", st_cmd_bisect, "find the setting change and the first layer that lose the needle"},
   {"report", st_cmd_report, "one self-contained HTML page of runs, their diff, sweeps, a bisect"},
   {"needle", st_cmd_needle, "make needle-recall requests; sweep them against the engine or a server"},
+  {"scoreboard", st_cmd_scoreboard, "one fixed needle corpus against several targets: matrix, fixed / broken"},
   {"capture", st_cmd_capture, "proxy between a client and its server, recording every request"},
   {"serve", st_cmd_serve, "the reference engine behind OpenAI and Anthropic endpoints, traced"},
   {"requests", st_cmd_requests, "list, show and export captured requests"},

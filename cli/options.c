@@ -128,6 +128,12 @@ static const alias aliases[] = {
   {"queue", 0, 1, ST_OPT_QUEUE, 0, "N", "requests that may wait for the engine"},
   {"context", 0, 1, ST_OPT_CONTEXT, 0, "N", "most tokens per request, prompt and answer"},
   {"script-answers", 0, 1, ST_OPT_SCRIPT_ANSWERS, 0, "FILE", "test setting: answers in turn from a JSON array of strings"},
+
+  {"corpus", 0, 1, ST_OPT_CORPUS, 0, "NAME", "a corpus of schemas/scoreboard-corpora.json"},
+  {"corpus-file", 0, 1, ST_OPT_CORPUS_FILE, 0, "FILE", "read the corpus from FILE (same shape)"},
+  {"target", 0, 1, ST_OPT_TARGET, 0, "[LABEL=]SPEC", "a target to run (repeatable)"},
+  {"baseline", 0, 1, ST_OPT_BASELINE, 0, "LABEL", "the target the others are compared with"},
+  {"retry-errors", 0, 0, ST_OPT_RETRY_ERRORS, 0, NULL, "run again the cases that could not be made"},
 };
 #define N_ALIASES (int)(sizeof aliases / sizeof aliases[0])
 

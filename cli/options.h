@@ -73,6 +73,8 @@ typedef enum st_opt_id {
   ST_OPT_PORT, ST_OPT_QUEUE, ST_OPT_CONTEXT, ST_OPT_SCRIPT_ANSWERS,
   /* import */
   ST_OPT_PICKLE, ST_OPT_MAP,
+  /* scoreboard */
+  ST_OPT_CORPUS, ST_OPT_CORPUS_FILE, ST_OPT_TARGET, ST_OPT_BASELINE, ST_OPT_RETRY_ERRORS,
   ST_OPT_ID_END
 } st_opt_id;
 

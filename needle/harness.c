@@ -7,11 +7,19 @@
 #include "common/build_info.h"
 
 #include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+extern char **environ;
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -175,22 +183,42 @@ st_status st_harness_answer_text(st_harness_api api, const char *body, size_t le
 
 /* ---------------------------------------------------------------- the store */
 
-typedef struct sweep {
-  const st_harness_options *o;
-  st_harness_result *res;
+struct st_harness {
+  st_harness_options o;     /* a copy; its pointers are the caller's */
   st_index *ix;
   sqlite3_stmt *insert;
+  char target[8192];        /* engine: model dir (or "BINARY (model DIR)"); server: the last URL */
+  char settings_json[2048]; /* engine: resolved settings; server / binary: the --set pairs */
   /* engine */
   st_model *model;
   st_tokenizer *tok;
   st_taps taps;
   char *config_text;
+  char *name_copy;
   const char *model_name;
   char url[8192];
   int threads;
   st_backend backend;
   st_needle_summary needle; /* the last engine attempt's needle verdicts */
-} sweep;
+};
+typedef struct st_harness sweep;
+
+/* The API an attempt speaks: the engine's, or for a server the one of the attempt's request
+** format (a needle sweep's --api sets the format; a scoreboard's corpus names it per case). */
+static st_harness_api attempt_api(const sweep *w, const st_harness_attempt *a) {
+  if (w->o.api == ST_HARNESS_ENGINE) return ST_HARNESS_ENGINE;
+  return a->format == ST_NEEDLE_ANTHROPIC ? ST_HARNESS_ANTHROPIC
+       : a->format == ST_NEEDLE_OPENAI_CHAT ? ST_HARNESS_OPENAI : ST_HARNESS_RESPONSES;
+}
+
+st_needle_format st_harness_api_format(st_harness_api api) {
+  return api == ST_HARNESS_ANTHROPIC ? ST_NEEDLE_ANTHROPIC
+       : api == ST_HARNESS_RESPONSES ? ST_NEEDLE_OPENAI_RESPONSES : ST_NEEDLE_OPENAI_CHAT;
+}
+
+int st_harness_answer_passes(const char *answer, const char *expected) {
+  return answer && expected && *expected && strstr(answer, expected) != NULL;
+}
 
 static const char insert_sql[] =
   "INSERT INTO needle_attempts (sweep_id, created_at, target, api, format, render, thinking, tokens_requested, "
@@ -198,20 +226,22 @@ static const char insert_sql[] =
   "answer, pass, run_id, needle_start, needle_end, max_new_tokens, settings, error, duration_s) "
   "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
 
-static st_status store_attempt(sweep *w, st_harness_attempt *a, st_needle_format format, int has_prompt) {
-  const st_harness_options *o = w->o;
+st_status st_harness_store(st_harness *w, const char *sweep_id, st_harness_attempt *a) {
+  const st_harness_options *o = &w->o;
+  int has_prompt = a->needle[0] != 0;
+  st_harness_api api = attempt_api(w, a);
   sqlite3_stmt *s = w->insert;
   char now[64];
   st_utc_now(now, sizeof now);
   sqlite3_reset(s);
   sqlite3_clear_bindings(s);
   int i = 1;
-  sqlite3_bind_text(s, i++, w->res->sweep_id, -1, SQLITE_STATIC);
+  sqlite3_bind_text(s, i++, sweep_id, -1, SQLITE_STATIC);
   sqlite3_bind_text(s, i++, now, -1, SQLITE_TRANSIENT);
-  sqlite3_bind_text(s, i++, w->res->target, -1, SQLITE_STATIC);
-  sqlite3_bind_text(s, i++, st_harness_api_name(o->api), -1, SQLITE_STATIC);
-  sqlite3_bind_text(s, i++, st_needle_format_name(format), -1, SQLITE_STATIC);
-  if (o->api == ST_HARNESS_ENGINE) sqlite3_bind_text(s, i, st_render_profile_name(o->render.profile), -1, SQLITE_STATIC);
+  sqlite3_bind_text(s, i++, a->target[0] ? a->target : w->target, -1, SQLITE_STATIC);
+  sqlite3_bind_text(s, i++, st_harness_api_name(api), -1, SQLITE_STATIC);
+  sqlite3_bind_text(s, i++, st_needle_format_name(a->format), -1, SQLITE_STATIC);
+  if (api == ST_HARNESS_ENGINE) sqlite3_bind_text(s, i, st_render_profile_name(o->render.profile), -1, SQLITE_STATIC);
   i++;
   if (o->thinking >= 0) sqlite3_bind_int(s, i, o->thinking);
   i++;
@@ -228,7 +258,7 @@ static st_status store_attempt(sweep *w, st_harness_attempt *a, st_needle_format
   if (has_prompt) sqlite3_bind_double(s, i, a->position_actual);
   i++;
   sqlite3_bind_int64(s, i++, (int64_t)a->seed);
-  sqlite3_bind_text(s, i++, st_needle_kind_name(o->kind), -1, SQLITE_STATIC);
+  sqlite3_bind_text(s, i++, st_needle_kind_name(a->kind), -1, SQLITE_STATIC);
   sqlite3_bind_text(s, i++, a->needle, -1, SQLITE_STATIC);
   sqlite3_bind_text(s, i++, a->expected, -1, SQLITE_STATIC);
   if (a->answer) sqlite3_bind_text(s, i, a->answer, -1, SQLITE_STATIC);
@@ -242,7 +272,7 @@ static st_status store_attempt(sweep *w, st_harness_attempt *a, st_needle_format
   }
   i += 2;
   sqlite3_bind_int(s, i++, o->max_new);
-  sqlite3_bind_text(s, i++, w->res->settings_json, -1, SQLITE_STATIC);
+  sqlite3_bind_text(s, i++, w->settings_json, -1, SQLITE_STATIC);
   if (a->error) sqlite3_bind_text(s, i, a->error, -1, SQLITE_STATIC);
   i++;
   sqlite3_bind_double(s, i++, a->seconds);
@@ -256,12 +286,12 @@ static st_status store_attempt(sweep *w, st_harness_attempt *a, st_needle_format
 /* ---------------------------------------------------------------- one attempt */
 
 static void spec_for(const sweep *w, st_harness_attempt *a, st_needle_format format, st_needle_spec *sp) {
-  const st_harness_options *o = w->o;
+  const st_harness_options *o = &w->o;
   st_needle_spec_default(sp);
   sp->tokens = a->tokens_requested;
   sp->position = a->position;
   sp->seed = a->seed;
-  sp->kind = o->kind;
+  sp->kind = a->kind;
   sp->format = format;
   sp->tok = w->tok;
   sp->render = o->render;
@@ -282,7 +312,7 @@ static void take_prompt_facts(st_harness_attempt *a, const st_needle_prompt *np)
 
 /* Runs the engine on the prompt; the per-attempt failure message goes to a->error. */
 static void engine_attempt(sweep *w, st_harness_attempt *a) {
-  const st_harness_options *o = w->o;
+  const st_harness_options *o = &w->o;
   const st_config *cfg = w->model->cfg;
   st_recorder *rec = NULL;
   st_session *session = NULL;
@@ -294,7 +324,7 @@ static void engine_attempt(sweep *w, st_harness_attempt *a) {
   int n_prompt;
   st_needle_prompt np;
   st_needle_spec sp;
-  spec_for(w, a, o->format, &sp);
+  spec_for(w, a, a->format, &sp);
   if (st_needle_make(&sp, &np)) goto fail;
   take_prompt_facts(a, &np);
   n = np.ids.n;
@@ -315,7 +345,7 @@ static void engine_attempt(sweep *w, st_harness_attempt *a) {
   memcpy(tokens, np.ids.ids, sizeof(int32_t) * n);
 
   st_run_meta meta = {
-    .model_dir = o->model_dir, .model_name = w->model_name, .settings_json = w->res->settings_json,
+    .model_dir = o->model_dir, .model_name = w->model_name, .settings_json = w->settings_json,
     .config_json = w->config_text ? w->config_text : "{}", .backend = w->backend.ops->name,
     .kernel_mode = w->backend.ops->kernel_mode, .threads = w->threads,
     .command_line = o->command_line ? o->command_line : "sparsetrace needle sweep",
@@ -348,7 +378,7 @@ static void engine_attempt(sweep *w, st_harness_attempt *a) {
   if (st_tokenizer_decode(w->tok, tokens + n_prompt, (size_t)n_gen, ST_TOK_SKIP_SPECIAL, &text, &len)) goto fail;
   a->answer = utf8_clean(text, len);
   if (!a->answer) { st_fail(ST_ENOMEM, "answer"); goto fail; }
-  a->pass = strstr(a->answer, a->expected) != NULL;
+  a->pass = st_harness_answer_passes(a->answer, a->expected);
   goto done;
 fail:
   a->error = errdup();
@@ -362,6 +392,26 @@ done:
   st_needle_prompt_free(&np);
 }
 
+static int ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && !strcmp(s + n - m, suffix);
+}
+
+/* Base URL → the endpoint posted to: ".../v1/messages" etc. are kept, ".../v1" gets the path,
+** anything else gets "/v1/" + path. */
+static void endpoint_url(const char *base, st_harness_api api, char *out, size_t size) {
+  const char *path = api == ST_HARNESS_ANTHROPIC ? "messages" : api == ST_HARNESS_OPENAI ? "chat/completions" : "responses";
+  char b[4096];
+  snprintf(b, sizeof b, "%s", base);
+  size_t n = strlen(b);
+  while (n > 0 && b[n - 1] == '/') b[--n] = 0;
+  char full[64];
+  snprintf(full, sizeof full, "/%s", path);
+  if (ends_with(b, full)) snprintf(out, size, "%s", b);
+  else if (ends_with(b, "/v1")) snprintf(out, size, "%s/%s", b, path);
+  else snprintf(out, size, "%s/v1/%s", b, path);
+}
+
 static size_t collect(char *data, size_t size, size_t nmemb, void *ctx) {
   st_buf *t = ctx;
   st_buf_add(t, data, size * nmemb);
@@ -369,9 +419,11 @@ static size_t collect(char *data, size_t size, size_t nmemb, void *ctx) {
 }
 
 static void server_attempt(sweep *w, st_harness_attempt *a) {
-  const st_harness_options *o = w->o;
-  st_needle_format format = o->api == ST_HARNESS_ANTHROPIC ? ST_NEEDLE_ANTHROPIC
-                          : o->api == ST_HARNESS_OPENAI ? ST_NEEDLE_OPENAI_CHAT : ST_NEEDLE_OPENAI_RESPONSES;
+  const st_harness_options *o = &w->o;
+  st_harness_api api = attempt_api(w, a);
+  st_needle_format format = a->format;
+  endpoint_url(o->endpoint, api, w->url, sizeof w->url);
+  snprintf(a->target, sizeof a->target, "%s", w->url);
   st_needle_prompt np;
   st_needle_spec sp;
   char *body = NULL, *text = NULL;
@@ -385,10 +437,10 @@ static void server_attempt(sweep *w, st_harness_attempt *a) {
   curl = curl_easy_init();
   if (!body || !curl) { st_fail(ST_ENOMEM, "request"); goto fail; }
   const char *key = getenv("ST_API_KEY");
-  if (!key || !*key) key = getenv(o->api == ST_HARNESS_ANTHROPIC ? "ANTHROPIC_API_KEY" : "OPENAI_API_KEY");
+  if (!key || !*key) key = getenv(api == ST_HARNESS_ANTHROPIC ? "ANTHROPIC_API_KEY" : "OPENAI_API_KEY");
   char auth[1024];
   headers = curl_slist_append(headers, "Content-Type: application/json");
-  if (o->api == ST_HARNESS_ANTHROPIC) {
+  if (api == ST_HARNESS_ANTHROPIC) {
     headers = curl_slist_append(headers, "anthropic-version: 2023-06-01");
     if (key && *key) {
       snprintf(auth, sizeof auth, "x-api-key: %s", key);
@@ -424,10 +476,10 @@ static void server_attempt(sweep *w, st_harness_attempt *a) {
     free(clean);
     goto fail;
   }
-  if (st_harness_answer_text(o->api, reply.data ? reply.data : "", reply.len, &text, &a->tokens_reported)) goto fail;
+  if (st_harness_answer_text(api, reply.data ? reply.data : "", reply.len, &text, &a->tokens_reported)) goto fail;
   a->answer = utf8_clean(text, strlen(text));
   if (!a->answer) { st_fail(ST_ENOMEM, "answer"); goto fail; }
-  a->pass = strstr(a->answer, a->expected) != NULL;
+  a->pass = st_harness_answer_passes(a->answer, a->expected);
   goto done;
 fail:
   a->error = errdup();
@@ -442,26 +494,6 @@ done:
 }
 
 /* ---------------------------------------------------------------- the sweep */
-
-static int ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), m = strlen(suffix);
-  return n >= m && !strcmp(s + n - m, suffix);
-}
-
-/* Base URL → the endpoint posted to: ".../v1/messages" etc. are kept, ".../v1" gets the path,
-** anything else gets "/v1/" + path. */
-static void endpoint_url(const char *base, st_harness_api api, char *out, size_t size) {
-  const char *path = api == ST_HARNESS_ANTHROPIC ? "messages" : api == ST_HARNESS_OPENAI ? "chat/completions" : "responses";
-  char b[4096];
-  snprintf(b, sizeof b, "%s", base);
-  size_t n = strlen(b);
-  while (n > 0 && b[n - 1] == '/') b[--n] = 0;
-  char full[64];
-  snprintf(full, sizeof full, "/%s", path);
-  if (ends_with(b, full)) snprintf(out, size, "%s", b);
-  else if (ends_with(b, "/v1")) snprintf(out, size, "%s/%s", b, path);
-  else snprintf(out, size, "%s/v1/%s", b, path);
-}
 
 static st_status settings_for_server(const st_harness_options *o, char *buf, size_t size) {
   json_t *obj = json_object();
@@ -487,65 +519,255 @@ static st_status settings_for_server(const st_harness_options *o, char *buf, siz
   return ST_OK;
 }
 
+/* ---------------------------------------------------------------- another build */
+
+/* mkdir -p: dir and the folders above it. */
+static st_status make_dirs(const char *dir) {
+  char path[4096];
+  if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) return st_fail(ST_EINVAL, "%s: path too long", dir);
+  for (char *p = path + 1;; p++) {
+    if (*p != '/' && *p) continue;
+    char c = *p;
+    *p = 0;
+    if (mkdir(path, 0755) && errno != EEXIST) return st_fail(ST_EIO, "%s: cannot create: %s", path, strerror(errno));
+    if (!(*p = c)) break;
+  }
+  return ST_OK;
+}
+
+/* The engine of another sparsetrace build: `BINARY needle sweep` for this one cell (one size,
+** one position, one seed), its JSON read back. The other build records its run in its own store
+** (binary_store: an older or newer build may have another index schema); this attempt row keeps
+** the answer, and the pass is judged here again with st_harness_answer_passes, one rule for
+** every target. */
+static void binary_attempt(sweep *w, st_harness_attempt *a) {
+  const st_harness_options *o = &w->o;
+  char tokens[32], position[32], seed[32], max_new[32], err_path[4200];
+  char *argv[64 + 2 * ST_HARNESS_MAX_SETS];
+  int n = 0, out_pipe[2] = {-1, -1}, status = 0;
+  st_buf reply = {0};
+  json_t *root = NULL;
+  pid_t pid = -1;
+  posix_spawn_file_actions_t fa;
+  int fa_ready = 0;
+  snprintf(tokens, sizeof tokens, "%lld", (long long)a->tokens_requested);
+  snprintf(position, sizeof position, "%.17g", a->position);
+  snprintf(seed, sizeof seed, "%llu", (unsigned long long)a->seed);
+  snprintf(max_new, sizeof max_new, "%d", o->max_new);
+  snprintf(err_path, sizeof err_path, "%s/last-stderr.txt", o->binary_store);
+  if (o->n_set > ST_HARNESS_MAX_SETS) { st_fail(ST_EINVAL, "more than %d settings", ST_HARNESS_MAX_SETS); goto fail; }
+  argv[n++] = (char *)o->binary;
+  argv[n++] = "needle";
+  argv[n++] = "sweep";
+  argv[n++] = "--model", argv[n++] = (char *)o->model_dir;
+  argv[n++] = "--tokens", argv[n++] = tokens;
+  argv[n++] = "--positions", argv[n++] = position;
+  argv[n++] = "--seeds", argv[n++] = "1";
+  argv[n++] = "--first-seed", argv[n++] = seed;
+  argv[n++] = "--kind", argv[n++] = (char *)st_needle_kind_name(a->kind);
+  argv[n++] = "--format", argv[n++] = (char *)st_needle_format_name(a->format);
+  argv[n++] = "--render", argv[n++] = (char *)st_render_profile_name(o->render.profile);
+  argv[n++] = "--thinking", argv[n++] = o->thinking < 0 ? "server" : o->thinking ? "on" : "off";
+  argv[n++] = "--max-new-tokens", argv[n++] = max_new;
+  argv[n++] = "--store", argv[n++] = (char *)o->binary_store;
+  if (o->backend) argv[n++] = "--backend", argv[n++] = (char *)o->backend;
+  if (o->tokenizer_dir) argv[n++] = "--tokenizer", argv[n++] = (char *)o->tokenizer_dir;
+  for (int i = 0; i < o->n_set; i++) argv[n++] = "--set", argv[n++] = (char *)o->set_args[i];
+  argv[n++] = "--json";
+  argv[n++] = "--quiet";
+  argv[n] = NULL;
+  if (make_dirs(o->binary_store)) goto fail;
+  if (pipe(out_pipe)) { st_fail(ST_EIO, "pipe: %s", strerror(errno)); goto fail; }
+  posix_spawn_file_actions_init(&fa);
+  fa_ready = 1;
+  posix_spawn_file_actions_adddup2(&fa, out_pipe[1], 1);
+  posix_spawn_file_actions_addclose(&fa, out_pipe[0]);
+  posix_spawn_file_actions_addclose(&fa, out_pipe[1]);
+  posix_spawn_file_actions_addopen(&fa, 2, err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  int e = posix_spawn(&pid, o->binary, &fa, NULL, argv, environ);
+  if (e) { pid = -1; st_fail(ST_EIO, "%s: cannot start it: %s", o->binary, strerror(e)); goto fail; }
+  close(out_pipe[1]);
+  out_pipe[1] = -1;
+  char chunk[65536];
+  for (;;) {
+    ssize_t got = read(out_pipe[0], chunk, sizeof chunk);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    st_buf_add(&reply, chunk, (size_t)got);
+  }
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  pid = -1;
+  if (reply.failed) { st_fail(ST_ENOMEM, "%s's answer", o->binary); goto fail; }
+  json_error_t je;
+  root = reply.len ? json_loadb(reply.data, reply.len, 0, &je) : NULL;
+  json_t *row = json_array_get(json_object_get(root, "attempt_rows"), 0);
+  if (!json_is_object(row)) {
+    char *tail = st_read_text_file(err_path);
+    size_t tl = tail ? strlen(tail) : 0;
+    while (tl && (tail[tl - 1] == '\n' || tail[tl - 1] == ' ')) tail[--tl] = 0;
+    const char *shown = tail ? (tl > 300 ? tail + tl - 300 : tail) : "";
+    if (WIFEXITED(status))
+      st_fail(ST_EUPSTREAM, "%s needle sweep exited %d without an attempt: %s", o->binary, WEXITSTATUS(status), shown);
+    else
+      st_fail(ST_EUPSTREAM, "%s needle sweep was killed by signal %d: %s", o->binary,
+              WIFSIGNALED(status) ? WTERMSIG(status) : 0, shown);
+    free(tail);
+    goto fail;
+  }
+  const char *s;
+  if ((s = json_string_value(json_object_get(row, "needle")))) snprintf(a->needle, sizeof a->needle, "%s", s);
+  if ((s = json_string_value(json_object_get(row, "expected")))) snprintf(a->expected, sizeof a->expected, "%s", s);
+  a->tokens_actual = json_integer_value(json_object_get(row, "tokens_actual"));
+  a->measured = (s = json_string_value(json_object_get(row, "tokens_measure"))) && !strcmp(s, "tokenizer");
+  a->position_actual = json_number_value(json_object_get(row, "position_actual"));
+  json_t *span = json_object_get(row, "needle_tokens");
+  if (json_array_size(span) == 2) {
+    a->needle_start = json_integer_value(json_array_get(span, 0));
+    a->needle_end = json_integer_value(json_array_get(span, 1));
+  }
+  if ((s = json_string_value(json_object_get(row, "run_id"))))
+    snprintf(a->foreign_run_id, sizeof a->foreign_run_id, "%s", s);
+  if ((s = json_string_value(json_object_get(row, "error")))) {
+    st_fail(ST_EUPSTREAM, "%s: %s", o->binary, s);
+    goto fail;
+  }
+  s = json_string_value(json_object_get(row, "answer"));
+  a->answer = utf8_clean(s ? s : "", s ? strlen(s) : 0);
+  if (!a->answer) { st_fail(ST_ENOMEM, "answer"); goto fail; }
+  a->pass = st_harness_answer_passes(a->answer, a->expected);
+  goto done;
+fail:
+  a->error = errdup();
+  a->pass = 0;
+done:
+  if (pid > 0) while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  if (fa_ready) posix_spawn_file_actions_destroy(&fa);
+  if (out_pipe[0] >= 0) close(out_pipe[0]);
+  if (out_pipe[1] >= 0) close(out_pipe[1]);
+  json_decref(root);
+  st_buf_free(&reply);
+}
+
+/* ---------------------------------------------------------------- open, attempt, close */
+
+st_status st_harness_open(const st_harness_options *o, st_harness **out) {
+  *out = NULL;
+  if (o->max_new < 1) return st_fail(ST_EINVAL, "--max-new-tokens must be at least 1");
+  if (o->api == ST_HARNESS_ENGINE ? !o->model_dir : !o->endpoint)
+    return st_fail(ST_EINVAL, o->api == ST_HARNESS_ENGINE ? "the engine needs --model DIR" : "a server sweep needs --endpoint URL");
+  if (o->binary && (o->api != ST_HARNESS_ENGINE || !o->binary_store))
+    return st_fail(ST_EINVAL, "another build's engine needs --model DIR and a store of its own");
+  sweep *w = calloc(1, sizeof *w);
+  if (!w) return st_fail(ST_ENOMEM, "the harness");
+  w->o = *o;
+  st_status rc = ST_OK;
+#ifdef _OPENMP
+  w->threads = omp_get_max_threads();
+#else
+  w->threads = 1;
+#endif
+  if (o->api == ST_HARNESS_ENGINE && o->binary) {
+    /* the other build loads the model; here only its identity */
+    if (access(o->binary, X_OK)) {
+      rc = st_fail(ST_ENOTFOUND, "%s: not an executable sparsetrace binary (%s)", o->binary, strerror(errno));
+      goto out;
+    }
+    snprintf(w->target, sizeof w->target, "%s (model %s)", o->binary, o->model_dir);
+    if ((rc = settings_for_server(o, w->settings_json, sizeof w->settings_json))) goto out;
+  } else if (o->api == ST_HARNESS_ENGINE) {
+    snprintf(w->target, sizeof w->target, "%s", o->model_dir);
+    const char *tdir = o->tokenizer_dir ? o->tokenizer_dir : o->model_dir;
+    if ((rc = st_tokenizer_open(tdir, &w->tok))) {
+      st_fail_context(rc, "the engine sweep renders prompts with the model's tokenizer (or --tokenizer DIR): ");
+      goto out;
+    }
+    if ((rc = st_model_open(o->model_dir, &w->model)) || (rc = st_model_load_all(w->model))) goto out;
+    if ((rc = st_backend_open(o->backend ? o->backend : ST_BACKEND_DEFAULT, &w->backend))) goto out;
+    st_settings resolved = o->settings;
+    st_settings_resolve(&resolved, w->model->cfg);
+    st_settings_json(&resolved, w->settings_json, sizeof w->settings_json);
+    const char *globs[] = {"layers.*.indexer.*"};
+    if ((rc = st_taps_arm(&w->taps, w->model->cfg->num_hidden_layers, globs, 1))) goto out;
+    w->taps.sink = NULL;
+    char config_path[4200];
+    snprintf(config_path, sizeof config_path, "%s/config.json", o->model_dir);
+    w->config_text = st_read_text_file(config_path);
+    w->name_copy = strdup(o->model_dir);
+    if (!w->name_copy) { rc = st_fail(ST_ENOMEM, "model name"); goto out; }
+    size_t n = strlen(w->name_copy);
+    while (n > 1 && w->name_copy[n - 1] == '/') w->name_copy[--n] = 0;
+    const char *slash = strrchr(w->name_copy, '/');
+    w->model_name = o->model_name ? o->model_name : slash && slash[1] ? slash + 1 : w->name_copy;
+  } else {
+    endpoint_url(o->endpoint, o->api, w->url, sizeof w->url);
+    snprintf(w->target, sizeof w->target, "%s", w->url);
+    if (o->tokenizer_dir && (rc = st_tokenizer_open(o->tokenizer_dir, &w->tok))) goto out;
+    if ((rc = settings_for_server(o, w->settings_json, sizeof w->settings_json))) goto out;
+    w->model_name = o->model_name ? o->model_name : "deepseek-v4";
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+  }
+  if ((rc = st_index_open(o->store, ST_INDEX_READ_WRITE, &w->ix))) goto out;
+  if (sqlite3_prepare_v2(st_index_db(w->ix), insert_sql, -1, &w->insert, NULL) != SQLITE_OK) {
+    rc = st_fail(ST_ESQLITE, "%s: %s", st_index_path(w->ix), sqlite3_errmsg(st_index_db(w->ix)));
+    goto out;
+  }
+out:
+  if (rc) st_harness_close(w);
+  else *out = w;
+  return rc;
+}
+
+void st_harness_make(st_harness *w, st_harness_attempt *a) {
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  a->tokens_reported = -1;
+  a->needle_start = a->needle_end = -1;
+  st_clear_error();
+  if (w->o.api == ST_HARNESS_ENGINE && w->o.binary) binary_attempt(w, a);
+  else if (w->o.api == ST_HARNESS_ENGINE) engine_attempt(w, a);
+  else server_attempt(w, a);
+  a->seconds = seconds_since(&t0);
+}
+
+st_index *st_harness_index(st_harness *w) { return w->ix; }
+const char *st_harness_target(const st_harness *w) { return w->target; }
+const char *st_harness_settings_json(const st_harness *w) { return w->settings_json; }
+
+void st_harness_close(st_harness *w) {
+  if (!w) return;
+  sqlite3_finalize(w->insert);
+  st_index_close(w->ix);
+  st_model_close(w->model);
+  st_backend_close(&w->backend);
+  st_tokenizer_close(w->tok);
+  st_taps_free(&w->taps);
+  free(w->config_text);
+  free(w->name_copy);
+  free(w);
+}
+
+/* ---------------------------------------------------------------- the sweep */
+
 st_status st_harness_sweep(const st_harness_options *o, st_harness_result *out) {
   memset(out, 0, sizeof *out);
   if (o->n_tokens < 1 || o->n_positions < 1 || o->n_seeds < 1)
     return st_fail(ST_EINVAL, "the grid is empty: give at least one size, one position and one seed");
-  if (o->max_new < 1) return st_fail(ST_EINVAL, "--max-new-tokens must be at least 1");
-  if (o->api == ST_HARNESS_ENGINE ? !o->model_dir : !o->endpoint)
-    return st_fail(ST_EINVAL, o->api == ST_HARNESS_ENGINE ? "the engine needs --model DIR" : "a server sweep needs --endpoint URL");
-  sweep w = {.o = o, .res = out};
-  st_status rc = ST_OK;
+  st_harness *w = NULL;
+  st_status rc = st_harness_open(o, &w);
+  if (rc) return rc;
   st_run_meta id = {0};
   st_run_id_new(&id);
   snprintf(out->sweep_id, sizeof out->sweep_id, "%s", id.run_id);
+  snprintf(out->target, sizeof out->target, "%s", w->target);
+  snprintf(out->settings_json, sizeof out->settings_json, "%s", w->settings_json);
   out->n_attempts = o->n_tokens * o->n_positions * o->n_seeds;
   out->attempts = calloc((size_t)out->n_attempts, sizeof *out->attempts);
-  if (!out->attempts) return st_fail(ST_ENOMEM, "%d attempts", out->n_attempts);
-#ifdef _OPENMP
-  w.threads = omp_get_max_threads();
-#else
-  w.threads = 1;
-#endif
-  char *name_copy = NULL;
-  if (o->api == ST_HARNESS_ENGINE) {
-    snprintf(out->target, sizeof out->target, "%s", o->model_dir);
-    const char *tdir = o->tokenizer_dir ? o->tokenizer_dir : o->model_dir;
-    if ((rc = st_tokenizer_open(tdir, &w.tok))) {
-      st_fail_context(rc, "the engine sweep renders prompts with the model's tokenizer (or --tokenizer DIR): ");
-      goto out;
-    }
-    if ((rc = st_model_open(o->model_dir, &w.model)) || (rc = st_model_load_all(w.model))) goto out;
-    if ((rc = st_backend_open(o->backend ? o->backend : ST_BACKEND_DEFAULT, &w.backend))) goto out;
-    st_settings resolved = o->settings;
-    st_settings_resolve(&resolved, w.model->cfg);
-    st_settings_json(&resolved, out->settings_json, sizeof out->settings_json);
-    const char *globs[] = {"layers.*.indexer.*"};
-    if ((rc = st_taps_arm(&w.taps, w.model->cfg->num_hidden_layers, globs, 1))) goto out;
-    w.taps.sink = NULL;
-    char config_path[4200];
-    snprintf(config_path, sizeof config_path, "%s/config.json", o->model_dir);
-    w.config_text = st_read_text_file(config_path);
-    name_copy = strdup(o->model_dir);
-    if (!name_copy) { rc = st_fail(ST_ENOMEM, "model name"); goto out; }
-    size_t n = strlen(name_copy);
-    while (n > 1 && name_copy[n - 1] == '/') name_copy[--n] = 0;
-    const char *slash = strrchr(name_copy, '/');
-    w.model_name = o->model_name ? o->model_name : slash && slash[1] ? slash + 1 : name_copy;
-  } else {
-    endpoint_url(o->endpoint, o->api, w.url, sizeof w.url);
-    snprintf(out->target, sizeof out->target, "%s", w.url);
-    if (o->tokenizer_dir && (rc = st_tokenizer_open(o->tokenizer_dir, &w.tok))) goto out;
-    if ((rc = settings_for_server(o, out->settings_json, sizeof out->settings_json))) goto out;
-    w.model_name = o->model_name ? o->model_name : "deepseek-v4";
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-  }
-  if ((rc = st_index_open(o->store, ST_INDEX_READ_WRITE, &w.ix))) goto out;
-  if (sqlite3_prepare_v2(st_index_db(w.ix), insert_sql, -1, &w.insert, NULL) != SQLITE_OK) {
-    rc = st_fail(ST_ESQLITE, "%s: %s", st_index_path(w.ix), sqlite3_errmsg(st_index_db(w.ix)));
+  if (!out->attempts) {
+    rc = st_fail(ST_ENOMEM, "%d attempts", out->n_attempts);
     goto out;
   }
-
+  /* an engine attempt uses the sweep's --format; a server's follows its --api */
+  st_needle_format format = o->api == ST_HARNESS_ENGINE ? o->format : st_harness_api_format(o->api);
   int done = 0;
   for (int t = 0; t < o->n_tokens; t++)
     for (int p = 0; p < o->n_positions; p++)
@@ -554,32 +776,17 @@ st_status st_harness_sweep(const st_harness_options *o, st_harness_result *out) 
         a->tokens_requested = o->tokens[t];
         a->position = o->positions[p];
         a->seed = o->first_seed + (uint64_t)s;
-        a->tokens_reported = -1;
-        a->needle_start = a->needle_end = -1;
-        struct timespec t0;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        st_clear_error();
-        if (o->api == ST_HARNESS_ENGINE) engine_attempt(&w, a);
-        else server_attempt(&w, a);
-        a->seconds = seconds_since(&t0);
-        st_needle_format format = o->api == ST_HARNESS_ENGINE ? o->format
-                                : o->api == ST_HARNESS_ANTHROPIC ? ST_NEEDLE_ANTHROPIC
-                                : o->api == ST_HARNESS_OPENAI ? ST_NEEDLE_OPENAI_CHAT : ST_NEEDLE_OPENAI_RESPONSES;
-        if ((rc = store_attempt(&w, a, format, a->needle[0] != 0))) goto out;
+        a->kind = o->kind;
+        a->format = format;
+        st_harness_make(w, a);
+        if ((rc = st_harness_store(w, out->sweep_id, a))) goto out;
         done++;
         out->n_passed += a->pass;
         out->n_errors += a->error != NULL;
         if (o->progress) o->progress(o->progress_ctx, done, out->n_attempts, a);
       }
 out:
-  sqlite3_finalize(w.insert);
-  st_index_close(w.ix);
-  st_model_close(w.model);
-  st_backend_close(&w.backend);
-  st_tokenizer_close(w.tok);
-  st_taps_free(&w.taps);
-  free(w.config_text);
-  free(name_copy);
+  st_harness_close(w);
   if (rc) st_harness_result_free(out);
   return rc;
 }

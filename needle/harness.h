@@ -26,6 +26,7 @@
 #include "engine/text/chat.h"
 #include "needle/needle_prompt.h"
 #include "engine/settings.h"
+#include "recorder/index.h"
 
 typedef enum st_harness_api {
   ST_HARNESS_ENGINE = 0,    /* the reference engine, --model DIR */
@@ -46,6 +47,10 @@ typedef struct st_harness_attempt {
   int64_t tokens_reported;  /* server usage (prompt_tokens / input_tokens); -1 unknown */
   double position, position_actual;
   uint64_t seed;
+  st_needle_kind kind;      /* the request: set by the caller before st_harness_make */
+  st_needle_format format;  /* a server target's API follows it */
+  char target[8192];        /* server: the URL posted to ("" : the harness's target) */
+  char foreign_run_id[40];  /* another build's run, in its own store ("" when none) */
   char needle[200], expected[128];
   char *answer;             /* the model's text (owned; NULL when the attempt failed) */
   int pass;
@@ -62,6 +67,9 @@ typedef struct st_harness_options {
   st_harness_api api;
   const char *model_dir;      /* engine: the checkpoint directory */
   const char *backend;        /* engine: backend name (NULL = ST_BACKEND_DEFAULT) */
+  const char *binary;         /* engine through another sparsetrace build: its path (NULL: this
+                              ** build); each attempt runs `BINARY needle sweep` for one cell */
+  const char *binary_store;   /* that build's own trace store (its index schema may differ) */
   const char *endpoint;       /* server: base URL (…/v1 or the full endpoint path are accepted) */
   const char *tokenizer_dir;  /* tokenizer.json for sizing; NULL: model_dir (engine) / none */
   const char *model_name;     /* the requests' "model" (NULL: the model dir's name, or deepseek-v4) */
@@ -98,6 +106,28 @@ typedef struct st_harness_result {
   st_harness_attempt *attempts;
   int n_passed, n_errors;
 } st_harness_result;
+
+/* One attempt at a time (the scoreboard, needle/scoreboard.h): open what attempts need (model,
+** tokenizer, backend, or the server's URL; the index), make attempts and store them, close. */
+typedef struct st_harness st_harness;
+#define ST_HARNESS_MAX_SETS 16      /* --set pairs passed to another build */
+st_status st_harness_open(const st_harness_options *o, st_harness **out);
+/* Makes the attempt a (tokens_requested, position, seed, kind and format set by the caller):
+** runs it and judges the answer; its own failure goes to a->error, never to the return. */
+void st_harness_make(st_harness *h, st_harness_attempt *a);
+/* Stores a in needle_attempts under sweep_id (a->attempt_id set). Inside the caller's
+** transaction when it has one open on st_harness_index(h). */
+st_status st_harness_store(st_harness *h, const char *sweep_id, st_harness_attempt *a);
+st_index *st_harness_index(st_harness *h);
+const char *st_harness_target(const st_harness *h);        /* as stored in needle_attempts.target */
+const char *st_harness_settings_json(const st_harness *h); /* as stored in needle_attempts.settings */
+void st_harness_close(st_harness *h); /* NULL ok */
+
+/* The one pass rule of every recall attempt (engine, server, another build; needle sweep and
+** scoreboard): the answer contains the needle's value verbatim. */
+int st_harness_answer_passes(const char *answer, const char *expected);
+/* The request format a server API takes (anthropic, openai-chat, openai-responses). */
+st_needle_format st_harness_api_format(st_harness_api api);
 
 /* Runs the grid. On success every attempt has been stored (and *out holds them), whatever
 ** their outcome. */

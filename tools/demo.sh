@@ -65,7 +65,12 @@ $st needle sweep --backend "$backend" --model "$model" --tokens 1k,2k --seeds 2 
 $st needle sweep --backend "$backend" --model "$model" --tokens 1k,2k --seeds 2 --first-seed 2 --kind path --set rotate=q \
   --store "$store" --quiet
 echo
-echo "== 10. report: one HTML page of both runs, their diff, the replays, the sweeps and the bisect"
+echo "== 10. scoreboard: the fixed demo corpus (schemas/scoreboard-corpora.json: 4 cases of ~512 tokens)"
+echo "       against three targets; per case, what rotate=q and rotate=both fix and break against it"
+$st scoreboard --corpus demo --model "$model" --store "$store" --quiet \
+  --target trained=engine:backend=$backend --target rotate=q=engine:backend=$backend,rotate=q \
+  --target rotate=both=engine:backend=$backend,rotate=both
+echo "== 11. report: one HTML page of both runs, their diff, the replays, the sweeps and the bisect"
 $st report --store "$store" --model "$model" "$store/trained.h5" "$store/rotate-q.h5" sweep:all \
   --good rotate=none --bad rotate=q -o "$store/report.html"
 echo "open $store/report.html (self-contained: file:// is fine)"
@@ -78,4 +83,5 @@ echo "although every other tensor is identical, the needle drops out of the top-
 echo "the line, and the model answers with another project's path. Rotating both sides keeps it:"
 echo "the Hadamard is orthogonal. bisect names the setting, the layer whose verdict it flips and the"
 echo "layers where it only changes the counts (layer 5: 14 -> 11 of 15); the sweep shows the recall it"
-echo "costs. The verdict rule: schemas/needle-verdicts.md."
+echo "costs, and the scoreboard the same per case for each candidate: rotate=q breaks every case the"
+echo "model passes as trained, rotate=both breaks none. The verdict rule: schemas/needle-verdicts.md."
