@@ -29,7 +29,8 @@
 
 /* ---------------------------------------------------------------- names */
 
-static const char *const kind_names[] = {"path", "host", "key", "number"};
+static const char *const kind_names[] = {"path", "host", "key", "number", "ticket", "branch",
+                                         "url", "email", "commit", "env", "random"};
 static const char *const format_names[] = {"anthropic", "openai-chat", "openai-responses"};
 
 const char *st_needle_kind_name(st_needle_kind k) {
@@ -39,8 +40,12 @@ const char *st_needle_kind_name(st_needle_kind k) {
 st_status st_needle_kind_parse(const char *name, st_needle_kind *out) {
   for (int i = 0; i < ST_NEEDLE_KIND_COUNT; i++)
     if (!strcmp(name, kind_names[i])) return *out = (st_needle_kind)i, ST_OK;
-  return st_fail(ST_EINVAL, "needle kind \"%s\": expected path, host, key or number", name);
+  return st_fail(ST_EINVAL, "needle kind \"%s\": expected path, host, key, number, ticket, branch, url, email, "
+                 "commit, env or random", name);
 }
+
+int st_needle_heldout_kind(st_needle_kind k) { return k == ST_NEEDLE_EMAIL || k == ST_NEEDLE_ENV; }
+int st_needle_heldout_family(int family) { return family == 5 || family == 6; }
 
 const char *st_needle_format_name(st_needle_format f) {
   return f >= 0 && f < ST_NEEDLE_FORMAT_COUNT ? format_names[f] : "?";
@@ -63,6 +68,7 @@ void st_needle_spec_default(st_needle_spec *s) {
   s->format = ST_NEEDLE_ANTHROPIC;
   st_chat_options_default(&s->render);
   s->thinking = -1;
+  s->family = -1;
 }
 
 /* ---------------------------------------------------------------- random numbers */
@@ -171,6 +177,7 @@ typedef struct gen {
   uint64_t seed;
   char label[64], value[128], line[200];
   char *question;
+  int family; /* the question's template family */
   lines system;
   int tools[64];     /* indices into st_nc_tools, request order */
   int n_tools;
@@ -225,6 +232,64 @@ static void make_needle(gen *g) {
     snprintf(g->value, sizeof g->value, "sk-live-%s", key);
     break;
   }
+  case ST_NEEDLE_TICKET: {
+    char proj[5];
+    for (int i = 0; i < 4; i++) proj[i] = (char)('A' + rng_int(&r, 26));
+    proj[rng_range(&r, 2, 4)] = 0;
+    snprintf(g->label, sizeof g->label, "Tracking ticket");
+    snprintf(g->value, sizeof g->value, "%s-%d", proj, rng_range(&r, 10, 99999));
+    break;
+  }
+  case ST_NEEDLE_BRANCH: {
+    const char *a = PICK(&r, st_nc_words), *b = PICK(&r, st_nc_nouns);
+    snprintf(g->label, sizeof g->label, "Release branch");
+    snprintf(g->value, sizeof g->value, "release/%s-%s-%d.%d", a, b, rng_range(&r, 1, 9), rng_range(&r, 0, 40));
+    break;
+  }
+  case ST_NEEDLE_URL: {
+    const char *a = PICK(&r, st_nc_words), *b = PICK(&r, st_nc_modules), *c = PICK(&r, st_nc_nouns);
+    snprintf(g->label, sizeof g->label, "Artifact URL");
+    snprintf(g->value, sizeof g->value, "https://artifacts.%s.dev/%s/%s-%04x.tar.gz?build=%d", a, b, c,
+             (unsigned)(rng_u64(&r) & 0xffff), rng_range(&r, 100, 99999));
+    break;
+  }
+  case ST_NEEDLE_EMAIL: {
+    const char *a = PICK(&r, st_nc_people), *b = PICK(&r, st_nc_words);
+    char user[48];
+    snprintf(user, sizeof user, "%s", a);
+    for (char *p = user; *p; p++) *p = *p == ' ' ? '.' : (char)tolower((unsigned char)*p);
+    snprintf(g->label, sizeof g->label, "On-call contact");
+    snprintf(g->value, sizeof g->value, "%s%d@%s-ops.example.org", user, rng_range(&r, 1, 99), b);
+    break;
+  }
+  case ST_NEEDLE_COMMIT: {
+    static const char hex[] = "0123456789abcdef";
+    char h[41];
+    for (int i = 0; i < 40; i++) h[i] = hex[rng_int(&r, 16)];
+    h[40] = 0;
+    snprintf(g->label, sizeof g->label, "Pinned commit");
+    snprintf(g->value, sizeof g->value, "%s", h);
+    break;
+  }
+  case ST_NEEDLE_ENV: {
+    char name[48], val[20];
+    snprintf(name, sizeof name, "%s_%s_%s", PICK(&r, st_nc_modules), PICK(&r, st_nc_nouns), PICK(&r, st_nc_adjs));
+    for (char *p = name; *p; p++) *p = isalnum((unsigned char)*p) ? (char)toupper((unsigned char)*p) : '_';
+    for (int i = 0; i < 12; i++) val[i] = alnum[rng_int(&r, 62)];
+    val[12] = 0;
+    snprintf(g->label, sizeof g->label, "Environment variable");
+    snprintf(g->value, sizeof g->value, "%s=%s", name, val);
+    break;
+  }
+  case ST_NEEDLE_RANDOM: {
+    static const char printable[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789!#$%&*+-./:;<=>?@^_~";
+    char t[25];
+    for (int i = 0; i < 24; i++) t[i] = printable[rng_int(&r, (int)sizeof printable - 1)];
+    t[24] = 0;
+    snprintf(g->label, sizeof g->label, "Session token");
+    snprintf(g->value, sizeof g->value, "%s", t);
+    break;
+  }
   default: {
     char num[15];
     num[0] = (char)('1' + rng_int(&r, 9));
@@ -240,7 +305,11 @@ static void make_needle(gen *g) {
   snprintf(lower, sizeof lower, "%s", g->label);
   for (char *p = lower; *p; p++) *p = (char)tolower((unsigned char)*p);
   rng q = rng_for(g->seed, TAG_TEXT, 1);
-  g->question = xasprintf(PICK(&q, st_nc_questions), lower, g->label);
+  int fam = g->spec->family;
+  if (fam < 0 || fam >= ST_NEEDLE_FAMILY_COUNT) fam = rng_int(&q, st_nc_questions_n); /* as PICK did */
+  g->family = fam;
+  const char *tmpl = fam < st_nc_questions_n ? st_nc_questions[fam] : st_nc_questions_more[fam - st_nc_questions_n];
+  g->question = xasprintf(tmpl, lower, g->label);
 }
 
 /* ---------------------------------------------------------------- structure */
@@ -1117,6 +1186,7 @@ st_status st_needle_make(const st_needle_spec *spec, st_needle_prompt *out) {
   memcpy(out->label, g.label, sizeof out->label);
   memcpy(out->value, g.value, sizeof out->value);
   memcpy(out->line, g.line, sizeof out->line);
+  out->family = g.family;
   out->question = g.question;
   g.question = NULL;
   out->prompt = best.prompt;
