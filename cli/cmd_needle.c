@@ -44,6 +44,9 @@ static const st_opt_use make_options[] = {
   {ST_OPT_JSONL, NULL, "batch mode: the JSON-lines file (\"-\": stdout)"},
   {ST_OPT_KINDS, NULL, "batch mode: kinds drawn from (default: all the split allows)"},
   {ST_OPT_FORMATS, NULL, "batch mode: formats drawn from (default: all three)"},
+  {ST_OPT_SHAPES, NULL, "batch mode: request shapes drawn from: agent (the transcript `needle make`\n"
+                       "writes), toollist (one system string of one-line tool descriptions with the\n"
+                       "environment in the middle, and one question); default both"},
   {ST_OPT_LENGTHS, NULL, "batch mode: prompt sizes drawn from (default 1k,2k,4k)"},
   {ST_OPT_SPLIT, NULL, "batch mode: train (default; never kinds email, env nor question\n"
                        "families q5, q6) or heldout (every example has one of them)"},
@@ -151,6 +154,7 @@ static int split_list(const char *list, void *out, size_t elem, int max, int (*p
 static int parse_count_v(const char *s, void *out);
 static int parse_kind_v(const char *s, void *out) { return st_needle_kind_parse(s, out) ? -1 : 0; }
 static int parse_format_v(const char *s, void *out) { return st_needle_format_parse(s, out) ? -1 : 0; }
+static int parse_shape_v(const char *s, void *out) { return st_needle_shape_parse(s, out) ? -1 : 0; }
 
 typedef struct batch_options {
   int64_t n;
@@ -160,6 +164,8 @@ typedef struct batch_options {
   int n_kinds;                       /* 0: every kind the split allows */
   st_needle_format formats[ST_NEEDLE_FORMAT_COUNT];
   int n_formats;                     /* 0: all three */
+  st_needle_shape shapes[ST_NEEDLE_SHAPE_COUNT];
+  int n_shapes;                      /* 0: both */
   int64_t lengths[32];
   int n_lengths;                     /* 0: 1k, 2k, 4k */
 } batch_options;
@@ -183,9 +189,9 @@ static json_t *batch_line(int64_t index, const st_needle_spec *sp, const st_need
                           const char *answer_text, const st_token_ids *answer, int heldout) {
   char family[8];
   snprintf(family, sizeof family, "q%d", np->family);
-  json_t *o = json_pack("{s:I, s:I, s:s, s:s, s:s, s:b, s:b, s:f, s:f, s:I, s:I, s:s, s:s, s:s, s:I, s:s}",
+  json_t *o = json_pack("{s:I, s:I, s:s, s:s, s:s, s:s, s:b, s:b, s:f, s:f, s:I, s:I, s:s, s:s, s:s, s:I, s:s}",
                         "index", (json_int_t)index, "seed", (json_int_t)sp->seed, "kind", st_needle_kind_name(sp->kind),
-                        "format", st_needle_format_name(sp->format), "family", family, "heldout", heldout,
+                        "format", st_needle_format_name(sp->format), "shape", st_needle_shape_name(sp->shape), "family", family, "heldout", heldout,
                         "thinking", sp->thinking == 1, "position_requested", sp->position, "position", np->position,
                         "tokens_requested", (json_int_t)sp->tokens, "tokens", (json_int_t)np->tokens,
                         "needle", np->line, "answer", answer_text, "value", np->value,
@@ -230,6 +236,7 @@ static st_status batch_spec(const batch_options *b, uint64_t seed, int64_t i, st
   sp->position = (double)((r = batch_mix(r)) >> 11) / 9007199254740992.0; /* uniform in [0, 1) */
   static const int64_t default_lengths[] = {1024, 2048, 4096};
   sp->tokens = b->n_lengths ? b->lengths[DRAW(b->n_lengths)] : default_lengths[DRAW(3)];
+  sp->shape = b->n_shapes ? b->shapes[DRAW(b->n_shapes)] : (st_needle_shape)DRAW(ST_NEEDLE_SHAPE_COUNT);
   sp->seed = seed * 1000003ull + (uint64_t)i + 1;
 #undef DRAW
   return ST_OK;
@@ -256,8 +263,8 @@ static int run_batch(const batch_options *b, st_needle_spec *base, st_tokenizer 
     st_needle_prompt np;
     st_status made = st_needle_make(&sp, &np);
     if (made) {
-      st_fail_context(made, "example %lld (kind %s, format %s, %lld tokens, seed %llu): ", (long long)i,
-                      st_needle_kind_name(sp.kind), st_needle_format_name(sp.format), (long long)sp.tokens,
+      st_fail_context(made, "example %lld (kind %s, format %s, shape %s, %lld tokens, seed %llu): ", (long long)i,
+                      st_needle_kind_name(sp.kind), st_needle_format_name(sp.format), st_needle_shape_name(sp.shape), (long long)sp.tokens,
                       (unsigned long long)sp.seed);
       rc = st_cli_report_error("needle make");
       break;
@@ -363,6 +370,13 @@ static int cmd_make(int argc, char **argv) {
         goto usage;
       }
       break;
+    case ST_OPT_SHAPES:
+      if ((batch.n_shapes = split_list(o.arg, batch.shapes, sizeof batch.shapes[0], ST_NEEDLE_SHAPE_COUNT,
+                                       parse_shape_v)) < 1) {
+        st_opts_error(&o, "--shapes '%s': expected agent, toollist (comma-separated)", o.arg);
+        goto usage;
+      }
+      break;
     case ST_OPT_LENGTHS:
       if ((batch.n_lengths = split_list(o.arg, batch.lengths, sizeof batch.lengths[0], 32, parse_count_v)) < 1) {
         st_opts_error(&o, "--lengths '%s': expected token counts such as 1k,2k,4k", o.arg);
@@ -395,8 +409,8 @@ static int cmd_make(int argc, char **argv) {
     st_tokenizer_close(btok);
     return rc;
   }
-  if (batch.n_kinds || batch.n_formats || batch.n_lengths || batch.heldout) {
-    st_opts_error(&o, "--kinds, --formats, --lengths and --split are for --batch");
+  if (batch.n_kinds || batch.n_formats || batch.n_shapes || batch.n_lengths || batch.heldout) {
+    st_opts_error(&o, "--kinds, --formats, --shapes, --lengths and --split are for --batch");
     goto usage;
   }
   if (!have_tokens || !have_position || !have_seed) {

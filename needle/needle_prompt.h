@@ -54,6 +54,18 @@ typedef enum st_needle_format {
   ST_NEEDLE_FORMAT_COUNT
 } st_needle_format;
 
+/* The request's shape. */
+typedef enum st_needle_shape {
+  ST_NEEDLE_SHAPE_AGENT = 0,    /* the coding-agent transcript: tools with JSON schemas, task, tool
+                                ** rounds with their results, summary, question (the default) */
+  ST_NEEDLE_SHAPE_TOOLLIST = 1, /* a bug report's shape: one system string (hundreds of one-line tool
+                                ** descriptions with the environment section in the middle, rules)
+                                ** and one user question; no tools field, no tool rounds */
+  ST_NEEDLE_SHAPE_COUNT
+} st_needle_shape;
+
+const char *st_needle_shape_name(st_needle_shape s);
+st_status st_needle_shape_parse(const char *name, st_needle_shape *out);
 const char *st_needle_kind_name(st_needle_kind k);
 st_status st_needle_kind_parse(const char *name, st_needle_kind *out);
 const char *st_needle_format_name(st_needle_format f);
@@ -75,6 +87,7 @@ typedef struct st_needle_spec {
   double temperature;        /* the request's temperature (normally 0) */
   int thinking;              /* -1: say nothing; 0/1: ask the server for chat / thinking mode
                              ** (anthropic "thinking", openai chat_template_kwargs) */
+  st_needle_shape shape;     /* the request's shape (default: agent) */
   int family;                /* the final question's template family, 0..ST_NEEDLE_FAMILY_COUNT-1;
                              ** -1 (default): one of the first three, picked by the seed */
 } st_needle_spec;

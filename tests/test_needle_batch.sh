@@ -24,12 +24,14 @@ cmp -s "$work/a.jsonl" "$work/c.jsonl" && fail "seeds 7 and 8 gave the same byte
 $st needle make --batch 40 --jsonl "$work/h.jsonl" --seed 7 --split heldout --model "$model" --lengths 512 -q \
   || fail "heldout batch"
 
-# every kind x format renders (email and env only in the held-out split)
+# every kind x format x shape renders (email and env only in the held-out split)
 for k in path host key number ticket branch url email commit env random; do
   split=train; case $k in email|env) split=heldout;; esac
   for f in anthropic openai-chat openai-responses; do
-    $st needle make --batch 2 --jsonl "$work/k-$k-$f.jsonl" --seed 3 --kinds $k --formats $f --split $split \
-      --model "$model" --lengths 512 -q || fail "kind $k format $f"
+    for s in agent toollist; do
+      $st needle make --batch 1 --jsonl "$work/k-$k-$f-$s.jsonl" --seed 3 --kinds $k --formats $f --shapes $s \
+        --split $split --model "$model" --lengths 512 -q || fail "kind $k format $f shape $s"
+    done
   done
 done
 
@@ -91,6 +93,20 @@ def check(path, split):
         if split == "train" and (e["kind"] in HELD_KINDS or e["family"] in HELD_FAMILIES): bad(f"{where}: held out")
         if split == "heldout" and not (e["kind"] in HELD_KINDS or e["family"] in HELD_FAMILIES):
             bad(f"{where}: neither kind nor family is held out")
+        body = e["request"]
+        turns = body.get("messages", body.get("input", []))
+        system = body.get("instructions") or (body["system"][0]["text"] if "system" in body else turns[0]["content"])
+        if e["shape"] == "toollist":
+            users = [t for t in turns if t.get("role") == "user"]
+            lines = system.split("\n")
+            env = lines.index("# Environment") if "# Environment" in lines else -1
+            if "tools" in body or len(users) != 1 or len(turns) != len(users) + (e["format"] == "openai-chat"):
+                bad(f"{where}: a toollist request has tools or more than one user turn")
+            if not (0 < env and any(l.startswith("- ") and ": " in l for l in lines[:env])
+                    and any(l.startswith("- ") and ": " in l for l in lines[env:])):
+                bad(f"{where}: no one-line tools on both sides of the environment section")
+        elif e["shape"] != "agent" or len(turns) < 4:  # task, a round (tool call or pasted output), summary, question
+            bad(f"{where}: shape {e['shape']} with {len(turns)} turns")
         req = os.path.join(work, "req.json")
         json.dump(e["request"], open(req, "w", encoding="utf-8"))
         r = subprocess.run([st, "render", "--request", req, "--model", model, "--ids",
@@ -104,12 +120,14 @@ if not {e["kind"] for e in held} & HELD_KINDS or not {e["family"] for e in held}
 if len({e["format"] for e in train}) < 3 or len({e["thinking"] for e in train}) < 2: bad("train lacks formats/modes")
 combos = 0
 for path in sorted(glob.glob(os.path.join(work, "k-*.jsonl"))):
-    k, f = re.match(r"k-([a-z]+)-(.+)\.jsonl", os.path.basename(path)).groups()
+    k, f, s = re.match(r"k-([a-z]+)-(.+)-([a-z]+)\.jsonl", os.path.basename(path)).groups()
     for e in check(path, "heldout" if k in HELD_KINDS else "train"):
-        if (e["kind"], e["format"]) != (k, f): bad(f"{path}: asked {k} {f}, got {e['kind']} {e['format']}")
+        if (e["kind"], e["format"], e["shape"]) != (k, f, s):
+            bad(f"{path}: asked {k} {f} {s}, got {e['kind']} {e['format']} {e['shape']}")
     combos += 1
-if combos != 33: bad(f"{combos} kind x format files, 33 expected")
+if combos != 66: bad(f"{combos} kind x format x shape files, 66 expected")
+if {e["shape"] for e in train} != {"agent", "toollist"}: bad("train lacks a shape")
 if failures: sys.exit(1)
-print(f"{len(train)} train and {len(held)} held-out examples, and all 33 kinds x formats: spans, answers, "
+print(f"{len(train)} train and {len(held)} held-out examples, and all 66 kinds x formats x shapes: spans, answers, "
       "held-out lists and `sparsetrace render` ids check")
 PY
