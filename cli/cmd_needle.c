@@ -307,6 +307,7 @@ static int cmd_make(int argc, char **argv) {
   st_needle_spec_default(&sp);
   const char *out_path = NULL, *meta_path = NULL;
   batch_options batch = {0};
+  const char *have_drawn = NULL; /* an option the batch mode draws itself */
   int have_tokens = 0, have_position = 0, have_seed = 0, c, rc = 2;
   int64_t v;
   st_opts o;
@@ -327,9 +328,11 @@ static int cmd_make(int argc, char **argv) {
       break;
     case ST_OPT_KIND:
       if (st_needle_kind_parse(o.arg, &sp.kind)) goto bad_value;
+      have_drawn = "--kind";
       break;
     case ST_OPT_FORMAT:
       if (st_needle_format_parse(o.arg, &sp.format)) goto bad_value;
+      have_drawn = "--format";
       break;
     case ST_OPT_RENDER:
       if (st_render_profile_parse(o.arg, &sp.render.profile)) goto bad_value;
@@ -337,6 +340,7 @@ static int cmd_make(int argc, char **argv) {
     case ST_OPT_THINKING:
       if (on_off(o.arg, &sp.thinking)) { st_opts_error(&o, "--thinking '%s': on or off", o.arg); goto usage; }
       sp.render.thinking = sp.thinking;
+      have_drawn = "--thinking";
       break;
     case ST_OPT_MODEL_NAME: sp.model_name = o.arg; break;
     case ST_OPT_MAX_NEW_TOKENS:
@@ -397,8 +401,10 @@ static int cmd_make(int argc, char **argv) {
       st_opts_error(&o, "the batch mode needs --batch N, --jsonl FILE, --model DIR (its tokenizer) and --seed S");
       goto usage;
     }
-    if (have_tokens || have_position || sp.family >= 0 || out_path || meta_path) {
-      st_opts_error(&o, "--batch draws sizes and positions itself: use --lengths, not --tokens, --position, --out or --meta");
+    if (have_tokens || have_position || have_drawn || out_path || meta_path) {
+      st_opts_error(&o, "--batch draws each example's size, position, kind, format and mode itself: use --lengths, "
+                        "--kinds, --formats, not %s", have_drawn ? have_drawn : have_tokens ? "--tokens"
+                        : have_position ? "--position" : out_path ? "--out (--jsonl is the output)" : "--meta");
       goto usage;
     }
     st_opts_free(&o);

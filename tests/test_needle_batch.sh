@@ -42,6 +42,10 @@ out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --kinds colour 
 [ $rc = 2 ] && grep -q "kinds 'colour'" <<< "$out" || fail "--kinds colour: rc $rc, '$out'"
 out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 2>&1); rc=$?
 [ $rc = 2 ] && grep -q "model" <<< "$out" || fail "--batch without --model: rc $rc, '$out'"
+out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --kind host --model "$model" 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "not --kind" <<< "$out" || fail "--kind with --batch: rc $rc, '$out'"
+out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --shapes tree --model "$model" 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "shapes 'tree'" <<< "$out" || fail "--shapes tree: rc $rc, '$out'"
 [ -e "$work/x.jsonl" ] && fail "a refused batch left $work/x.jsonl"
 
 exec /usr/bin/python3 - "$st" "$model" "$work" <<'PY'
