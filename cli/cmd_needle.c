@@ -29,7 +29,8 @@ static const st_opt_use make_options[] = {
   {ST_OPT_TOKENS, NULL, "prompt size in tokens (2048, 2k, 1.5k; k = 1024)"},
   {ST_OPT_POSITION, NULL, NULL},
   {ST_OPT_SEED, NULL, "seed (the needle depends on seed and kind only)"},
-  {ST_OPT_KIND, NULL, "path (default: 'Working directory: /home/dev/...'), host, key, number"},
+  {ST_OPT_KIND, NULL, "path (default: 'Working directory: /home/dev/...'), host, key, number,\n"
+                      "ticket, branch, url, email, commit, env, random"},
   {ST_OPT_FORMAT, NULL, "anthropic (default), openai-chat, openai-responses"},
   {ST_OPT_MODEL, NULL, "directory with tokenizer.json for exact sizes"},
   {ST_OPT_RENDER, NULL, "rendering used for sizing: reference (default), sglang, vllm, atom"},
@@ -39,6 +40,16 @@ static const st_opt_use make_options[] = {
   {ST_OPT_OUT, NULL, "write the request there instead of stdout"},
   {ST_OPT_META, NULL, "write {needle, expected, tokens, position, ...} as JSON there"},
   {ST_OPT_QUIET, NULL, "no summary on stderr"},
+  {ST_OPT_BATCH, NULL, "batch mode: write N examples (training data) to --jsonl; needs --model"},
+  {ST_OPT_JSONL, NULL, "batch mode: the JSON-lines file (\"-\": stdout)"},
+  {ST_OPT_KINDS, NULL, "batch mode: kinds drawn from (default: all the split allows)"},
+  {ST_OPT_FORMATS, NULL, "batch mode: formats drawn from (default: all three)"},
+  {ST_OPT_SHAPES, NULL, "batch mode: request shapes drawn from: agent (the transcript `needle make`\n"
+                       "writes), toollist (one system string of one-line tool descriptions with the\n"
+                       "environment in the middle, and one question); default both"},
+  {ST_OPT_LENGTHS, NULL, "batch mode: prompt sizes drawn from (default 1k,2k,4k)"},
+  {ST_OPT_SPLIT, NULL, "batch mode: train (default; never kinds email, env nor question\n"
+                       "families q5, q6) or heldout (every example has one of them)"},
   {0}};
 
 static const st_cmd_spec make_spec = {
@@ -136,10 +147,167 @@ static st_status write_text_file(const char *path, const char *text, size_t len)
   return ok ? ST_OK : st_fail(ST_EIO, "%s: write failed", path);
 }
 
+
+/* ---------------------------------------------------------------- make --batch (training data) */
+
+static int split_list(const char *list, void *out, size_t elem, int max, int (*parse)(const char *, void *));
+static int parse_count_v(const char *s, void *out);
+static int parse_kind_v(const char *s, void *out) { return st_needle_kind_parse(s, out) ? -1 : 0; }
+static int parse_format_v(const char *s, void *out) { return st_needle_format_parse(s, out) ? -1 : 0; }
+static int parse_shape_v(const char *s, void *out) { return st_needle_shape_parse(s, out) ? -1 : 0; }
+
+typedef struct batch_options {
+  int64_t n;
+  const char *jsonl;
+  int heldout;                       /* --split heldout */
+  st_needle_kind kinds[ST_NEEDLE_KIND_COUNT];
+  int n_kinds;                       /* 0: every kind the split allows */
+  st_needle_format formats[ST_NEEDLE_FORMAT_COUNT];
+  int n_formats;                     /* 0: all three */
+  st_needle_shape shapes[ST_NEEDLE_SHAPE_COUNT];
+  int n_shapes;                      /* 0: both */
+  int64_t lengths[32];
+  int n_lengths;                     /* 0: 1k, 2k, 4k */
+} batch_options;
+
+static uint64_t batch_mix(uint64_t x) { /* splitmix64's finaliser */
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+static json_t *ids_array(const int32_t *ids, size_t n) {
+  json_t *a = json_array();
+  for (size_t i = 0; a && i < n; i++)
+    if (json_array_append_new(a, json_integer(ids[i]))) { json_decref(a); return NULL; }
+  return a;
+}
+
+/* One example's line: what tools/needle_data.py jsonl-samples reads (README, "needle make --batch"). */
+static json_t *batch_line(int64_t index, const st_needle_spec *sp, const st_needle_prompt *np,
+                          const char *answer_text, const st_token_ids *answer, int heldout) {
+  char family[8];
+  snprintf(family, sizeof family, "q%d", np->family);
+  json_t *o = json_pack("{s:I, s:I, s:s, s:s, s:s, s:s, s:b, s:b, s:f, s:f, s:I, s:I, s:s, s:s, s:s, s:I, s:s}",
+                        "index", (json_int_t)index, "seed", (json_int_t)sp->seed, "kind", st_needle_kind_name(sp->kind),
+                        "format", st_needle_format_name(sp->format), "shape", st_needle_shape_name(sp->shape), "family", family, "heldout", heldout,
+                        "thinking", sp->thinking == 1, "position_requested", sp->position, "position", np->position,
+                        "tokens_requested", (json_int_t)sp->tokens, "tokens", (json_int_t)np->tokens,
+                        "needle", np->line, "answer", answer_text, "value", np->value,
+                        "needle_byte", (json_int_t)np->needle_byte, "placement", np->placement);
+  if (!o) return NULL;
+  int64_t n = (int64_t)np->ids.n;
+  if (json_object_set_new(o, "needle_span", json_pack("[I, I]", (json_int_t)np->needle_token,
+                                                      (json_int_t)np->needle_token_end)) ||
+      json_object_set_new(o, "answer_span", json_pack("[I, I]", (json_int_t)n, (json_int_t)(n + (int64_t)answer->n))) ||
+      json_object_set_new(o, "ids", ids_array(np->ids.ids, np->ids.n)) ||
+      json_object_set_new(o, "answer_ids", ids_array(answer->ids, answer->n)) ||
+      json_object_set(o, "request", np->request)) {
+    json_decref(o);
+    return NULL;
+  }
+  return o;
+}
+
+/* Example i of (seed, split): kind, family, format, thinking, position and length are drawn from
+** a stream of (seed, i) alone, so the same arguments give the same bytes. Train: no held-out kind
+** or family ever; held-out: every example has a held-out kind or a held-out family (or both). */
+static st_status batch_spec(const batch_options *b, uint64_t seed, int64_t i, st_needle_spec *sp) {
+  uint64_t r = batch_mix(seed * 0x100000001B3ull ^ batch_mix((uint64_t)i + (b->heldout ? 0x5A5A5A5Aull : 0)));
+#define DRAW(n) ((int)((r = batch_mix(r)) % (uint64_t)(n)))
+  st_needle_kind kinds[ST_NEEDLE_KIND_COUNT];
+  int nk = 0;
+  if (b->n_kinds) memcpy(kinds, b->kinds, sizeof kinds[0] * (size_t)(nk = b->n_kinds));
+  else
+    for (int k = 0; k < ST_NEEDLE_KIND_COUNT; k++)
+      if (b->heldout || !st_needle_heldout_kind((st_needle_kind)k)) kinds[nk++] = (st_needle_kind)k;
+  sp->kind = kinds[DRAW(nk)];
+  int fams[ST_NEEDLE_FAMILY_COUNT], nf = 0;
+  int need_heldout_family = b->heldout && !st_needle_heldout_kind(sp->kind);
+  for (int f = 0; f < ST_NEEDLE_FAMILY_COUNT; f++) {
+    int h = st_needle_heldout_family(f);
+    if ((!b->heldout && !h) || (b->heldout && (h || !need_heldout_family))) fams[nf++] = f;
+  }
+  sp->family = fams[DRAW(nf)];
+  sp->format = b->n_formats ? b->formats[DRAW(b->n_formats)] : (st_needle_format)DRAW(ST_NEEDLE_FORMAT_COUNT);
+  sp->thinking = DRAW(2);
+  sp->render.thinking = sp->thinking;
+  sp->position = (double)((r = batch_mix(r)) >> 11) / 9007199254740992.0; /* uniform in [0, 1) */
+  static const int64_t default_lengths[] = {1024, 2048, 4096};
+  sp->tokens = b->n_lengths ? b->lengths[DRAW(b->n_lengths)] : default_lengths[DRAW(3)];
+  sp->shape = b->n_shapes ? b->shapes[DRAW(b->n_shapes)] : (st_needle_shape)DRAW(ST_NEEDLE_SHAPE_COUNT);
+  sp->seed = seed * 1000003ull + (uint64_t)i + 1;
+#undef DRAW
+  return ST_OK;
+}
+
+static int run_batch(const batch_options *b, st_needle_spec *base, st_tokenizer *tok, int quiet) {
+  for (int k = 0; !b->heldout && k < b->n_kinds; k++)
+    if (st_needle_heldout_kind(b->kinds[k])) {
+      fprintf(stderr, "needle make: --kinds names %s, which is held out of --split train (held out: email, env; "
+                      "families q5, q6)\n", st_needle_kind_name(b->kinds[k]));
+      return 2;
+    }
+  FILE *f = !strcmp(b->jsonl, "-") ? stdout : fopen(b->jsonl, "wb");
+  if (!f) {
+    st_fail(ST_EIO, "%s: cannot write the examples", b->jsonl);
+    return st_cli_report_error("needle make");
+  }
+  uint64_t seed = base->seed;
+  int rc = 0;
+  int64_t outside = 0;
+  for (int64_t i = 0; i < b->n; i++) {
+    st_needle_spec sp = *base;
+    batch_spec(b, seed, i, &sp);
+    st_needle_prompt np;
+    st_status made = st_needle_make(&sp, &np);
+    if (made) {
+      st_fail_context(made, "example %lld (kind %s, format %s, shape %s, %lld tokens, seed %llu): ", (long long)i,
+                      st_needle_kind_name(sp.kind), st_needle_format_name(sp.format), st_needle_shape_name(sp.shape), (long long)sp.tokens,
+                      (unsigned long long)sp.seed);
+      rc = st_cli_report_error("needle make");
+      break;
+    }
+    if (!np.within_tolerance) outside++;
+    /* the answer the model gives: in thinking mode it closes the thought at once, then the line */
+    char answer_text[sizeof np.line + 16];
+    snprintf(answer_text, sizeof answer_text, "%s%s", sp.thinking == 1 ? "</think>" : "", np.line);
+    st_token_ids answer = {0};
+    json_t *line = NULL;
+    char *text = NULL;
+    if (st_tokenizer_encode(tok, answer_text, strlen(answer_text), 0, &answer) ||
+        !(line = batch_line(i, &sp, &np, answer_text, &answer, b->heldout)) ||
+        !(text = json_dumps(line, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENSURE_ASCII)) ||
+        fputs(text, f) < 0 || fputc('\n', f) < 0) {
+      if (!text && line) st_fail(ST_ENOMEM, "example %lld's line", (long long)i);
+      else if (text) st_fail(ST_EIO, "%s: write failed at example %lld", b->jsonl, (long long)i);
+      rc = st_cli_report_error("needle make");
+    }
+    free(text);
+    json_decref(line);
+    st_token_ids_free(&answer);
+    st_needle_prompt_free(&np);
+    if (rc) break;
+  }
+  if (f != stdout ? fclose(f) : fflush(f)) {
+    if (!rc) {
+      st_fail(ST_EIO, "%s: cannot finish writing", b->jsonl);
+      rc = st_cli_report_error("needle make");
+    }
+  }
+  if (!rc && !quiet)
+    fprintf(stderr, "needle make: %lld examples (%s split) written to %s; %lld outside 2%% of their target size\n",
+            (long long)b->n, b->heldout ? "heldout" : "train", b->jsonl, (long long)outside);
+  return rc;
+}
+
 static int cmd_make(int argc, char **argv) {
   st_needle_spec sp;
   st_needle_spec_default(&sp);
   const char *out_path = NULL, *meta_path = NULL;
+  batch_options batch = {0};
+  const char *have_drawn = NULL; /* an option the batch mode draws itself */
   int have_tokens = 0, have_position = 0, have_seed = 0, c, rc = 2;
   int64_t v;
   st_opts o;
@@ -160,9 +328,11 @@ static int cmd_make(int argc, char **argv) {
       break;
     case ST_OPT_KIND:
       if (st_needle_kind_parse(o.arg, &sp.kind)) goto bad_value;
+      have_drawn = "--kind";
       break;
     case ST_OPT_FORMAT:
       if (st_needle_format_parse(o.arg, &sp.format)) goto bad_value;
+      have_drawn = "--format";
       break;
     case ST_OPT_RENDER:
       if (st_render_profile_parse(o.arg, &sp.render.profile)) goto bad_value;
@@ -170,6 +340,7 @@ static int cmd_make(int argc, char **argv) {
     case ST_OPT_THINKING:
       if (on_off(o.arg, &sp.thinking)) { st_opts_error(&o, "--thinking '%s': on or off", o.arg); goto usage; }
       sp.render.thinking = sp.thinking;
+      have_drawn = "--thinking";
       break;
     case ST_OPT_MODEL_NAME: sp.model_name = o.arg; break;
     case ST_OPT_MAX_NEW_TOKENS:
@@ -178,6 +349,44 @@ static int cmd_make(int argc, char **argv) {
       break;
     case ST_OPT_OUT: out_path = o.arg; break;
     case ST_OPT_META: meta_path = o.arg; break;
+    case ST_OPT_BATCH:
+      if (st_opt_int(o.name, o.arg, 1, 100000000, &batch.n)) goto bad_value;
+      break;
+    case ST_OPT_JSONL: batch.jsonl = o.arg; break;
+    case ST_OPT_SPLIT:
+      if (strcmp(o.arg, "train") && strcmp(o.arg, "heldout")) {
+        st_opts_error(&o, "--split '%s': train or heldout", o.arg);
+        goto usage;
+      }
+      batch.heldout = !strcmp(o.arg, "heldout");
+      break;
+    case ST_OPT_KINDS:
+      if ((batch.n_kinds = split_list(o.arg, batch.kinds, sizeof batch.kinds[0], ST_NEEDLE_KIND_COUNT, parse_kind_v)) < 1) {
+        st_opts_error(&o, "--kinds '%s': expected kinds such as path,url,commit (%s)", o.arg,
+                      "path, host, key, number, ticket, branch, url, email, commit, env, random");
+        goto usage;
+      }
+      break;
+    case ST_OPT_FORMATS:
+      if ((batch.n_formats = split_list(o.arg, batch.formats, sizeof batch.formats[0], ST_NEEDLE_FORMAT_COUNT,
+                                        parse_format_v)) < 1) {
+        st_opts_error(&o, "--formats '%s': expected anthropic, openai-chat, openai-responses (comma-separated)", o.arg);
+        goto usage;
+      }
+      break;
+    case ST_OPT_SHAPES:
+      if ((batch.n_shapes = split_list(o.arg, batch.shapes, sizeof batch.shapes[0], ST_NEEDLE_SHAPE_COUNT,
+                                       parse_shape_v)) < 1) {
+        st_opts_error(&o, "--shapes '%s': expected agent, toollist (comma-separated)", o.arg);
+        goto usage;
+      }
+      break;
+    case ST_OPT_LENGTHS:
+      if ((batch.n_lengths = split_list(o.arg, batch.lengths, sizeof batch.lengths[0], 32, parse_count_v)) < 1) {
+        st_opts_error(&o, "--lengths '%s': expected token counts such as 1k,2k,4k", o.arg);
+        goto usage;
+      }
+      break;
     default: st_opts_error(&o, "unexpected argument '%s'", o.arg); goto usage;
     }
   }
@@ -187,6 +396,29 @@ static int cmd_make(int argc, char **argv) {
   }
   const char *model = o.model;
   int quiet = o.quiet;
+  if (batch.n || batch.jsonl) {
+    if (!batch.n || !batch.jsonl || !model || !have_seed) {
+      st_opts_error(&o, "the batch mode needs --batch N, --jsonl FILE, --model DIR (its tokenizer) and --seed S");
+      goto usage;
+    }
+    if (have_tokens || have_position || have_drawn || out_path || meta_path) {
+      st_opts_error(&o, "--batch draws each example's size, position, kind, format and mode itself: use --lengths, "
+                        "--kinds, --formats, not %s", have_drawn ? have_drawn : have_tokens ? "--tokens"
+                        : have_position ? "--position" : out_path ? "--out (--jsonl is the output)" : "--meta");
+      goto usage;
+    }
+    st_opts_free(&o);
+    st_tokenizer *btok = NULL;
+    if (st_cli_open_tokenizer(model, &btok)) return st_cli_report_error("needle make");
+    sp.tok = btok;
+    rc = run_batch(&batch, &sp, btok, quiet);
+    st_tokenizer_close(btok);
+    return rc;
+  }
+  if (batch.n_kinds || batch.n_formats || batch.n_shapes || batch.n_lengths || batch.heldout) {
+    st_opts_error(&o, "--kinds, --formats, --shapes, --lengths and --split are for --batch");
+    goto usage;
+  }
   if (!have_tokens || !have_position || !have_seed) {
     st_opts_error(&o, "--tokens, --position and --seed are required");
     goto usage;

@@ -92,6 +92,13 @@ static const alias aliases[] = {
   {"first-seed", 0, 1, ST_OPT_FIRST_SEED, 0, "S", "the first seed"},
   {"tap-positions", 0, 1, ST_OPT_TAP_POSITIONS, 0, "SPEC", "positions recorded for the taps"},
   {"timeout", 0, 1, ST_OPT_TIMEOUT, 0, "S", "seconds per request"},
+  {"batch", 0, 1, ST_OPT_BATCH, 0, "N", "write N examples"},
+  {"jsonl", 0, 1, ST_OPT_JSONL, 0, "FILE", "write one JSON line per example there"},
+  {"kinds", 0, 1, ST_OPT_KINDS, 0, "LIST", "needle kinds to draw from"},
+  {"formats", 0, 1, ST_OPT_FORMATS, 0, "LIST", "request formats to draw from"},
+  {"lengths", 0, 1, ST_OPT_LENGTHS, 0, "LIST", "prompt sizes to draw from"},
+  {"split", 0, 1, ST_OPT_SPLIT, 0, "train|heldout", "which split of the data"},
+  {"shapes", 0, 1, ST_OPT_SHAPES, 0, "LIST", "request shapes to draw from"},
 
   {"upstream", 0, 1, ST_OPT_UPSTREAM, 0, "URL", "the real server"},
   {"listen", 0, 1, ST_OPT_LISTEN, 0, "HOST:PORT", "where to listen"},

@@ -301,6 +301,16 @@ LIST(st_nc_questions,
      "I need one detail from above. Copy the line that gives the %s (it starts with \"%s:\") exactly, "
      "character for character, and reply with only that line.")
 
+LIST(st_nc_questions_more,
+     "One thing first: which %s did the setup above give? Answer with the full \"%s:\" line, copied "
+     "exactly, and nothing around it.",
+     "Please repeat the %s from earlier. I want the complete line beginning \"%s:\", unchanged, as "
+     "your whole reply.",
+     "Without running any tool, tell me the %s mentioned above: print the line that begins with "
+     "\"%s:\" verbatim and stop.",
+     "Hold on before the next step. Give me back the %s line from the context (it begins \"%s:\"), "
+     "exactly as written, no commentary.")
+
 LIST(st_nc_thoughts,
      "Let me look at %s first.",
      "I'll check %s to see how this is handled.",

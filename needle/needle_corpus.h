@@ -34,7 +34,8 @@ ST_NC_LIST(st_nc_words)       /* project-name words */
 ST_NC_LIST(st_nc_regions)     /* cloud region names */
 ST_NC_LIST(st_nc_people)      /* commit authors */
 ST_NC_LIST(st_nc_tasks)       /* user task openings, with %s for a module */
-ST_NC_LIST(st_nc_questions)   /* final questions: %s = label (twice) */
+ST_NC_LIST(st_nc_questions)   /* final questions: %s = label (twice); families q0-q2 */
+ST_NC_LIST(st_nc_questions_more) /* more final question families, q3.. (same arguments) */
 ST_NC_LIST(st_nc_thoughts)    /* assistant lines before a tool call: %s = a path or pattern */
 ST_NC_LIST(st_nc_summaries)   /* assistant summary: %s = function, %s = path */
 

@@ -18,6 +18,7 @@
 #include "needle_prompt.h"
 
 #include <ctype.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -29,7 +30,8 @@
 
 /* ---------------------------------------------------------------- names */
 
-static const char *const kind_names[] = {"path", "host", "key", "number"};
+static const char *const kind_names[] = {"path", "host", "key", "number", "ticket", "branch",
+                                         "url", "email", "commit", "env", "random"};
 static const char *const format_names[] = {"anthropic", "openai-chat", "openai-responses"};
 
 const char *st_needle_kind_name(st_needle_kind k) {
@@ -39,7 +41,23 @@ const char *st_needle_kind_name(st_needle_kind k) {
 st_status st_needle_kind_parse(const char *name, st_needle_kind *out) {
   for (int i = 0; i < ST_NEEDLE_KIND_COUNT; i++)
     if (!strcmp(name, kind_names[i])) return *out = (st_needle_kind)i, ST_OK;
-  return st_fail(ST_EINVAL, "needle kind \"%s\": expected path, host, key or number", name);
+  return st_fail(ST_EINVAL, "needle kind \"%s\": expected path, host, key, number, ticket, branch, url, email, "
+                 "commit, env or random", name);
+}
+
+int st_needle_heldout_kind(st_needle_kind k) { return k == ST_NEEDLE_EMAIL || k == ST_NEEDLE_ENV; }
+int st_needle_heldout_family(int family) { return family == 5 || family == 6; }
+
+static const char *const shape_names[] = {"agent", "toollist"};
+
+const char *st_needle_shape_name(st_needle_shape s) {
+  return s >= 0 && s < ST_NEEDLE_SHAPE_COUNT ? shape_names[s] : "?";
+}
+
+st_status st_needle_shape_parse(const char *name, st_needle_shape *out) {
+  for (int i = 0; i < ST_NEEDLE_SHAPE_COUNT; i++)
+    if (!strcmp(name, shape_names[i])) return *out = (st_needle_shape)i, ST_OK;
+  return st_fail(ST_EINVAL, "request shape \"%s\": expected agent or toollist", name);
 }
 
 const char *st_needle_format_name(st_needle_format f) {
@@ -63,6 +81,7 @@ void st_needle_spec_default(st_needle_spec *s) {
   s->format = ST_NEEDLE_ANTHROPIC;
   st_chat_options_default(&s->render);
   s->thinking = -1;
+  s->family = -1;
 }
 
 /* ---------------------------------------------------------------- random numbers */
@@ -96,7 +115,7 @@ static const char *pick(rng *r, const char *const *list, int n) { return list[rn
 
 #define PICK(r, list) pick(r, list, list##_n)
 
-enum { TAG_NEEDLE = 1, TAG_STRUCT, TAG_ROUND, TAG_TOOLS, TAG_IDS, TAG_TEXT };
+enum { TAG_NEEDLE = 1, TAG_STRUCT, TAG_ROUND, TAG_TOOLS, TAG_IDS, TAG_TEXT, TAG_POOL };
 
 /* ---------------------------------------------------------------- lines */
 
@@ -171,6 +190,7 @@ typedef struct gen {
   uint64_t seed;
   char label[64], value[128], line[200];
   char *question;
+  int family; /* the question's template family */
   lines system;
   int tools[64];     /* indices into st_nc_tools, request order */
   int n_tools;
@@ -179,6 +199,10 @@ typedef struct gen {
   turn *rounds;
   int n_rounds, cap_rounds;
   int64_t round_lines; /* lines held by the generated rounds */
+  /* shape toollist: the system text is base's head, F one-line tool descriptions from pool with
+  ** base's environment section in the middle, then base's rules; system then borrows its strings */
+  lines base, pool;
+  int64_t system_F;    /* F the borrowed system was built for (-1: none yet) */
   char module[32], project[48];
 } gen;
 
@@ -225,6 +249,64 @@ static void make_needle(gen *g) {
     snprintf(g->value, sizeof g->value, "sk-live-%s", key);
     break;
   }
+  case ST_NEEDLE_TICKET: {
+    char proj[5];
+    for (int i = 0; i < 4; i++) proj[i] = (char)('A' + rng_int(&r, 26));
+    proj[rng_range(&r, 2, 4)] = 0;
+    snprintf(g->label, sizeof g->label, "Tracking ticket");
+    snprintf(g->value, sizeof g->value, "%s-%d", proj, rng_range(&r, 10, 99999));
+    break;
+  }
+  case ST_NEEDLE_BRANCH: {
+    const char *a = PICK(&r, st_nc_words), *b = PICK(&r, st_nc_nouns);
+    snprintf(g->label, sizeof g->label, "Release branch");
+    snprintf(g->value, sizeof g->value, "release/%s-%s-%d.%d", a, b, rng_range(&r, 1, 9), rng_range(&r, 0, 40));
+    break;
+  }
+  case ST_NEEDLE_URL: {
+    const char *a = PICK(&r, st_nc_words), *b = PICK(&r, st_nc_modules), *c = PICK(&r, st_nc_nouns);
+    snprintf(g->label, sizeof g->label, "Artifact URL");
+    snprintf(g->value, sizeof g->value, "https://artifacts.%s.dev/%s/%s-%04x.tar.gz?build=%d", a, b, c,
+             (unsigned)(rng_u64(&r) & 0xffff), rng_range(&r, 100, 99999));
+    break;
+  }
+  case ST_NEEDLE_EMAIL: {
+    const char *a = PICK(&r, st_nc_people), *b = PICK(&r, st_nc_words);
+    char user[48];
+    snprintf(user, sizeof user, "%s", a);
+    for (char *p = user; *p; p++) *p = *p == ' ' ? '.' : (char)tolower((unsigned char)*p);
+    snprintf(g->label, sizeof g->label, "On-call contact");
+    snprintf(g->value, sizeof g->value, "%s%d@%s-ops.example.org", user, rng_range(&r, 1, 99), b);
+    break;
+  }
+  case ST_NEEDLE_COMMIT: {
+    static const char hex[] = "0123456789abcdef";
+    char h[41];
+    for (int i = 0; i < 40; i++) h[i] = hex[rng_int(&r, 16)];
+    h[40] = 0;
+    snprintf(g->label, sizeof g->label, "Pinned commit");
+    snprintf(g->value, sizeof g->value, "%s", h);
+    break;
+  }
+  case ST_NEEDLE_ENV: {
+    char name[48], val[20];
+    snprintf(name, sizeof name, "%s_%s_%s", PICK(&r, st_nc_modules), PICK(&r, st_nc_nouns), PICK(&r, st_nc_adjs));
+    for (char *p = name; *p; p++) *p = isalnum((unsigned char)*p) ? (char)toupper((unsigned char)*p) : '_';
+    for (int i = 0; i < 12; i++) val[i] = alnum[rng_int(&r, 62)];
+    val[12] = 0;
+    snprintf(g->label, sizeof g->label, "Environment variable");
+    snprintf(g->value, sizeof g->value, "%s=%s", name, val);
+    break;
+  }
+  case ST_NEEDLE_RANDOM: {
+    static const char printable[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789!#$%&*+-./:;<=>?@^_~";
+    char t[25];
+    for (int i = 0; i < 24; i++) t[i] = printable[rng_int(&r, (int)sizeof printable - 1)];
+    t[24] = 0;
+    snprintf(g->label, sizeof g->label, "Session token");
+    snprintf(g->value, sizeof g->value, "%s", t);
+    break;
+  }
   default: {
     char num[15];
     num[0] = (char)('1' + rng_int(&r, 9));
@@ -240,7 +322,11 @@ static void make_needle(gen *g) {
   snprintf(lower, sizeof lower, "%s", g->label);
   for (char *p = lower; *p; p++) *p = (char)tolower((unsigned char)*p);
   rng q = rng_for(g->seed, TAG_TEXT, 1);
-  g->question = xasprintf(PICK(&q, st_nc_questions), lower, g->label);
+  int fam = g->spec->family;
+  if (fam < 0 || fam >= ST_NEEDLE_FAMILY_COUNT) fam = rng_int(&q, st_nc_questions_n); /* as PICK did */
+  g->family = fam;
+  const char *tmpl = fam < st_nc_questions_n ? st_nc_questions[fam] : st_nc_questions_more[fam - st_nc_questions_n];
+  g->question = xasprintf(tmpl, lower, g->label);
 }
 
 /* ---------------------------------------------------------------- structure */
@@ -248,6 +334,8 @@ static void make_needle(gen *g) {
 static size_t tool_bytes(int t) {
   return strlen(st_nc_tools[t].name) + strlen(st_nc_tools[t].description) + strlen(st_nc_tools[t].schema) + 60;
 }
+
+static st_status toollist_system(gen *g, int64_t F);
 
 /* Tools and rules scale with the budget (bytes of rendered prompt the target stands for). */
 static void make_structure(gen *g, double budget_bytes) {
@@ -290,6 +378,14 @@ static void make_structure(gen *g, double budget_bytes) {
   addf(S, "Today's date: 2026-%02d-%02d", rng_range(&r, 1, 12), rng_range(&r, 1, 28));
   addf(S, "Git repository: yes (branch fix/%s-%s)", g->module, PICK(&r, st_nc_nouns));
   addf(S, "Project: %s (Python 3.11, PostgreSQL 16)", g->project);
+
+  if (g->spec->shape == ST_NEEDLE_SHAPE_TOOLLIST) {
+    g->n_tools = 0;
+    g->base = g->system;
+    memset(&g->system, 0, sizeof g->system);
+    g->system_F = -1;
+    toollist_system(g, 0);
+  }
 
   rng t = rng_for(g->seed, TAG_TEXT, 2);
   g->task = xasprintf(PICK(&t, st_nc_tasks), g->module);
@@ -601,6 +697,7 @@ static void turn_free(turn *rd) {
 
 /* Generates rounds until they hold at least F lines. */
 static st_status ensure_rounds(gen *g, int64_t F) {
+  if (g->spec->shape == ST_NEEDLE_SHAPE_TOOLLIST) return toollist_system(g, F);
   while (g->round_lines < F) {
     if (g->n_rounds == g->cap_rounds) {
       int cap = g->cap_rounds ? 2 * g->cap_rounds : 16;
@@ -618,8 +715,64 @@ static st_status ensure_rounds(gen *g, int64_t F) {
   return ST_OK;
 }
 
+/* One-line tool description number i of the toollist shape (depends on seed and i only). */
+static void pool_line(gen *g, int64_t i) {
+  rng r = rng_for(g->seed, TAG_POOL, (uint64_t)i);
+  const char *v = PICK(&r, st_nc_verbs), *n = PICK(&r, st_nc_nouns), *a = PICK(&r, st_nc_adjs);
+  const char *m = PICK(&r, st_nc_modules), *n2 = PICK(&r, st_nc_nouns);
+  switch (rng_int(&r, 4)) {
+  case 0: addf(&g->pool, "- %s_%s_%" PRId64 ": %s the %s %s records of the %s module.", v, n, i, v, a, n, m); break;
+  case 1:
+    addf(&g->pool, "- %s.%s_%s_%" PRId64 "(%s_id, limit=%d): returns the %s %ss linked to a %s.", m, v, n2, i, n2,
+         rng_range(&r, 10, 500), a, n, n2);
+    break;
+  case 2: addf(&g->pool, "- %s_%s_%" PRId64 ": use when the user asks to %s a %s %s; read-only.", m, v, i, v, a, n2); break;
+  default:
+    addf(&g->pool, "- %s_%s_%" PRId64 ": %s every %s in %s/ that is %s (dry_run defaults to true).", v, n2, i, v,
+         n2, m, a);
+    break;
+  }
+}
+
+/* The toollist shape's system text for F tool lines (borrowing base's and pool's strings). */
+static st_status toollist_system(gen *g, int64_t F) {
+  if (F == g->system_F) return ST_OK;
+  while (g->pool.n < F) {
+    pool_line(g, g->pool.n);
+    if (oom_flag) return st_fail(ST_ENOMEM, "needle prompt tool lines");
+  }
+  static char header[] = "# Tools (call one by writing its name and arguments; one tool per line)";
+  static char more[] = "# More tools";
+  static char empty[] = "";
+  int env = 0, n = g->base.n;
+  while (env < n && strcmp(g->base.v[env], "# Environment")) env++;
+  int rules = 0;
+  while (rules < n && strcmp(g->base.v[rules], "# Rules")) rules++;
+  free(g->system.v);
+  memset(&g->system, 0, sizeof g->system);
+  g->system.v = malloc(sizeof(char *) * (size_t)(n + F + 8));
+  if (!g->system.v) return st_fail(ST_ENOMEM, "needle prompt system text");
+  char **v = g->system.v;
+  int k = 0;
+  int64_t half = F / 2;
+  for (int i = 0; i < rules && i < n; i++) v[k++] = g->base.v[i];  /* intro, blank */
+  v[k++] = header;
+  for (int64_t i = 0; i < half; i++) v[k++] = g->pool.v[i];
+  v[k++] = empty;
+  for (int i = env; i < n; i++) v[k++] = g->base.v[i];              /* the environment section */
+  v[k++] = empty;
+  v[k++] = more;
+  for (int64_t i = half; i < F; i++) v[k++] = g->pool.v[i];
+  v[k++] = empty;
+  for (int i = rules; i < env - 1 && i < n; i++) v[k++] = g->base.v[i]; /* "# Rules", the rules */
+  g->system.n = g->system.cap = k;
+  g->system_F = F;
+  return ST_OK;
+}
+
 /* Rounds used for F lines, and the lines of the last one. */
 static int rounds_for(const gen *g, int64_t F, int *last_lines) {
+  if (g->spec->shape == ST_NEEDLE_SHAPE_TOOLLIST) return *last_lines = 0, 0;
   int r = 0;
   int64_t left = F;
   *last_lines = 0;
@@ -659,6 +812,7 @@ static void list_slots(const gen *g, int64_t F, slots *S) {
   for (int l = 0; l <= g->system.n; l++) slots_add(S, U_SYSTEM, 0, l);
   if (!tools_first)
     for (int t = 0; t < g->n_tools; t++) slots_add(S, U_TOOL, t, 1);
+  if (g->spec->shape == ST_NEEDLE_SHAPE_TOOLLIST) return; /* the system text and the question only */
   for (int l = 0, n = sentence_count(g->task); l <= n; l++) slots_add(S, U_TASK, 0, l);
   int last_lines, nr = rounds_for(g, F, &last_lines);
   for (int r = 0; r < nr; r++) {
@@ -798,8 +952,10 @@ static json_t *build_request(gen *g, int64_t F, const slot *s) {
   json_t *msgs = json_array();
   char *task = join_sentences(g, g->task, at_of(s, U_TASK, 0));
   int last_lines, nr = rounds_for(g, F, &last_lines);
+  int toollist = sp->shape == ST_NEEDLE_SHAPE_TOOLLIST;
   if (fmt == ST_NEEDLE_OPENAI_CHAT) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system));
-  if (fmt == ST_NEEDLE_ANTHROPIC)
+  if (toollist) {
+  } else if (fmt == ST_NEEDLE_ANTHROPIC)
     json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "user", "content", text_blocks(task)));
   else if (fmt == ST_NEEDLE_OPENAI_CHAT)
     json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", task));
@@ -861,14 +1017,16 @@ static json_t *build_request(gen *g, int64_t F, const slot *s) {
   }
   char *summary = join_sentences(g, g->summary, at_of(s, U_SUMMARY, 0));
   if (fmt == ST_NEEDLE_ANTHROPIC) {
-    json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "assistant", "content", text_blocks(summary)));
+    if (!toollist)
+      json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "assistant", "content", text_blocks(summary)));
     json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "user", "content", text_blocks(g->question)));
   } else if (fmt == ST_NEEDLE_OPENAI_CHAT) {
-    json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "assistant", "content", summary));
+    if (!toollist) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "assistant", "content", summary));
     json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", g->question));
   } else {
-    json_array_append_new(msgs, json_pack("{s:s, s:s, s:o}", "type", "message", "role", "assistant", "content",
-                                          input_blocks("output_text", summary)));
+    if (!toollist)
+      json_array_append_new(msgs, json_pack("{s:s, s:s, s:o}", "type", "message", "role", "assistant", "content",
+                                            input_blocks("output_text", summary)));
     json_array_append_new(msgs, json_pack("{s:s, s:s, s:o}", "type", "message", "role", "user", "content",
                                           input_blocks("input_text", g->question)));
   }
@@ -999,7 +1157,14 @@ static st_status measure(gen *g, int64_t F, const slot *s, int find_needle, meas
 
 static void gen_free(gen *g) {
   free(g->question);
-  lines_free(&g->system);
+  if (g->spec && g->spec->shape == ST_NEEDLE_SHAPE_TOOLLIST) {
+    free(g->system.v); /* borrowed strings: base's and pool's */
+    memset(&g->system, 0, sizeof g->system);
+    lines_free(&g->base);
+    lines_free(&g->pool);
+  } else {
+    lines_free(&g->system);
+  }
   free(g->task);
   free(g->summary);
   for (int i = 0; i < g->n_rounds; i++) turn_free(&g->rounds[i]);
@@ -1084,6 +1249,7 @@ st_status st_needle_make(const st_needle_spec *spec, st_needle_prompt *out) {
   }
 
   /* placement: the slot whose needle token is nearest position * size */
+  if ((rc = ensure_rounds(&g, F))) goto out; /* the toollist shape's system text is F's */
   list_slots(&g, F, &S);
   if (oom_flag || S.n == 0) { rc = st_fail(ST_ENOMEM, "needle slots"); goto out; }
   int lo = 0, hi = S.n - 1;
@@ -1117,6 +1283,7 @@ st_status st_needle_make(const st_needle_spec *spec, st_needle_prompt *out) {
   memcpy(out->label, g.label, sizeof out->label);
   memcpy(out->value, g.value, sizeof out->value);
   memcpy(out->line, g.line, sizeof out->line);
+  out->family = g.family;
   out->question = g.question;
   g.question = NULL;
   out->prompt = best.prompt;

@@ -35,6 +35,15 @@ typedef enum st_needle_kind {
   ST_NEEDLE_HOST = 1,   /* Primary database host: pg-<name>-NN.<region>.internal.<name>.net */
   ST_NEEDLE_KEY = 2,    /* Deploy API key: sk-live-<32 base62> */
   ST_NEEDLE_NUMBER = 3, /* Incident ticket number: <14 digits> */
+  /* The kinds below were added for the batch mode's training data (st_needle_batch_*); the four
+  ** above keep their bytes. */
+  ST_NEEDLE_TICKET = 4, /* Tracking ticket: <PROJ>-<digits> */
+  ST_NEEDLE_BRANCH = 5, /* Release branch: release/<word>-<word>-<n>.<n> */
+  ST_NEEDLE_URL = 6,    /* Artifact URL: https://<host>/<path>?build=<n> */
+  ST_NEEDLE_EMAIL = 7,  /* On-call contact: <first>.<last><n>@<domain> (held out of training) */
+  ST_NEEDLE_COMMIT = 8, /* Pinned commit: <40 hex> */
+  ST_NEEDLE_ENV = 9,    /* Environment variable: <NAME>=<value> (held out of training) */
+  ST_NEEDLE_RANDOM = 10, /* Session token: <24 printable, no spaces> */
   ST_NEEDLE_KIND_COUNT
 } st_needle_kind;
 
@@ -45,6 +54,18 @@ typedef enum st_needle_format {
   ST_NEEDLE_FORMAT_COUNT
 } st_needle_format;
 
+/* The request's shape. */
+typedef enum st_needle_shape {
+  ST_NEEDLE_SHAPE_AGENT = 0,    /* the coding-agent transcript: tools with JSON schemas, task, tool
+                                ** rounds with their results, summary, question (the default) */
+  ST_NEEDLE_SHAPE_TOOLLIST = 1, /* a bug report's shape: one system string (hundreds of one-line tool
+                                ** descriptions with the environment section in the middle, rules)
+                                ** and one user question; no tools field, no tool rounds */
+  ST_NEEDLE_SHAPE_COUNT
+} st_needle_shape;
+
+const char *st_needle_shape_name(st_needle_shape s);
+st_status st_needle_shape_parse(const char *name, st_needle_shape *out);
 const char *st_needle_kind_name(st_needle_kind k);
 st_status st_needle_kind_parse(const char *name, st_needle_kind *out);
 const char *st_needle_format_name(st_needle_format f);
@@ -66,7 +87,17 @@ typedef struct st_needle_spec {
   double temperature;        /* the request's temperature (normally 0) */
   int thinking;              /* -1: say nothing; 0/1: ask the server for chat / thinking mode
                              ** (anthropic "thinking", openai chat_template_kwargs) */
+  st_needle_shape shape;     /* the request's shape (default: agent) */
+  int family;                /* the final question's template family, 0..ST_NEEDLE_FAMILY_COUNT-1;
+                             ** -1 (default): one of the first three, picked by the seed */
 } st_needle_spec;
+
+/* Template families of the final question: "q0".."q6". q0-q2 are the ones `needle make` has
+** always used; q5 and q6 (and the kinds email and env) are held out of the batch mode's train
+** split (st_needle_heldout_family, st_needle_heldout_kind). */
+#define ST_NEEDLE_FAMILY_COUNT 7
+int st_needle_heldout_family(int family);
+int st_needle_heldout_kind(st_needle_kind k);
 
 void st_needle_spec_default(st_needle_spec *s);
 
@@ -89,6 +120,7 @@ typedef struct st_needle_prompt {
   int64_t min_tokens;        /* size with no filler at all (the smallest this spec makes) */
   int n_tools, n_rounds, filler_lines;
   const char *placement;     /* "system", "tool description", "user", "assistant", "tool result" */
+  int family;                /* the question's template family used (0..ST_NEEDLE_FAMILY_COUNT-1) */
 } st_needle_prompt;
 
 /* Builds the request for spec. Errors: ST_EINVAL for a bad spec (position outside [0, 1],

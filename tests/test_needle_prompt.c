@@ -67,7 +67,10 @@ static void test_needle_depends_on_seed_and_kind(void **state) {
 
 static void test_every_kind_format_profile(void **state) {
   static const char *const labels[] = {"Working directory: ", "Primary database host: ", "Deploy API key: sk-live-",
-                                       "Incident ticket number: "};
+                                       "Incident ticket number: ", "Tracking ticket: ", "Release branch: release/",
+                                       "Artifact URL: https://artifacts.", "On-call contact: ", "Pinned commit: ",
+                                       "Environment variable: ", "Session token: "};
+  assert_int_equal(sizeof labels / sizeof labels[0], ST_NEEDLE_KIND_COUNT);
   for (int k = 0; k < ST_NEEDLE_KIND_COUNT; k++)
     for (int f = 0; f < ST_NEEDLE_FORMAT_COUNT; f++)
       for (int p = 0; p < ST_RENDER_PROFILE_COUNT; p++) {

@@ -18,6 +18,10 @@ Pure Python (no third-party modules), deterministic in (seed, family, kind, size
 Usage:
   python3 tools/needle_data.py sample [--family F] [--kind K] [--chars N] [--position P] [--seed S]
   python3 tools/needle_data.py requests DIR COUNT     # request + expected prompt pairs, for tests
+  python3 tools/needle_data.py jsonl FILE [--split train|heldout]  # the C generator's examples
+
+read_jsonl() loads what `sparsetrace needle make --batch` writes (README, "Training data"):
+the harness's own prompts as token ids, which tools/train_needle.py mixes into its batches.
 """
 import argparse
 import json
@@ -540,7 +544,9 @@ ENV_FILLERS = [
 
 class Sample:
     __slots__ = ("request", "prompt", "answer", "needle", "label", "kind", "family", "needle_char",
-                 "thinking", "followups")
+                 "thinking", "followups",
+                 # set only by read_jsonl (the C generator's examples come as token ids already)
+                 "ids", "answer_ids", "needle_token", "format")
 
 
 FOLLOWUPS = ["And the \"{label}\" line? Quote it exactly.",
@@ -672,6 +678,38 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
     return s
 
 
+# ---------------------------------------------------------------- the C generator's examples
+
+C_HELDOUT_KINDS = ("email", "env")    # never in `needle make --batch --split train` (README)
+C_HELDOUT_FAMILIES = ("q5", "q6")
+
+
+def read_jsonl(path, split="train"):
+    """The examples `sparsetrace needle make --batch N --jsonl PATH` wrote, as Samples whose
+    ids, answer_ids and needle_token are the C tool's own (the engine's tokenizer and rendering),
+    so training on them trains on the harness's prompts by construction. The family is
+    "c/<question family>". With split="train" a line of a held-out kind or family is an error,
+    not a silent skip: it means the file was made with --split heldout."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                e = json.loads(line)
+                ids, answer_ids, span = e["ids"], e["answer_ids"], e["needle_span"]
+            except (ValueError, KeyError) as err:
+                raise ValueError(f"{path}:{n}: not a `needle make --batch` line ({err})") from None
+            if split == "train" and (e["kind"] in C_HELDOUT_KINDS or e["family"] in C_HELDOUT_FAMILIES):
+                raise ValueError(f"{path}:{n}: kind {e['kind']}, family {e['family']} is held out of training")
+            s = Sample()
+            s.request, s.prompt, s.answer, s.needle = e["request"], None, e["answer"], e["needle"]
+            s.label = e["needle"].split(": ", 1)[0]
+            s.kind, s.family, s.format, s.thinking = e["kind"], "c/" + e["family"], e["format"], e["thinking"]
+            s.needle_char, s.followups = None, []
+            s.ids, s.answer_ids, s.needle_token = ids, answer_ids, span[0]
+            out.append(s)
+    return out
+
+
 # ---------------------------------------------------------------- command line
 
 
@@ -684,7 +722,23 @@ def main(argv):
     a.add_argument("--seed", type=int, default=0), a.add_argument("--thinking", choices=["on", "off"])
     b = sub.add_parser("requests", help="write request/prompt pairs for the renderer test")
     b.add_argument("dir"), b.add_argument("count", type=int)
+    c = sub.add_parser("jsonl", help="read `sparsetrace needle make --batch` output and summarise it")
+    c.add_argument("path"), c.add_argument("--split", choices=["train", "heldout"], default="train")
     args = ap.parse_args(argv)
+    if args.cmd == "jsonl":
+        try:
+            samples = read_jsonl(args.path, args.split)
+        except ValueError as err:
+            print(f"needle_data.py jsonl: {err}", file=sys.stderr)
+            return 1
+        by = {}
+        for s in samples:
+            by[(s.kind, s.family)] = by.get((s.kind, s.family), 0) + 1
+        tokens = sum(len(s.ids) + len(s.answer_ids) for s in samples)
+        print(json.dumps({"examples": len(samples), "tokens": tokens,
+                          "kinds": sorted({s.kind for s in samples}),
+                          "families": sorted({s.family for s in samples})}))
+        return 0
     if args.cmd == "sample":
         th = None if args.thinking is None else args.thinking == "on"
         s = make_sample(args.seed, args.family, args.kind, args.chars, args.position, th, train=False)

@@ -36,7 +36,8 @@ wrong rows):
 Usage (DIR holds tokenizer.json, state.pt, weights/, log.jsonl; the committed tokenizer and the
 release (models/needle-v4/, its training log in training/) seed a fresh DIR):
   python3 tools/train_needle.py tokenizer DIR
-  python3 tools/train_needle.py stage 4 DIR --budget 520 [--init models/needle-v4] [--eval-seconds 75]
+  python3 tools/train_needle.py stage 4 DIR --budget 520 [--init models/needle-v4] [--eval-seconds 75] \
+      [--jsonl FILE]   # FILE: `sparsetrace needle make --batch` output, half of every batch
   python3 tools/train_needle.py eval DIR/weights --tokenizer DIR --out FILE.json [--seeds 8]
   python3 tools/train_needle.py release DIR models/needle-v4 --budget 420
   python3 tools/train_needle.py card models/needle-v4/README.md --train models/needle-v4/training \
@@ -176,6 +177,11 @@ def encode_sample(tok, s):
     their answers, as one sequence; spans are the [start, end) of every answer with its EOS (the
     first is the needle's)."""
     eos = tok.token_to_id(nd.EOS)
+    if getattr(s, "ids", None) is not None:  # the C generator's example (nd.read_jsonl): ids as the engine made them
+        ids = list(s.ids)
+        a0 = len(ids)
+        ids += list(s.answer_ids) + [eos]
+        return ids, [(a0, len(ids))], s.needle_token
     enc = tok.encode(s.prompt, add_special_tokens=False)
     ids = list(enc.ids)
     spans = []
@@ -191,8 +197,10 @@ def encode_sample(tok, s):
 
 class Batches:
     """An endless stream of training batches for one stage, made in worker processes."""
-    def __init__(self, tokdir, stage, seed, ratio):
+    def __init__(self, tokdir, stage, seed, ratio, jsonl=None):
         self.tokdir, self.stage, self.seed, self.ratio = tokdir, stage, seed, ratio
+        # the C generator's examples (`sparsetrace needle make --batch`), half of each batch when given
+        self.c_samples = nd.read_jsonl(jsonl) if jsonl else []
 
     def __call__(self, worker):
         import torch
@@ -205,7 +213,11 @@ class Batches:
             length = r.randrange(lo, hi + 1)
             batch = max(1, TOKENS_PER_STEP // length)
             seqs = []
+            fits = [c for c in self.c_samples if len(c.ids) <= hi] if self.c_samples else []
             for _ in range(batch):
+                if fits and r.random() < 0.5:
+                    seqs.append(encode_sample(tok, fits[r.randrange(len(fits))]))
+                    continue
                 s = nd.make_sample(f"{self.seed}:{worker}:{n}", chars=int(length * self.ratio * r.uniform(0.7, 0.92)),
                                    followups=r.randrange(FOLLOWUPS + 1))
                 n += 1
@@ -548,7 +560,7 @@ def seed_dir(outdir, init):
     return init
 
 
-def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=None):
+def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=None, jsonl=None):
     import torch
     t0 = time.time()
     st = STAGES[stage_no]
@@ -563,7 +575,7 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
 
     # Workers fork before CUDA starts in this process.
     saves = len(_saved_steps(outdir))
-    loader = Loader(Batches(outdir, st, seed=1000 * stage_no + saves, ratio=info["chars_per_token"]))
+    loader = Loader(Batches(outdir, st, seed=1000 * stage_no + saves, ratio=info["chars_per_token"], jsonl=jsonl))
     model = build_model(model_cfg, tok.get_vocab_size(), info["ids"], dev)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "hc" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "hc" not in n)]
@@ -996,6 +1008,8 @@ def main(argv):
     b = sub.add_parser("stage")
     b.add_argument("n", type=int, choices=sorted(STAGES)), b.add_argument("dir")
     b.add_argument("--budget", type=float, default=540, help="seconds for the whole stage, evaluation included")
+    b.add_argument("--jsonl", help="`sparsetrace needle make --batch ... --split train` output: half of every batch "
+                                   "comes from it (needle_data.read_jsonl)")
     b.add_argument("--init", help="start from these weights when DIR has no state.pt: a save_pretrained directory, "
                                   "or the release (models/needle-v4), dequantised")
     b.add_argument("--eval-seconds", type=float, default=75,
@@ -1025,7 +1039,7 @@ def main(argv):
         init = seed_dir(args.dir, args.init)
         if not os.path.exists(os.path.join(args.dir, "tokenizer.json")):
             train_tokenizer(args.dir)
-        run_stage(args.n, args.dir, args.budget, eval_seconds=args.eval_seconds, init=init)
+        run_stage(args.n, args.dir, args.budget, eval_seconds=args.eval_seconds, init=init, jsonl=args.jsonl)
     elif args.cmd == "eval":
         run_eval(args.weights, args.tokenizer, args.out, args.seeds, [int(x) for x in args.lengths.split(",")],
                  args.modes.split(","), args.family if args.family != "any" else None,

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# `sparsetrace needle make --batch`: the training data of the next bundled model, written by the
+# same generator the harness uses. Checked against independent references: the tokenizer's own
+# decoding (`sparsetrace tokenize --decode`), the rendered prompt's bytes, `sparsetrace render`
+# on the example's request (one truth with the engine's rendering), regular expressions per
+# needle kind, and the held-out lists as the README states them (kinds email, env; families q5, q6).
+set -uo pipefail
+st=${ST_BIN:?}
+src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
+model=$src/models/needle-v4
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+[ -f "$model/tokenizer.json" ] || { echo "FAIL: $model/tokenizer.json is missing"; exit 1; }
+fail() { echo "FAIL: $*"; exit 1; }
+
+# determinism: same arguments, same bytes; another seed, other bytes
+$st needle make --batch 24 --jsonl "$work/a.jsonl" --seed 7 --model "$model" --lengths 512,1k -q || fail "batch a"
+$st needle make --batch 24 --jsonl "$work/b.jsonl" --seed 7 --model "$model" --lengths 512,1k -q || fail "batch b"
+$st needle make --batch 24 --jsonl "$work/c.jsonl" --seed 8 --model "$model" --lengths 512,1k -q || fail "batch c"
+cmp -s "$work/a.jsonl" "$work/b.jsonl" || fail "the same arguments gave different bytes"
+cmp -s "$work/a.jsonl" "$work/c.jsonl" && fail "seeds 7 and 8 gave the same bytes"
+[ "$(wc -l < "$work/a.jsonl")" = 24 ] || fail "24 examples asked, $(wc -l < "$work/a.jsonl") lines written"
+
+$st needle make --batch 40 --jsonl "$work/h.jsonl" --seed 7 --split heldout --model "$model" --lengths 512 -q \
+  || fail "heldout batch"
+
+# every kind x format x shape renders (email and env only in the held-out split)
+for k in path host key number ticket branch url email commit env random; do
+  split=train; case $k in email|env) split=heldout;; esac
+  for f in anthropic openai-chat openai-responses; do
+    for s in agent toollist; do
+      $st needle make --batch 1 --jsonl "$work/k-$k-$f-$s.jsonl" --seed 3 --kinds $k --formats $f --shapes $s \
+        --split $split --model "$model" --lengths 512 -q || fail "kind $k format $f shape $s"
+    done
+  done
+done
+
+# bad input: a clear usage error, no file
+out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --kinds email --model "$model" 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "held out" <<< "$out" || fail "--kinds email in the train split: rc $rc, '$out'"
+out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --kinds colour --model "$model" 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "kinds 'colour'" <<< "$out" || fail "--kinds colour: rc $rc, '$out'"
+out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "model" <<< "$out" || fail "--batch without --model: rc $rc, '$out'"
+out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --kind host --model "$model" 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "not --kind" <<< "$out" || fail "--kind with --batch: rc $rc, '$out'"
+out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --shapes tree --model "$model" 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "shapes 'tree'" <<< "$out" || fail "--shapes tree: rc $rc, '$out'"
+[ -e "$work/x.jsonl" ] && fail "a refused batch left $work/x.jsonl"
+
+exec /usr/bin/python3 - "$st" "$model" "$work" <<'PY'
+import glob, json, os, re, subprocess, sys
+st, model, work = sys.argv[1:]
+HELD_KINDS, HELD_FAMILIES = {"email", "env"}, {"q5", "q6"}
+VALUE = {  # what each kind's value looks like (needle_prompt.h)
+    "path": r"/home/dev/projects/[a-z]+-[a-z]+-[0-9a-f]{4}/services/[a-z_]+",
+    "host": r"pg-[a-z]+-\d\d\.[a-z0-9-]+\.internal\.[a-z]+-[0-9a-f]{3}\.net",
+    "key": r"sk-live-[A-Za-z0-9]{32}", "number": r"[1-9]\d{13}", "ticket": r"[A-Z]{2,4}-\d{2,5}",
+    "branch": r"release/[a-z]+-[a-z_]+-\d\.\d{1,2}",
+    "url": r"https://artifacts\.[a-z]+\.dev/[a-z_]+/[a-z_]+-[0-9a-f]{4}\.tar\.gz\?build=\d{3,5}",
+    "email": r"[a-z]+\.[a-z]+\d{1,2}@[a-z]+-ops\.example\.org", "commit": r"[0-9a-f]{40}",
+    "env": r"[A-Z_]+=[A-Za-z0-9]{12}", "random": r"[!-~]{24}"}
+failures = 0
+def bad(msg):
+    global failures
+    failures += 1
+    print("FAIL:", msg)
+def decode(ids):
+    p = subprocess.run([st, "tokenize", "--model", model, "--decode", "--json"], input=json.dumps(ids).encode(),
+                       capture_output=True)
+    if p.returncode: raise SystemExit(f"FAIL: decode: {p.stderr.decode()}")
+    return json.loads(p.stdout)
+def check(path, split):
+    seen = []
+    for n, line in enumerate(open(path, encoding="utf-8")):
+        e = json.loads(line)
+        where = f"{os.path.basename(path)}:{n + 1} ({e['kind']}, {e['format']}, {e['family']})"
+        seen.append(e)
+        if not re.fullmatch(VALUE[e["kind"]], e["value"]): bad(f"{where}: value {e['value']!r} is not a {e['kind']}")
+        if e["answer"] != ("</think>" if e["thinking"] else "") + e["needle"] or not e["needle"].endswith(": " + e["value"]):
+            bad(f"{where}: needle/answer")
+        if decode(e["answer_ids"]) != e["answer"]: bad(f"{where}: answer_ids do not decode to the answer")
+        n_ids = len(e["ids"])
+        if e["answer_span"] != [n_ids, n_ids + len(e["answer_ids"])]: bad(f"{where}: answer_span {e['answer_span']}")
+        prompt = decode(e["ids"]).encode()
+        if not prompt.endswith(b"<\xef\xbd\x9cAssistant\xef\xbd\x9c>" + (b"<think>" if e["thinking"] else b"</think>")):
+            bad(f"{where}: the prompt does not end in the assistant turn of its mode")
+        needle, b = e["needle"].encode(), e["needle_byte"]
+        if prompt[b:b + len(needle)] != needle: bad(f"{where}: the needle is not at byte {b}")
+        if prompt.count(e["value"].encode()) != 1: bad(f"{where}: the value occurs {prompt.count(e['value'].encode())} times")
+        s, t = e["needle_span"]
+        before, upto = len(decode(e["ids"][:s]).encode()), len(decode(e["ids"][:t]).encode())
+        if not (before <= b < len(decode(e["ids"][:s + 1]).encode()) and upto >= b + len(needle)
+                and len(decode(e["ids"][:t - 1]).encode()) < b + len(needle)):
+            bad(f"{where}: needle_span {s}:{t} is not the tokens of bytes {b}:{b + len(needle)}")
+        if abs(e["position"] - s / n_ids) > 1e-9 or e["tokens"] != n_ids: bad(f"{where}: position/tokens")
+        if split == "train" and (e["kind"] in HELD_KINDS or e["family"] in HELD_FAMILIES): bad(f"{where}: held out")
+        if split == "heldout" and not (e["kind"] in HELD_KINDS or e["family"] in HELD_FAMILIES):
+            bad(f"{where}: neither kind nor family is held out")
+        body = e["request"]
+        turns = body.get("messages", body.get("input", []))
+        system = body.get("instructions") or (body["system"][0]["text"] if "system" in body else turns[0]["content"])
+        if e["shape"] == "toollist":
+            users = [t for t in turns if t.get("role") == "user"]
+            lines = system.split("\n")
+            env = lines.index("# Environment") if "# Environment" in lines else -1
+            if "tools" in body or len(users) != 1 or len(turns) != len(users) + (e["format"] == "openai-chat"):
+                bad(f"{where}: a toollist request has tools or more than one user turn")
+            if not (0 < env and any(l.startswith("- ") and ": " in l for l in lines[:env])
+                    and any(l.startswith("- ") and ": " in l for l in lines[env:])):
+                bad(f"{where}: no one-line tools on both sides of the environment section")
+        elif e["shape"] != "agent" or len(turns) < 4:  # task, a round (tool call or pasted output), summary, question
+            bad(f"{where}: shape {e['shape']} with {len(turns)} turns")
+        req = os.path.join(work, "req.json")
+        json.dump(e["request"], open(req, "w", encoding="utf-8"))
+        r = subprocess.run([st, "render", "--request", req, "--model", model, "--ids",
+                            "--thinking", "on" if e["thinking"] else "off"], capture_output=True)
+        if r.returncode or json.loads(r.stdout) != e["ids"]: bad(f"{where}: `sparsetrace render` gives other ids")
+    return seen
+train = check(os.path.join(work, "a.jsonl"), "train")
+held = check(os.path.join(work, "h.jsonl"), "heldout")
+if not {e["kind"] for e in held} & HELD_KINDS or not {e["family"] for e in held} & HELD_FAMILIES:
+    bad("the held-out split shows no held-out kind or no held-out family")
+if len({e["format"] for e in train}) < 3 or len({e["thinking"] for e in train}) < 2: bad("train lacks formats/modes")
+combos = 0
+for path in sorted(glob.glob(os.path.join(work, "k-*.jsonl"))):
+    k, f, s = re.match(r"k-([a-z]+)-(.+)-([a-z]+)\.jsonl", os.path.basename(path)).groups()
+    for e in check(path, "heldout" if k in HELD_KINDS else "train"):
+        if (e["kind"], e["format"], e["shape"]) != (k, f, s):
+            bad(f"{path}: asked {k} {f} {s}, got {e['kind']} {e['format']} {e['shape']}")
+    combos += 1
+if combos != 66: bad(f"{combos} kind x format x shape files, 66 expected")
+if {e["shape"] for e in train} != {"agent", "toollist"}: bad("train lacks a shape")
+if failures: sys.exit(1)
+print(f"{len(train)} train and {len(held)} held-out examples, and all 66 kinds x formats x shapes: spans, answers, "
+      "held-out lists and `sparsetrace render` ids check")
+PY
