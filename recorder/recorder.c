@@ -340,7 +340,7 @@ st_status st_recorder_finish(st_recorder *r, const int32_t *tokens, int64_t n_to
     .run_id = r->run_id, .created_at = r->created_at, .model = r->model,
     .model_dir = r->model_dir, .trace_path = rel, .n_prompt = n_prompt, .n_tokens = n_tokens,
     .positions = r->positions, .settings_json = r->settings,
-    .build = {ST_GIT_REVISION, ST_COMPILER, ST_BUILD_TYPE, r->backend, r->kernel_mode},
+    .build = {st_build_revision, st_build_compiler, st_build_type, r->backend, r->kernel_mode},
     .threads = r->threads, .command_line = r->command_line, .request_id = r->request_id,
     .duration_s = seconds_since(&r->started), .replace_same_path = r->force,
     .content_digest = digest[0] ? digest : NULL,

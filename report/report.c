@@ -7,6 +7,7 @@
 ** sweeps, the bisect. Nothing here writes to the store: the index is opened read-only.
 */
 #include "report.h"
+#include "common/build_info.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -941,7 +942,7 @@ st_status st_report_write(const char *const *targets, int n, const st_report_opt
   if (!rc) {
     char footer[8192], now[32];
     st_utc_now(now, sizeof now);
-    snprintf(footer, sizeof footer, "written %s by sparsetrace %s from %s%s%s", now, ST_GIT_REVISION,
+    snprintf(footer, sizeof footer, "written %s by sparsetrace %s from %s%s%s", now, st_build_revision,
              opts.store_dir, o->command_line ? ": " : "", o->command_line ? o->command_line : "");
     st_html_end(out, footer);
     rc = st_buf_status(out, "report page");
