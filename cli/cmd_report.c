@@ -37,6 +37,7 @@ static const st_cmd_spec report_spec = {
   "  two runs: also side by side, their diff (first divergence, difference per tap in forward\n"
   "      order) and the top-k Jaccard per layer\n"
   "  sweep:ID (a unique prefix) or sweep:all: a needle sweep's pass/fail grid (answers on hover)\n"
+  "  scoreboard:NAME[@VERSION]: a scoreboard's matrix, its targets, what each fixes and breaks\n"
   "With --good and --bad the first run is also bisected (computed: bisects are not stored).\n"
   "Every value is the one the text commands print (run, diff, bisect, needle sweep), from the same\n"
   "functions; each drawn element carries it in data- attributes.\n",
@@ -71,7 +72,7 @@ int st_cmd_report(int argc, char **argv) {
   if (c == ST_OPTS_EXIT) { free(targets); return o.exit_code; }
   if (!n_targets || (!ro.good != !ro.bad)) {
     fprintf(stderr, "sparsetrace report: %s\n(sparsetrace report --help lists the options)\n",
-            !n_targets ? "at least one TARGET is required (a run id, a trace .h5, sweep:ID or sweep:all)"
+            !n_targets ? "at least one TARGET is required (a run id, a trace .h5, sweep:ID, sweep:all or scoreboard:NAME)"
                        : "--good and --bad go together");
     free(targets);
     return 2;

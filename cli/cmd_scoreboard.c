@@ -66,16 +66,6 @@ static void progress(void *ctx, const st_scoreboard_target *t, int done, int tod
 
 /* ---------------------------------------------------------------- the matrix */
 
-static void cell_text(const st_scoreboard_cell *c, char *buf, size_t size) {
-  if (c->cases == 0) {
-    snprintf(buf, size, "-");
-    return;
-  }
-  int n = snprintf(buf, size, "%d/%d", c->passed, c->cases);
-  if (c->wrong > 0) n += snprintf(buf + n, size - (size_t)n, "~%.0f", c->mean_distance);
-  if (c->errors > 0) snprintf(buf + n, size - (size_t)n, "*");
-}
-
 static const char *baseline_of(const st_scoreboard *sb, const char *asked) {
   if (asked) return asked;
   return sb->n_rows ? sb->rows[0].label : NULL;
@@ -103,10 +93,10 @@ static int print_matrix(const st_scoreboard *sb, const char *baseline) {
     printf("%-*s", width, r->label);
     char cell[48];
     for (int k = 0; k < sb->n_tokens * sb->n_positions; k++) {
-      cell_text(&r->cells[k], cell, sizeof cell);
+      st_scoreboard_cell_text(&r->cells[k], cell, sizeof cell);
       printf(" %9s", cell);
     }
-    cell_text(&r->total, cell, sizeof cell);
+    st_scoreboard_cell_text(&r->total, cell, sizeof cell);
     printf(" %9s", cell);
     if (strcmp(r->status, "complete")) printf("  %s%s%s", r->status, r->error ? ": " : "", r->error ? r->error : "");
     printf("\n");

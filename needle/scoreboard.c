@@ -860,3 +860,14 @@ void st_scoreboard_comparison_free(st_scoreboard_comparison *c) {
   free(c->broken_cases);
   c->restored_cases = c->broken_cases = NULL;
 }
+
+void st_scoreboard_cell_text(const st_scoreboard_cell *c, char *buf, size_t size) {
+  if (c->cases == 0) {
+    snprintf(buf, size, "-");
+    return;
+  }
+  int n = snprintf(buf, size, "%d/%d", c->passed, c->cases);
+  if (c->wrong > 0 && n >= 0 && (size_t)n < size)
+    n += snprintf(buf + n, size - (size_t)n, "~%.0f", c->mean_distance);
+  if (c->errors > 0 && n >= 0 && (size_t)n < size) snprintf(buf + n, size - (size_t)n, "*");
+}

@@ -167,6 +167,11 @@ typedef struct st_scoreboard {
   st_scoreboard_row *rows;
 } st_scoreboard;
 
+/* A cell as the matrix shows it (text, JSON and the report page alike): "passed/cases", then
+** "~D" (the wrong answers' mean edit distance) when some answer was wrong, "*" when some case
+** could not be made; "-" when the cell has no case. */
+void st_scoreboard_cell_text(const st_scoreboard_cell *c, char *buf, size_t size);
+
 /* Reads corpus `name` version `version` (version 0: the highest stored) from the index.
 ** ST_ENOTFOUND when the store holds no such scoreboard. */
 st_status st_scoreboard_read(st_index *ix, const char *name, int version, st_scoreboard *out);

@@ -8,6 +8,7 @@
 */
 #include "report.h"
 #include "common/build_info.h"
+#include "needle/scoreboard.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -61,6 +62,8 @@ typedef struct report_ctx {
   int n_runs;
   report_sweep sweeps[64];
   int n_sweeps;
+  st_scoreboard boards[8];       /* scoreboard:NAME targets, as st_scoreboard_read gives them */
+  int n_boards;
   st_tokenizer *tok;             /* the first run's model's tokenizer, NULL when none */
 } report_ctx;
 
@@ -231,6 +234,37 @@ static st_status resolve_sweeps(report_ctx *c, const char *target) {
   if (!n) return st_fail(ST_ENOTFOUND, "report target '%s': no needle sweep %s in %s/index.sqlite", target,
                          strcmp(id, "all") ? "with that id" : "at all", c->o->store_dir);
   if (n > 1 && strcmp(id, "all")) return st_fail(ST_EINVAL, "report target '%s': more than one sweep id starts so", target);
+  return ST_OK;
+}
+
+/* scoreboard:NAME or scoreboard:NAME@VERSION (default: the highest stored version). */
+static st_status resolve_scoreboard(report_ctx *c, const char *target) {
+  const char *spec = target + strlen("scoreboard:");
+  if (!c->ix) return st_fail(ST_ENOTFOUND, "report target '%s': no index in %s", target, c->o->store_dir);
+  if (c->n_boards == (int)(sizeof c->boards / sizeof c->boards[0]))
+    return st_fail(ST_EINVAL, "report target '%s': at most %d scoreboards per page", target,
+                   (int)(sizeof c->boards / sizeof c->boards[0]));
+  char name[64];
+  int version = 0;
+  const char *at = strchr(spec, '@');
+  size_t len = at ? (size_t)(at - spec) : strlen(spec);
+  if (!len || len >= sizeof name)
+    return st_fail(ST_EINVAL, "report target '%s': expected scoreboard:NAME or scoreboard:NAME@VERSION", target);
+  memcpy(name, spec, len);
+  name[len] = 0;
+  if (at) {
+    char *end;
+    long v = strtol(at + 1, &end, 10);
+    if (*end || v < 1 || v > 1000000)
+      return st_fail(ST_EINVAL, "report target '%s': the version after @ must be a positive number", target);
+    version = (int)v;
+  }
+  st_status rc = st_scoreboard_read(c->ix, name, version, &c->boards[c->n_boards]);
+  if (rc == ST_ENOTFOUND)
+    return st_fail(ST_ENOTFOUND, "report target '%s': no scoreboard of corpus %s%s in %s/index.sqlite", target,
+                   name, at ? at : "", c->o->store_dir);
+  if (rc) return rc;
+  c->n_boards++;
   return ST_OK;
 }
 
@@ -894,8 +928,81 @@ static st_status resolve_run_target(report_ctx *c, const char *target) {
 
 static const target_kind target_kinds[] = {
   {"sweep:", resolve_sweeps},
+  {"scoreboard:", resolve_scoreboard},
   {"", resolve_run_target},
 };
+
+/* ---------------------------------------------------------------- scoreboard */
+
+/* The board as `sparsetrace scoreboard` prints it: one row per target, one column per
+** (length, position) cell of the corpus and "all", each cell's text from st_scoreboard_cell_text;
+** then, against the first target, the sentences of st_scoreboard_compare. */
+static st_status section_scoreboard(report_ctx *c, const st_scoreboard *sb, int index) {
+  st_buf *b = c->out;
+  char id[48], title[256];
+  snprintf(id, sizeof id, "scoreboard-%d", index);
+  snprintf(title, sizeof title, "Scoreboard %s v%d: %d cases, %d targets", sb->corpus, sb->version, sb->n_cases,
+           sb->n_rows);
+  st_html_section_begin(b, id, title);
+  int cols = sb->n_tokens * sb->n_positions + 1, rows = sb->n_rows, n = rows * cols;
+  int *state = malloc(sizeof *state * (size_t)(n + 1));
+  char **label = calloc((size_t)n + 1, sizeof *label), **hover = calloc((size_t)n + 1, sizeof *hover);
+  char **col_names = calloc((size_t)cols + 1, sizeof *col_names);
+  const char **row_names = calloc((size_t)rows + 1, sizeof *row_names);
+  st_status rc = ST_OK;
+  if (!state || !label || !hover || !col_names || !row_names) { rc = st_fail(ST_ENOMEM, "scoreboard grid"); goto out; }
+  for (int k = 0; k < cols; k++) {
+    col_names[k] = malloc(48);
+    if (!col_names[k]) { rc = st_fail(ST_ENOMEM, "scoreboard grid"); goto out; }
+    if (k == cols - 1) snprintf(col_names[k], 48, "all");
+    else snprintf(col_names[k], 48, "%lld @ %.2f", (long long)sb->tokens[k / sb->n_positions],
+                  sb->positions[k % sb->n_positions]);
+  }
+  for (int r = 0; r < rows; r++) {
+    const st_scoreboard_row *row = &sb->rows[r];
+    row_names[r] = row->label;
+    for (int k = 0; k < cols; k++) {
+      const st_scoreboard_cell *cell = k == cols - 1 ? &row->total : &row->cells[k];
+      size_t i = (size_t)r * cols + k;
+      state[i] = cell->cases == 0 ? -1 : cell->passed == cell->cases ? 1 : cell->passed == 0 ? 0 : 2;
+      if (!(label[i] = malloc(48)) || !(hover[i] = malloc(1400))) { rc = st_fail(ST_ENOMEM, "scoreboard grid"); goto out; }
+      st_scoreboard_cell_text(cell, label[i], 48);
+      snprintf(hover[i], 1400, "%s, %s: %d of %d passed, %d wrong, %d not made%s%s%s", row->label, col_names[k],
+               cell->passed, cell->cases, cell->wrong, cell->errors, strcmp(row->status, "complete") ? "; target " : "",
+               strcmp(row->status, "complete") ? row->status : "", row->error ? row->error : "");
+    }
+  }
+  snprintf(id, sizeof id, "scoreboard-grid-%d", index);
+  st_html_grid g = {.id = id, .title = "passed/cases per target and (context, needle position); ~D: mean edit distance of the wrong answers",
+                    .row_axis = "target", .col_axis = "context @ needle position", .n_rows = rows, .n_cols = cols,
+                    .row_names = row_names, .col_names = (const char *const *)col_names, .state = state,
+                    .label = (const char *const *)label, .hover = (const char *const *)hover};
+  st_html_grid_svg(b, &g);
+  snprintf(id, sizeof id, "scoreboard-targets-%d", index);
+  const char *headers[] = {"target", "kind", "spec", "status", "all", "error"};
+  st_html_table_begin(b, id, headers, 6);
+  for (int r = 0; r < rows; r++) {
+    const st_scoreboard_row *row = &sb->rows[r];
+    const char *cells[] = {row->label, row->kind, row->spec, row->status, label[(size_t)r * cols + cols - 1],
+                           row->error ? row->error : ""};
+    st_html_table_row(b, cells, 6);
+  }
+  st_html_table_end(b);
+  for (int r = 1; r < rows && !rc; r++) {
+    st_scoreboard_comparison cmp;
+    if ((rc = st_scoreboard_compare(sb, sb->rows[0].label, sb->rows[r].label, &cmp))) break;
+    char sentence[512];
+    st_scoreboard_comparison_sentence(&cmp, sentence, sizeof sentence);
+    st_html_paragraph(b, "comparison", sentence);
+    st_scoreboard_comparison_free(&cmp);
+  }
+out:
+  st_html_section_end(b);
+  for (int i = 0; label && hover && i < n; i++) free(label[i]), free(hover[i]);
+  for (int k = 0; col_names && k < cols; k++) free(col_names[k]);
+  free(state), free(label), free(hover), free(col_names), free(row_names);
+  return rc;
+}
 
 st_status st_report_write(const char *const *targets, int n, const st_report_options *o, st_buf *out) {
   report_ctx *c = calloc(1, sizeof *c);
@@ -912,7 +1019,7 @@ st_status st_report_write(const char *const *targets, int n, const st_report_opt
     if ((rc = st_index_open(opts.store_dir, ST_INDEX_READ_ONLY, &c->ix))) goto out;
     c->db = st_index_db(c->ix);
   }
-  if (!n) { rc = st_fail(ST_EINVAL, "report: no target (a run id, a trace .h5, sweep:ID or sweep:all)"); goto out; }
+  if (!n) { rc = st_fail(ST_EINVAL, "report: no target (a run id, a trace .h5, sweep:ID, sweep:all or scoreboard:NAME)"); goto out; }
   for (int i = 0; i < n && !rc; i++)
     for (size_t k = 0; k < sizeof target_kinds / sizeof target_kinds[0]; k++)
       if (!strncmp(targets[i], target_kinds[k].prefix, strlen(target_kinds[k].prefix))) {
@@ -928,7 +1035,8 @@ st_status st_report_write(const char *const *targets, int n, const st_report_opt
   if (c->n_runs == 2) snprintf(title, sizeof title, "sparsetrace report: %.8s vs %.8s", c->runs[0].run_id, c->runs[1].run_id);
   else if (c->n_runs) snprintf(title, sizeof title, "sparsetrace report: run %.8s%s", c->runs[0].run_id,
                                c->n_runs > 2 ? " and others" : "");
-  else snprintf(title, sizeof title, "sparsetrace report: needle sweep%s", c->n_sweeps > 1 ? "s" : "");
+  else if (c->n_sweeps) snprintf(title, sizeof title, "sparsetrace report: needle sweep%s", c->n_sweeps > 1 ? "s" : "");
+  else snprintf(title, sizeof title, "sparsetrace report: scoreboard %s", c->n_boards ? c->boards[0].corpus : "");
   st_html_begin(out, title);
   for (int i = 0; i < c->n_runs && !rc; i++) {
     report_run *r = &c->runs[i];
@@ -938,6 +1046,7 @@ st_status st_report_write(const char *const *targets, int n, const st_report_opt
   }
   if (!rc && c->n_runs == 2) rc = section_compare(c, &c->runs[0], &c->runs[1]);
   for (int i = 0; i < c->n_sweeps && !rc; i++) rc = section_sweep(c, &c->sweeps[i], i);
+  for (int i = 0; i < c->n_boards && !rc; i++) rc = section_scoreboard(c, &c->boards[i], i);
   if (!rc && o->good && o->bad && c->n_runs) rc = section_bisect(c, &c->runs[0]);
   if (!rc) {
     char footer[8192], now[32];
@@ -954,6 +1063,7 @@ out:
     free(c->runs[i].verdicts);
     free(c->runs[i].verdict_layer);
   }
+  for (int i = 0; i < c->n_boards; i++) st_scoreboard_free(&c->boards[i]);
   st_tokenizer_close(c->tok);
   st_index_close(c->ix);
   free(c);

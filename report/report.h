@@ -16,6 +16,11 @@
 **   sweep:ID | sweep:all
 **              a `needle sweep`'s grid (context length x position, pass/fail, answers on hover)
 **              and its attempts
+**   scoreboard:NAME[@VERSION]
+**              a `sparsetrace scoreboard` board (targets x (context, position) cells and all,
+**              each "passed/cases~D" as the command prints it), its targets, and what each
+**              restores and breaks against the first (st_scoreboard_read, st_scoreboard_cell_text,
+**              st_scoreboard_compare: needle/scoreboard.c)
 ** With --good/--bad, a bisect of the first run (computed: bisect results are not stored).
 **
 ** Where the values come from, so the page cannot disagree with the text commands: verdicts are

@@ -80,6 +80,60 @@ apis = {json.loads(l)['api'] for l in open('$work/late.log')}
 assert apis == {'openai', 'anthropic'}, apis"
 $st scoreboard "${sb[@]}" --json >"$work/m.json"
 check "--json without targets reads the stored board" test -s "$work/m.json"
+$st report --store "$work/s" scoreboard:t -o "$work/board.html" 2>"$work/board.err"
+check "report scoreboard:t writes the page (exit 0)" test $? -eq 0
+check "the page's board equals the tables, cell for cell (passed/cases~D*, per target and all)" \
+  $py - "$work" <<'PY'
+import sqlite3, sys
+from html.parser import HTMLParser
+work = sys.argv[1]
+db = sqlite3.connect(f"{work}/s/index.sqlite")
+version = db.execute("SELECT max(corpus_version) FROM scoreboard_cases WHERE corpus = 't'").fetchone()[0]
+cells = {}  # (label, col) -> [cases, passed, wrong, errors, distances]
+cases = db.execute("SELECT case_index, tokens, position FROM scoreboard_cases WHERE corpus = 't' AND corpus_version = ?",
+                   (version,)).fetchall()
+labels = [r[0] for r in db.execute("SELECT label FROM scoreboard_targets WHERE corpus = 't' AND corpus_version = ?",
+                                   (version,))]
+res = {(l, i): (p, e, d) for l, i, p, e, d in db.execute(
+    """SELECT r.label, r.case_index, a.pass, a.error, r.distance FROM scoreboard_results r
+       JOIN needle_attempts a ON a.attempt_id = r.attempt_id WHERE r.corpus = 't' AND r.corpus_version = ?""", (version,))}
+for label in labels:
+    for i, tokens, pos in cases:
+        for col in (f"{tokens} @ {pos:.2f}", "all"):
+            c = cells.setdefault((label, col), [0, 0, 0, 0, []])
+            if (label, i) not in res:
+                continue
+            passed, error, dist = res[label, i]
+            c[0] += 1
+            if error is not None: c[3] += 1
+            elif passed: c[1] += 1
+            else: c[2] += 1; c[4].append(dist)
+def text(c):
+    if c[0] == 0: return "-"
+    t = f"{c[1]}/{c[0]}"
+    if c[2]: t += "~%.0f" % (sum(c[4]) / len(c[4]))
+    if c[3]: t += "*"
+    return t
+expected = {k: text(v) for k, v in cells.items()}
+class P(HTMLParser):
+    def __init__(self):
+        super().__init__(); self.drawn = {}
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "rect" and "data-label" in a and "data-col" in a:
+            self.drawn[a["data-row"], a["data-col"]] = a["data-label"]
+p = P(); p.feed(open(f"{work}/board.html", encoding="utf-8").read())
+assert p.drawn == expected, {k: (p.drawn.get(k), expected.get(k)) for k in set(p.drawn) | set(expected) if p.drawn.get(k) != expected.get(k)}
+page = open(f"{work}/board.html", encoding="utf-8").read()
+lines = open(f"{work}/m.txt").read().split("against ", 1)[1].splitlines()[1:]
+sentences = [l.strip() for l in lines if l.startswith("  ")]  # against the first target
+assert len(sentences) == len(labels) - 1, sentences
+for line in sentences:  # as the text matrix prints them
+    assert line.replace("&", "&amp;") in page, line
+print(len(expected), "cells")
+PY
+expect_fail "report of a scoreboard the store lacks" 1 "no scoreboard of corpus nope" \
+  $st report --store "$work/s" scoreboard:nope -o "$work/none.html"
 check "matrix, cases and comparisons against the tables, the fakes' logs and Python's own edit distance" \
   $py - "$work" <<'PY'
 import json, sqlite3, sys, re

@@ -70,9 +70,9 @@ echo "       against three targets; per case, what rotate=q and rotate=both fix 
 $st scoreboard --corpus demo --model "$model" --store "$store" --quiet \
   --target trained=engine:backend=$backend --target rotate=q=engine:backend=$backend,rotate=q \
   --target rotate=both=engine:backend=$backend,rotate=both
-echo "== 11. report: one HTML page of both runs, their diff, the replays, the sweeps and the bisect"
+echo "== 11. report: one HTML page of both runs, their diff, the replays, the sweeps, the bisect and the scoreboard"
 $st report --store "$store" --model "$model" "$store/trained.h5" "$store/rotate-q.h5" sweep:all \
-  --good rotate=none --bad rotate=q -o "$store/report.html"
+  scoreboard:demo --good rotate=none --bad rotate=q -o "$store/report.html"
 echo "open $store/report.html (self-contained: file:// is fine)"
 echo
 echo "What it shows: as trained, the model copies the line back from 900 tokens earlier, far beyond"
