@@ -35,6 +35,11 @@ unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY ALL_PROXY all_proxy
 export ST_ALLOC_FAIL_SKIP=libhdf5
 if ldd "$st" 2>/dev/null | grep libasan >/dev/null; then
   export ASAN_OPTIONS="${ASAN_OPTIONS:-}:verify_asan_link_order=0:detect_leaks=1"
+  # Under ASan, allocations libc makes for itself are not failed: the ASan runtime calls
+  # pthread_getattr_np as each of the proxy's threads starts, and aborts on its own CHECK when the
+  # allocation inside it fails ("CHECK failed: sanitizer_linux_libcdep.cpp:148", seen in CI), a
+  # crash of the sanitizer, not of the proxy. The normal build's run still fails them.
+  export ST_ALLOC_FAIL_SKIP=libhdf5,libc.so.6
 fi
 
 "$fake" --port-file "$work/fake.port" >/dev/null 2>&1 &
