@@ -231,10 +231,10 @@ b, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 assert r["generated"] == b["choices"][0]["token_ids"], (r, b)' "$T/chat.body" "$T/rerun_via.json"
 
 # ---- a client that leaves mid-stream cancels its generation ----------------------------------------
-# (a prompt of ~1,800 tokens and 400 tokens asked: the client is gone after 2 s, after the
+# (a prompt of ~1,800 tokens and 400 tokens asked: the client is gone after 0.5 s, after the
 # stream's head, long before the answer could end: its length cannot win the race)
 mid=$($PY -c 'print(" ".join("w%d" % i for i in range(900)))')
-curl -sN --max-time 2 -o "$T/gone.body" -D "$T/gone.head" -H 'content-type: application/json' \
+curl -sN --max-time 0.5 -o "$T/gone.body" -D "$T/gone.head" -H 'content-type: application/json' \
   -d "{\"model\":\"x\",\"max_tokens\":400,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"$mid $Q\"}]}" "$URL/v1/chat/completions"
 rid_gone=$(grep -i '^x-sparsetrace-request-id: ' "$T/gone.head" | cut -d' ' -f2 | tr -d '\r')
 # the row and the free engine follow the client's leaving within a chunk of prefill: up to a
