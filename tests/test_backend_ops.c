@@ -358,8 +358,8 @@ static backend_slot backends[5] = {{.name = "cpu-ref"}, {.name = "cpu"}, {.name 
 #define NBACKENDS 5
 
 static size_t workspace_bytes(const st_backend *b) {
-  st_backend_limits lim = {.max_tokens = 64, .max_rows = 512, .max_topk = 64, .max_dim = 512,
-                           .max_experts = 8, .max_expert_slots = 64 * 4, .max_ffn = 256};
+  st_backend_limits lim = {.max_tokens = 256, .max_rows = 512, .max_topk = 64, .max_dim = 512,
+                           .max_experts = 16, .max_expert_slots = 256 * 4, .max_ffn = 256};
   return b->ops->workspace_size ? b->ops->workspace_size(b->ctx, &lim) : 0;
 }
 
@@ -815,12 +815,16 @@ static void mm_ref(const void *cv, double *val, double *mag, int32_t *iref) {
 
 static void t_matmul(int grouped) {
   /* n, rows (per group), cols (per group), groups */
+  /* the last two of each span several 128 x 128 tiles with partial edges and a reduction that
+  ** is a multiple of 32 (a device backend's tensor-core tile) */
   static const int shapes[][4] = {{1, 24, 40, 0}, {5, 72, 40, 0}, {13, 40, 200, 0},
-                                  {3, 130, 72, 0}, {8, 64, 256, 0}};
+                                  {3, 130, 72, 0}, {8, 64, 256, 0}, {130, 136, 96, 0},
+                                  {129, 257, 64, 0}};
   static const int gshapes[][4] = {{1, 20, 40, 3}, {5, 20, 40, 3}, {7, 24, 72, 2},
-                                   {4, 128, 256, 2}, {3, 36, 130, 3}};
+                                   {4, 128, 256, 2}, {3, 36, 130, 3}, {130, 130, 64, 2},
+                                   {131, 40, 64, 3}};
   for (int s = 0; s < NWSPECS; s++)
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < 7; k++) {
       const int *sh = grouped ? gshapes[k] : shapes[k];
       int n = sh[0], g = sh[3] ? sh[3] : 1;
       if (WSPECS[s].dtype == ST_W_FP4_E2M1 && sh[2] % 2) continue;
@@ -2635,12 +2639,15 @@ static void moe_ref(const void *cv, double *val, double *mag, int32_t *iref) {
 }
 static void t_moe_experts(void) {
   /* n, E, kE, D, F, act_fp8 */
+  /* the last two: several tiles an expert, widths a multiple of 32 (a device backend's
+  ** tensor-core tile), and an expert with more than 128 rows */
   static const int shapes[][6] = {{5, 5, 2, 72, 36, 0}, {1, 5, 2, 72, 36, 0}, {5, 3, 2, 128, 128, 1},
-                                  {6, 3, 3, 40, 24, 1}};
+                                  {6, 3, 3, 40, 24, 1}, {200, 4, 2, 128, 96, 0},
+                                  {200, 4, 2, 128, 128, 1}};
   int any_fused = 0;
   for (int b = 0; b < NBACKENDS; b++) any_fused |= backends[b].open && backends[b].b.ops->moe_experts;
   for (int s = 0; s < NWSPECS; s++)
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 6; k++) {
       const int *sh = shapes[k];
       moe_case c = {.n = sh[0], .E = sh[1], .kE = sh[2], .D = sh[3], .F = sh[4], .act_fp8 = sh[5],
                     .limit = 10.0f};
@@ -2715,6 +2722,17 @@ static void t_moe_experts(void) {
           }
           if (err > budget && !why[0]) snprintf(why, 200, "err %.3g > budget %.3g", err, budget);
           if (!why[0]) determinism(&d, &bs->b, &o, why);
+          if (!why[0]) { /* the fused entry gives its own backend's composition, bit for bit */
+            outs own;
+            outs_alloc(&own, &dc);
+            if (!run_once(&dc, &bs->b, 0, c.n, &own, why)) {
+              for (size_t j = 0; j < d.nf && !why[0]; j++)
+                if (memcmp(&own.f[j], &o.f[j], sizeof(float)))
+                  snprintf(why, 200, "fused differs from this backend's composition at %zu: %.9g vs %.9g",
+                           j, o.f[j], own.f[j]);
+            }
+            outs_free(&own);
+          }
         }
         res_case(res, err, label, why);
         outs_free(&o);

@@ -46,6 +46,13 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------ */
 /* Context, errors                                                                              */
 
+#define MOE_TABLES 192 /* three projections of 64 layers */
+typedef struct moe_table_entry {
+  st_weight *host, *dev;
+  int E;
+  unsigned long long used;
+} moe_table_entry;
+
 typedef struct gpu_ctx {
   int device;
   gpuStream_t stream;
@@ -53,6 +60,9 @@ typedef struct gpu_ctx {
   st_status error;   /* the first failure, latched */
   char error_text[320];
   char description[320];
+  moe_table_entry tables[MOE_TABLES]; /* device copies of expert tables (moe_experts) */
+  struct prof_state *prof;            /* ST_PROFILE=1 */
+  unsigned long long clock;
 } gpu_ctx;
 
 static void latch(gpu_ctx *c, const char *op, const char *what) {
@@ -136,22 +146,51 @@ static __device__ float block_dot(const float *a, const float *b, int n, float *
 
 /* ------------------------------------------------------------------------------------------ */
 /* GEMM: y[n, groups r] = x[n, groups c] . W^T per group, W decoded while staging               */
+/*
+** Two tile functions share one contract: a block computes rows [m0, m0 + mrows) x outputs
+** [o0, o0 + 128) of one weight, each output element a sum over k in increasing order that does
+** not depend on where the element sits in the tile, in the grid or in the chunk. So the plain,
+** grouped and MoE launches below, whatever their tiling, give a token the same bits.
+**
+** - simt_tile: fp32 FMAs, any weight format (the weight decoded element by element).
+** - tc_tile (CUDA): bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation) for weights whose
+**   decoded values are bf16 exactly: bf16, and FP8 / FP4 with power-of-two (ue8m0) scales. The
+**   activation is split into three bf16 pieces, x = hi + mid + lo exactly (truncations: each
+**   remainder is exact), so every product is exact in fp32 and the sum is fp32 arithmetic: exact
+**   mode keeps fp32 accuracy. A 32-wide step whose mid (lo) pieces are all zero skips them
+**   (adding exact zeros changes no sum), so reference mode, whose activations are bf16 or FP8
+**   values already, costs one pass.
+*/
+
+/* Row r of a tile's activations: x + r ld, or gathered, x + gather[r] ld. */
+struct gemm_rows {
+  const float *x;
+  int64_t ld;
+  const int32_t *gather;
+};
+
+static __device__ __forceinline__ const float *row_of(const gemm_rows &A, int r) {
+  return A.x + (int64_t)(A.gather ? A.gather[r] : r) * A.ld;
+}
 
 #define GM 128 /* tokens per tile */
 #define GN 128 /* outputs per tile */
-#define GK 8   /* reduction step */
+#define GK 8   /* reduction step of the fp32 tile */
 
 /* 256 threads; thread (ty, tx) owns tokens ty + 16 a and outputs tx + 16 b (a, b < 8), each an
-** fp32 accumulator over k = 0, 1, ... in order: the sum does not depend on the tiling. */
-static __global__ void __launch_bounds__(256) k_gemm(float *y, const float *x, st_weight w, int n,
-                                                     int r, int c, int groups) {
+** fp32 accumulator over k = 0, 1, ... in order. y points at the tile's first output of row 0. */
+static __device__ __forceinline__ void simt_tile(float *y, int64_t ldy, const gemm_rows &A,
+                                                 const st_weight &w, int64_t wrow0, int mrows,
+                                                 int o0, int r, int c, int round_out) {
   __shared__ float xs[GK][GM];
   __shared__ float ws[GK][GN];
-  int g = blockIdx.z, tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-  int64_t m0 = (int64_t)blockIdx.y * GM, o0 = (int64_t)blockIdx.x * GN;
-  int64_t ldx = (int64_t)groups * c, ldy = (int64_t)groups * r;
-  const float *xg = x + (int64_t)g * c;
-  int64_t wrow0 = (int64_t)g * r;
+  int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const float *arow[4]; /* the rows this thread stages: tid / GK + 32 q */
+#pragma unroll
+  for (int q = 0; q < 4; q++) {
+    int m = tid / GK + 32 * q;
+    arow[q] = m < mrows ? row_of(A, m) : NULL;
+  }
   float acc[8][8];
 #pragma unroll
   for (int a = 0; a < 8; a++)
@@ -160,10 +199,9 @@ static __global__ void __launch_bounds__(256) k_gemm(float *y, const float *x, s
   for (int k0 = 0; k0 < c; k0 += GK) {
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-      int e = tid + 256 * q, m = e / GK, kk = e % GK;
-      int64_t row = m0 + m, k = k0 + kk;
-      xs[kk][m] = row < n && k < c ? xg[row * ldx + k] : 0.0f;
-      int64_t o = o0 + m;
+      int m = tid / GK + 32 * q, kk = tid % GK, k = k0 + kk;
+      xs[kk][m] = arow[q] && k < c ? arow[q][k] : 0.0f;
+      int o = o0 + m;
       ws[kk][m] = o < r && k < c ? wget(w, wrow0 + o, k) : 0.0f;
     }
     __syncthreads();
@@ -183,14 +221,259 @@ static __global__ void __launch_bounds__(256) k_gemm(float *y, const float *x, s
   }
 #pragma unroll
   for (int a = 0; a < 8; a++) {
-    int64_t row = m0 + ty + 16 * a;
-    if (row >= n) continue;
+    int row = ty + 16 * a;
+    if (row >= mrows) continue;
 #pragma unroll
     for (int b = 0; b < 8; b++) {
-      int64_t o = o0 + tx + 16 * b;
-      if (o < r) y[row * ldy + (int64_t)g * r + o] = acc[a][b];
+      int o = o0 + tx + 16 * b;
+      if (o < r) y[(int64_t)row * ldy + o] = round_out ? st_round_bf16(acc[a][b]) : acc[a][b];
     }
   }
+}
+
+#if !defined(ST_HIP)
+#define TK 32 /* reduction step of the tensor-core tile */
+#define TLD 40 /* bf16 a shared row: 32 + 8, 80 bytes, so ldmatrix's eight rows hit distinct banks */
+
+/* Which weights tc_tile reads: their decoded values are bf16 exactly, rows are 16-byte aligned
+** and a 16-wide run of k shares one scale. */
+enum { TC_NONE = 0, TC_BF16, TC_FP8, TC_FP4 };
+
+static int tc_kind(const st_weight *w, int cols) {
+  if (cols % TK || ((uintptr_t)w->data & 15)) return TC_NONE;
+  int pow2 = w->scale_dtype == ST_WSCALE_NONE || w->scale_dtype == ST_WSCALE_UE8M0;
+  int runs = w->scale_dtype == ST_WSCALE_NONE || (w->block[1] > 0 && w->block[1] % 16 == 0);
+  switch (w->dtype) {
+  case ST_W_BF16: return w->scale_dtype == ST_WSCALE_NONE ? TC_BF16 : TC_NONE;
+  case ST_W_FP8_E4M3: return pow2 && runs ? TC_FP8 : TC_NONE;
+  case ST_W_FP4_E2M1: return pow2 && runs ? TC_FP4 : TC_NONE;
+  default: return TC_NONE;
+  }
+}
+
+static __device__ __forceinline__ uint32_t smem_addr(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+static __device__ __forceinline__ void ldsm4(const void *p, uint32_t *r) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+/* c[16x8] += a[16x16] . b[16x8], bf16 inputs, fp32 accumulation */
+static __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* x = hi + mid + lo exactly, each a bf16 (the high half of an fp32): hi keeps x's top 8
+** significant bits, mid the next 8 of the exact remainder, lo the last 8. Inf and NaN go whole
+** into hi (a NaN stays a NaN). */
+static __device__ __forceinline__ void split3(float x, uint32_t *hi, uint32_t *mid, uint32_t *lo) {
+  uint32_t u = st_lowp_f32_bits(x);
+  if ((u & 0x7f800000u) == 0x7f800000u) {
+    *hi = (u & 0x007fffffu) ? ((u >> 16) | 0x40u) : u >> 16;
+    *mid = *lo = 0;
+    return;
+  }
+  float rest = x - st_lowp_bits_f32(u & 0xffff0000u);
+  uint32_t v = st_lowp_f32_bits(rest);
+  float last = rest - st_lowp_bits_f32(v & 0xffff0000u);
+  *hi = u >> 16;
+  *mid = v >> 16;
+  *lo = st_lowp_f32_bits(last) >> 16;
+}
+
+/* The bf16 bits of a decoded weight value (exact: see tc_kind). */
+static __device__ __forceinline__ uint32_t bf16_bits(float v) { return st_lowp_f32_bits(v) >> 16; }
+
+/* What one thread carries from global memory to the next step's shared tile. */
+struct tc_stage {
+  float4 a[4];
+  uint4 b[2];
+  float scale;
+};
+
+template <int KIND>
+static __device__ __forceinline__ void tc_load(tc_stage *st, const float *const *arow,
+                                               const st_weight &w, int64_t wrow0, int o0, int r,
+                                               int k0) {
+  int tid = threadIdx.x;
+#pragma unroll
+  for (int q = 0; q < 4; q++) {
+    int kc = ((tid + 256 * q) & 7) * 4;
+    st->a[q] = arow[q] ? *(const float4 *)(arow[q] + k0 + kc) : make_float4(0, 0, 0, 0);
+  }
+  const unsigned char *wd = (const unsigned char *)w.data;
+  if (KIND == TC_BF16) { /* 128 rows x 32 k x 2 bytes: two 16-byte pieces a thread */
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+      int e = tid + 256 * q, o = o0 + (e >> 2), kc = (e & 3) * 8;
+      st->b[q] = o < r ? *(const uint4 *)(wd + ((wrow0 + o) * w.cols + k0 + kc) * 2)
+                       : make_uint4(0, 0, 0, 0);
+    }
+  } else { /* FP8: 16 bytes, FP4: 8 bytes, of 16 values of one row */
+    int o = o0 + (tid >> 1), kc = (tid & 1) * 16;
+    st->scale = 1.0f;
+    if (o < r) {
+      if (w.scale_dtype == ST_WSCALE_UE8M0) st->scale = wscale(w, wrow0 + o, k0 + kc);
+      if (KIND == TC_FP8) {
+        st->b[0] = *(const uint4 *)(wd + (wrow0 + o) * w.cols + k0 + kc);
+      } else {
+        uint2 v = *(const uint2 *)(wd + (wrow0 + o) * (w.cols / 2) + (k0 + kc) / 2);
+        st->b[0] = make_uint4(v.x, v.y, 0, 0);
+      }
+    } else {
+      st->b[0] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+/* Shared tiles: the activation's three pieces and the decoded weight, [128][TLD] bf16 each. */
+struct tc_tiles {
+  uint16_t a[3][GM][TLD];
+  uint16_t b[GN][TLD];
+};
+
+/* Writes a staged step into the shared tiles; returns bit 0: a mid piece is non-zero, bit 1: a lo
+** piece is. */
+template <int KIND>
+static __device__ __forceinline__ int tc_store(tc_tiles *t, const tc_stage *st) {
+  int tid = threadIdx.x, nz = 0;
+#pragma unroll
+  for (int q = 0; q < 4; q++) {
+    int e = tid + 256 * q, m = e >> 3, kc = (e & 7) * 4;
+    const float v[4] = {st->a[q].x, st->a[q].y, st->a[q].z, st->a[q].w};
+    uint32_t h[4], md[4], l[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) split3(v[j], &h[j], &md[j], &l[j]);
+    *(uint2 *)&t->a[0][m][kc] = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
+    *(uint2 *)&t->a[1][m][kc] = make_uint2(md[0] | md[1] << 16, md[2] | md[3] << 16);
+    *(uint2 *)&t->a[2][m][kc] = make_uint2(l[0] | l[1] << 16, l[2] | l[3] << 16);
+    nz |= (md[0] | md[1] | md[2] | md[3]) & 0x7fffu ? 1 : 0;
+    nz |= (l[0] | l[1] | l[2] | l[3]) & 0x7fffu ? 2 : 0;
+  }
+  if (KIND == TC_BF16) {
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+      int e = tid + 256 * q;
+      *(uint4 *)&t->b[e >> 2][(e & 3) * 8] = st->b[q];
+    }
+  } else {
+    int o = tid >> 1, kc = (tid & 1) * 16;
+    uint32_t out[8];
+    const unsigned char *bytes = (const unsigned char *)&st->b[0];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      float v0, v1;
+      if (KIND == TC_FP8) {
+        v0 = st_fp8_e4m3fn_to_f32(bytes[2 * j]);
+        v1 = st_fp8_e4m3fn_to_f32(bytes[2 * j + 1]);
+      } else {
+        v0 = st_fp4_e2m1_to_f32(bytes[j] & 0xf);
+        v1 = st_fp4_e2m1_to_f32(bytes[j] >> 4);
+      }
+      out[j] = bf16_bits(v0 * st->scale) | bf16_bits(v1 * st->scale) << 16;
+    }
+    *(uint4 *)&t->b[o][kc] = make_uint4(out[0], out[1], out[2], out[3]);
+    *(uint4 *)&t->b[o][kc + 8] = make_uint4(out[4], out[5], out[6], out[7]);
+  }
+  return nz;
+}
+
+/* 256 threads = 8 warps as 2 x 4, each warp 64 rows x 32 outputs: 4 x 4 mma tiles a k16 step. */
+template <int KIND>
+static __device__ __forceinline__ void tc_tile(float *y, int64_t ldy, const gemm_rows &A,
+                                               const st_weight &w, int64_t wrow0, int mrows,
+                                               int o0, int r, int c, int round_out) {
+  __shared__ __align__(16) tc_tiles t;
+  int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
+  const float *arow[4]; /* rows (tid + 256 q) / 8 */
+#pragma unroll
+  for (int q = 0; q < 4; q++) {
+    int m = (tid + 256 * q) >> 3;
+    arow[q] = m < mrows ? row_of(A, m) : NULL;
+  }
+  float acc[4][4][4];
+#pragma unroll
+  for (int a = 0; a < 4; a++)
+#pragma unroll
+    for (int b = 0; b < 4; b++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[a][b][e] = 0;
+  tc_stage st;
+  tc_load<KIND>(&st, arow, w, wrow0, o0, r, 0);
+  for (int k0 = 0; k0 < c; k0 += TK) {
+    int nz = tc_store<KIND>(&t, &st);
+    int need_mid = __syncthreads_or(nz & 1), need_lo = __syncthreads_or(nz & 2);
+    if (k0 + TK < c) tc_load<KIND>(&st, arow, w, wrow0, o0, r, k0 + TK);
+#pragma unroll
+    for (int ks = 0; ks < TK; ks += 16) {
+      uint32_t bf[4][2];
+#pragma unroll
+      for (int j = 0; j < 2; j++) {
+        uint32_t v[4];
+        ldsm4(&t.b[wn * 32 + j * 16 + (lane >> 4) * 8 + (lane & 7)][ks + ((lane >> 3) & 1) * 8], v);
+        bf[2 * j][0] = v[0], bf[2 * j][1] = v[1], bf[2 * j + 1][0] = v[2], bf[2 * j + 1][1] = v[3];
+      }
+#pragma unroll
+      for (int p = 0; p < 3; p++) {
+        if ((p == 1 && !need_mid) || (p == 2 && !need_lo)) continue;
+#pragma unroll
+        for (int mi = 0; mi < 4; mi++) {
+          uint32_t af[4];
+          ldsm4(&t.a[p][wm * 64 + mi * 16 + (lane & 15)][ks + (lane >> 4) * 8], af);
+#pragma unroll
+          for (int ni = 0; ni < 4; ni++) mma16816(acc[mi][ni], af, bf[ni][0], bf[ni][1]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+    for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int row = wm * 64 + mi * 16 + (lane >> 2) + (e >> 1) * 8;
+        int o = o0 + wn * 32 + ni * 8 + (lane & 3) * 2 + (e & 1);
+        if (row < mrows && o < r) {
+          float v = acc[mi][ni][e];
+          y[(int64_t)row * ldy + o] = round_out ? st_round_bf16(v) : v;
+        }
+      }
+}
+#endif
+
+/* The plain and grouped projections: block (x, y, z) = outputs, tokens, group. */
+template <int KIND>
+static __global__ void __launch_bounds__(256, 2) k_gemm(float *y, const float *x, st_weight w, int n,
+                                                     int r, int c, int groups) {
+  int g = blockIdx.z, m0 = blockIdx.y * GM, o0 = blockIdx.x * GN;
+  int64_t ldx = (int64_t)groups * c, ldy = (int64_t)groups * r;
+  gemm_rows A = {x + (int64_t)m0 * ldx + (int64_t)g * c, ldx, NULL};
+  float *yt = y + (int64_t)m0 * ldy + (int64_t)g * r;
+  int mrows = n - m0 < GM ? n - m0 : GM;
+#if !defined(ST_HIP)
+  if constexpr (KIND != 0) tc_tile<KIND>(yt, ldy, A, w, (int64_t)g * r, mrows, o0, r, c, 0);
+  else
+#endif
+    simt_tile(yt, ldy, A, w, (int64_t)g * r, mrows, o0, r, c, 0);
+}
+
+/* The kind of tile a weight runs on here (0: the fp32 tile). */
+static int gemm_kind(const st_weight *w, int cols, const float *x, int64_t ldx) {
+#if !defined(ST_HIP)
+  if (((uintptr_t)x & 15) || ldx % 4) return 0;
+  return tc_kind(w, cols);
+#else
+  (void)w, (void)cols, (void)x, (void)ldx;
+  return 0;
+#endif
 }
 
 static void gemm(gpu_ctx *c, const char *op, float *y, const float *x, const st_weight *w, int n,
@@ -198,7 +481,14 @@ static void gemm(gpu_ctx *c, const char *op, float *y, const float *x, const st_
   if (n <= 0 || w->rows <= 0) return;
   int r = (int)(w->rows / groups), cols = (int)w->cols;
   dim3 grid(blocks_for((size_t)r, GN), blocks_for((size_t)n, GM), (unsigned)groups);
-  k_gemm<<<grid, 256, 0, c->stream>>>(y, x, *w, n, r, cols, groups);
+  switch (gemm_kind(w, cols, x, (int64_t)groups * cols)) {
+#if !defined(ST_HIP)
+  case TC_BF16: k_gemm<TC_BF16><<<grid, 256, 0, c->stream>>>(y, x, *w, n, r, cols, groups); break;
+  case TC_FP8: k_gemm<TC_FP8><<<grid, 256, 0, c->stream>>>(y, x, *w, n, r, cols, groups); break;
+  case TC_FP4: k_gemm<TC_FP4><<<grid, 256, 0, c->stream>>>(y, x, *w, n, r, cols, groups); break;
+#endif
+  default: k_gemm<0><<<grid, 256, 0, c->stream>>>(y, x, *w, n, r, cols, groups); break;
+  }
   LAUNCHED(c, op);
 }
 
@@ -979,7 +1269,10 @@ static __global__ void k_scatter_add(float *out, const float *y, const int32_t *
                                      const float *weight, int count, int D) {
   int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= D) return;
-  for (int k = 0; k < count; k++) out[(int64_t)row[k] * D + c] += y[(int64_t)k * D + c] * weight[k];
+  for (int k = 0; k < count; k++) {
+    float *o = out + (int64_t)row[k] * D + c;
+    *o = fmaf(y[(int64_t)k * D + c], weight[k], *o);
+  }
 }
 
 static void gpu_scatter_add(void *ctx, float *out, const float *y, const int32_t *rows,
@@ -1008,11 +1301,333 @@ static void gpu_swiglu(void *ctx, float *h, const float *g, const float *u, int 
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* The routed experts fused (moe_experts): engine/model.c's routed_experts in a few launches     */
+/*
+** 1. k_moe_count, k_moe_plan, k_moe_place group the (token, slot) pairs by expert, tokens
+**    ascending within an expert (the composed path's order), and cut the groups into tiles of
+**    at most GM rows. Integer work only; every block scans the pairs in order.
+** 2. One GEMM launch a projection over every expert's tiles, the gather folded into the staging,
+**    through the tile functions above: each row gets the bits the per-expert matmul gives it.
+** 3. k_moe_combine: each token adds its experts' outputs in ascending expert id (a repeated
+**    expert in slot order), each addition k_scatter_add's fmaf: the composed path's bits.
+** The device copies of the expert tables (st_weight[E] a projection) are cached by content.
+*/
+
+static __global__ void __launch_bounds__(RT) k_moe_count(int *count, const int32_t *experts, int nk) {
+  int e = blockIdx.x, total = 0;
+  for (int j0 = 0; j0 < nk; j0 += RT) {
+    int j = j0 + threadIdx.x;
+    total += __syncthreads_count(j < nk && experts[j] == e);
+  }
+  if (threadIdx.x == 0) count[e] = total;
+}
+
+/* start[e]: the expert's first grouped row; tiles[3 t ..]: expert, first row, rows. */
+static __global__ void k_moe_plan(int *start, int *ntiles, int *tiles, const int *count, int E) {
+  if (threadIdx.x || blockIdx.x) return;
+  int p = 0, t = 0;
+  for (int e = 0; e < E; e++) {
+    start[e] = p;
+    for (int q = 0; q < count[e]; q += GM, t++) {
+      tiles[3 * t] = e;
+      tiles[3 * t + 1] = p + q;
+      tiles[3 * t + 2] = count[e] - q < GM ? count[e] - q : GM;
+    }
+    p += count[e];
+  }
+  start[E] = p;
+  *ntiles = t;
+}
+
+/* rows_tok[p]: the token of grouped row p; pair_pos[i kE + s]: the grouped row of token i's
+** slot s (pairs whose expert is out of range have none and are left out, as composed). */
+static __global__ void __launch_bounds__(RT) k_moe_place(int32_t *rows_tok, int32_t *pair_pos,
+                                                         const int32_t *experts, const int *start,
+                                                         int nk, int kE) {
+  __shared__ int sh[RT];
+  int e = blockIdx.x, t = threadIdx.x, base = start[e];
+  if (start[e + 1] == base) return;
+  for (int j0 = 0; j0 < nk; j0 += RT) {
+    int j = j0 + t, m = j < nk && experts[j] == e;
+    __syncthreads();
+    sh[t] = m;
+    __syncthreads();
+    for (int off = 1; off < RT; off <<= 1) { /* inclusive scan, a fixed tree */
+      int add = t >= off ? sh[t - off] : 0;
+      __syncthreads();
+      sh[t] += add;
+      __syncthreads();
+    }
+    if (m) {
+      int p = base + sh[t] - 1;
+      rows_tok[p] = j / kE;
+      pair_pos[j] = p;
+    }
+    base += sh[RT - 1];
+  }
+}
+
+/* Block (x, y) = outputs, tile of the plan: Y[p, :] for the tile's grouped rows p. */
+template <int KIND>
+static __global__ void __launch_bounds__(256, 2) k_gemm_moe(float *Y, const float *x, int64_t ldx,
+    const int32_t *gather, const st_weight *table, const int *tiles, const int *ntiles, int r,
+    int c, int round_out) {
+  int t = blockIdx.y;
+  if (t >= *ntiles) return;
+  int e = tiles[3 * t], p0 = tiles[3 * t + 1], rows = tiles[3 * t + 2];
+  st_weight w = table[e];
+  gemm_rows A = {gather ? x : x + (int64_t)p0 * ldx, ldx, gather ? gather + p0 : NULL};
+  float *yt = Y + (int64_t)p0 * r;
+#if !defined(ST_HIP)
+  if constexpr (KIND != 0) tc_tile<KIND>(yt, r, A, w, 0, rows, blockIdx.x * GN, r, c, round_out);
+  else
+#endif
+    simt_tile(yt, r, A, w, 0, rows, blockIdx.x * GN, r, c, round_out);
+}
+
+static __global__ void k_moe_combine(float *out, const float *y, const int32_t *experts,
+                                     const float *weights, const int32_t *pair_pos, int n, int E,
+                                     int kE, int D) {
+  int64_t at = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (at >= (int64_t)n * D) return;
+  int64_t i = at / D, col = at % D;
+  const int32_t *ex = experts + i * kE;
+  float acc = out[at];
+  int last_e = -1, last_s = -1; /* the slots in ascending (expert, slot) order */
+  for (int step = 0; step < kE; step++) {
+    int best = -1;
+    for (int s = 0; s < kE; s++) {
+      int e = ex[s];
+      if (e < 0 || e >= E || e < last_e || (e == last_e && s <= last_s)) continue;
+      if (best < 0 || e < ex[best]) best = s;
+    }
+    if (best < 0) break;
+    last_e = ex[best], last_s = best;
+    acc = fmaf(y[(int64_t)pair_pos[i * kE + best] * D + col], weights[i * kE + best], acc);
+  }
+  out[at] = acc;
+}
+
+/* The workspace of moe_experts, carved from `base` (NULL: only the size). */
+struct moe_work {
+  int *count, *start, *ntiles, *tiles;
+  int32_t *rows_tok, *pair_pos;
+  float *xq, *g, *u, *y;
+  int max_tiles;
+  size_t bytes;
+};
+
+static moe_work moe_layout(void *base, int64_t n, int64_t E, int64_t kE, int64_t D, int64_t F) {
+  moe_work m;
+  int64_t nk = n * kE;
+  m.max_tiles = (int)(nk / GM + (E < nk ? E : nk) + 1);
+  size_t at = 0;
+  char *b = (char *)base;
+  auto carve = [&](size_t bytes) -> void * {
+    void *p = b ? b + at : NULL;
+    at += (bytes + 255) & ~(size_t)255;
+    return p;
+  };
+  m.count = (int *)carve(sizeof(int) * (size_t)E);
+  m.start = (int *)carve(sizeof(int) * (size_t)(E + 1));
+  m.ntiles = (int *)carve(sizeof(int));
+  m.tiles = (int *)carve(sizeof(int) * 3 * (size_t)m.max_tiles);
+  m.rows_tok = (int32_t *)carve(sizeof(int32_t) * (size_t)nk);
+  m.pair_pos = (int32_t *)carve(sizeof(int32_t) * (size_t)nk);
+  m.xq = (float *)carve(sizeof(float) * (size_t)(n * D));
+  m.g = (float *)carve(sizeof(float) * (size_t)(nk * F));
+  m.u = (float *)carve(sizeof(float) * (size_t)(nk * F));
+  m.y = (float *)carve(sizeof(float) * (size_t)(nk * D));
+  m.bytes = at;
+  return m;
+}
+
+/* The device copy of an expert table, from the cache or uploaded into it (least recently used
+** entry replaced; cudaFree waits for the work that may still read it). */
+static const st_weight *moe_table(gpu_ctx *c, const st_weight *w, int E) {
+  size_t bytes = sizeof(st_weight) * (size_t)E;
+  moe_table_entry *victim = &c->tables[0];
+  for (int k = 0; k < MOE_TABLES; k++) {
+    moe_table_entry *t = &c->tables[k];
+    if (t->dev && t->E == E && !memcmp(t->host, w, bytes)) {
+      t->used = ++c->clock;
+      return t->dev;
+    }
+    if (!t->dev || (victim->dev && t->used < victim->used)) victim = t;
+  }
+  if (victim->dev) (void)gpuFree(victim->dev);
+  free(victim->host);
+  victim->dev = NULL;
+  victim->host = (st_weight *)malloc(bytes);
+  if (!victim->host || gpuMalloc((void **)&victim->dev, bytes) != gpuSuccess) {
+    (void)gpuGetLastError();
+    victim->dev = NULL;
+    latch(c, "moe_experts", "no memory for an expert table");
+    return NULL;
+  }
+  memcpy(victim->host, w, bytes);
+  victim->E = E;
+  victim->used = ++c->clock;
+  check(c, "moe_experts",
+        gpuMemcpyAsync(victim->dev, victim->host, bytes, gpuMemcpyHostToDevice, c->stream));
+  return victim->dev;
+}
+
+/* One projection over every expert's tiles: Y [rows, r] from x [., c] (gathered when given). */
+static void moe_gemm(gpu_ctx *c, float *Y, const float *x, int64_t ldx, const int32_t *gather,
+                     const st_weight *table, const st_weight *host, int E, const moe_work &m,
+                     int round_out) {
+  int r = (int)host[0].rows, cols = (int)host[0].cols;
+  int kind = gemm_kind(&host[0], cols, x, ldx);
+  for (int e = 1; e < E && kind; e++)
+    if (gemm_kind(&host[e], cols, x, ldx) != kind || host[e].rows != r || host[e].cols != cols) kind = 0;
+  dim3 grid(blocks_for((size_t)r, GN), (unsigned)m.max_tiles);
+  switch (kind) {
+#if !defined(ST_HIP)
+  case TC_BF16:
+    k_gemm_moe<TC_BF16><<<grid, 256, 0, c->stream>>>(Y, x, ldx, gather, table, m.tiles, m.ntiles, r, cols, round_out);
+    break;
+  case TC_FP8:
+    k_gemm_moe<TC_FP8><<<grid, 256, 0, c->stream>>>(Y, x, ldx, gather, table, m.tiles, m.ntiles, r, cols, round_out);
+    break;
+  case TC_FP4:
+    k_gemm_moe<TC_FP4><<<grid, 256, 0, c->stream>>>(Y, x, ldx, gather, table, m.tiles, m.ntiles, r, cols, round_out);
+    break;
+#endif
+  default:
+    k_gemm_moe<0><<<grid, 256, 0, c->stream>>>(Y, x, ldx, gather, table, m.tiles, m.ntiles, r, cols, round_out);
+    break;
+  }
+  LAUNCHED(c, "moe_experts");
+}
+
+static void gpu_moe_experts(void *ctx, float *out, const float *x, const int32_t *experts,
+                            const float *weights, const st_weight *w1, const st_weight *w2,
+                            const st_weight *w3, int n, int E, int kE, float limit, int act_fp8,
+                            void *work) {
+  gpu_ctx *c = (gpu_ctx *)ctx;
+  if (n <= 0 || E <= 0 || kE <= 0) return;
+  int D = (int)w1[0].cols, F = (int)w1[0].rows, nk = n * kE;
+  moe_work m = moe_layout(work, n, E, kE, D, F);
+  const st_weight *t1 = moe_table(c, w1, E), *t2 = moe_table(c, w2, E), *t3 = moe_table(c, w3, E);
+  if (!t1 || !t2 || !t3) return;
+  k_moe_count<<<E, RT, 0, c->stream>>>(m.count, experts, nk);
+  k_moe_plan<<<1, 1, 0, c->stream>>>(m.start, m.ntiles, m.tiles, m.count, E);
+  k_moe_place<<<E, RT, 0, c->stream>>>(m.rows_tok, m.pair_pos, experts, m.start, nk, kE);
+  LAUNCHED(c, "moe_experts");
+  const float *xin = x;
+  if (act_fp8 && D % 128 == 0) { /* the FP8 input round trip, per token as composed */
+    check(c, "moe_experts", gpuMemcpyAsync(m.xq, x, sizeof(float) * (size_t)n * D,
+                                           gpuMemcpyDeviceToDevice, c->stream));
+    gpu_quantize(c, m.xq, n, D, D, 128, ST_Q_FP8_E4M3FN, 1);
+    xin = m.xq;
+  }
+  moe_gemm(c, m.g, xin, D, m.rows_tok, t1, w1, E, m, act_fp8);
+  moe_gemm(c, m.u, xin, D, m.rows_tok, t3, w3, E, m, act_fp8);
+  k_swiglu<<<blocks_for((size_t)nk * F, 256), 256, 0, c->stream>>>(m.g, m.g, m.u, (size_t)nk * F, limit);
+  LAUNCHED(c, "moe_experts");
+  if (act_fp8 && F % 128 == 0) gpu_quantize(c, m.g, nk, F, F, 128, ST_Q_FP8_E4M3FN, 1);
+  moe_gemm(c, m.y, m.g, F, NULL, t2, w2, E, m, act_fp8);
+  k_moe_combine<<<blocks_for((size_t)n * D, 256), 256, 0, c->stream>>>(out, m.y, experts, weights,
+                                                                       m.pair_pos, n, E, kE, D);
+  LAUNCHED(c, "moe_experts");
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* ST_PROFILE=1: every operation bracketed by stream events, its time summed per entry and the    */
+/* table printed to stderr when the backend closes (the bits do not change)                      */
+
+#define PROF_RING 1024
+
+struct prof_state {
+  gpuEvent_t start[PROF_RING], end[PROF_RING];
+  int op[PROF_RING], pending;
+  double ms[ST_OP_COUNT];
+  long long calls[ST_OP_COUNT];
+};
+
+/* Sums the pending events' times (waits for them). */
+static void prof_drain(gpu_ctx *c) {
+  struct prof_state *p = c->prof;
+  if (!p || !p->pending) return;
+  (void)gpuEventSynchronize(p->end[p->pending - 1]);
+  for (int k = 0; k < p->pending; k++) {
+    float ms = 0;
+    if (gpuEventElapsedTime(&ms, p->start[k], p->end[k]) == gpuSuccess) p->ms[p->op[k]] += ms;
+    p->calls[p->op[k]]++;
+  }
+  p->pending = 0;
+}
+
+static int prof_begin(gpu_ctx *c, int op) {
+  struct prof_state *p = c->prof;
+  if (p->pending == PROF_RING) prof_drain(c);
+  int k = p->pending++;
+  p->op[k] = op;
+  (void)gpuEventRecord(p->start[k], c->stream);
+  return k;
+}
+
+static void prof_end(gpu_ctx *c, int k) { (void)gpuEventRecord(c->prof->end[k], c->stream); }
+
+static void prof_open(gpu_ctx *c) {
+  const char *env = getenv("ST_PROFILE");
+  if (!env || !*env || !strcmp(env, "0")) return;
+  struct prof_state *p = (struct prof_state *)calloc(1, sizeof *p);
+  if (!p) return;
+  for (int k = 0; k < PROF_RING; k++)
+    if (gpuEventCreate(&p->start[k]) != gpuSuccess || gpuEventCreate(&p->end[k]) != gpuSuccess) {
+      (void)gpuGetLastError();
+      free(p); /* (the events made so far are the runtime's to reclaim at exit) */
+      return;
+    }
+  c->prof = p;
+}
+
+static void prof_close(gpu_ctx *c) {
+  struct prof_state *p = c->prof;
+  if (!p) return;
+  prof_drain(c);
+  double total = 0;
+  for (int o = 0; o < ST_OP_COUNT; o++) total += p->ms[o];
+  fprintf(stderr, "%s profile (ST_PROFILE): time on the stream per operation\n", BACKEND_NAME);
+  fprintf(stderr, "  %-18s %10s %12s %7s\n", "operation", "calls", "ms", "share");
+  for (int o = 0; o < ST_OP_COUNT; o++)
+    if (p->calls[o])
+      fprintf(stderr, "  %-18s %10lld %12.3f %6.1f%%\n", st_op_name((st_op)o), p->calls[o], p->ms[o],
+              total > 0 ? 100.0 * p->ms[o] / total : 0.0);
+  fprintf(stderr, "  %-18s %10s %12.3f\n", "total", "", total);
+  for (int k = 0; k < PROF_RING; k++) (void)gpuEventDestroy(p->start[k]), (void)gpuEventDestroy(p->end[k]);
+  free(p);
+  c->prof = NULL;
+}
+
+/* An entry wrapped in prof_begin / prof_end: profiled<ST_OP_X, decltype(&f), &f>::run. */
+template <int OP, typename T, T f> struct profiled;
+template <int OP, typename... A, void (*f)(void *, A...)>
+struct profiled<OP, void (*)(void *, A...), f> {
+  static void run(void *ctx, A... a) {
+    gpu_ctx *c = (gpu_ctx *)ctx;
+    if (!c->prof) return f(ctx, a...);
+    int k = prof_begin(c, OP);
+    f(ctx, a...);
+    prof_end(c, k);
+  }
+};
+#define PROFILED(op, fn) profiled<ST_OP_##op, decltype(&fn), &fn>::run
+
+/* ------------------------------------------------------------------------------------------ */
 /* Context and memory                                                                           */
 
 static void gpu_close(void *ctx) {
   gpu_ctx *c = (gpu_ctx *)ctx;
   if (!c) return;
+  if (c->stream) (void)gpuStreamSynchronize(c->stream);
+  prof_close(c);
+  for (int k = 0; k < MOE_TABLES; k++) {
+    if (c->tables[k].dev) (void)gpuFree(c->tables[k].dev);
+    free(c->tables[k].host);
+  }
   if (c->stream) (void)gpuStreamDestroy(c->stream);
   free(c);
 }
@@ -1020,10 +1635,16 @@ static void gpu_close(void *ctx) {
 static const char *gpu_describe(void *ctx) { return ((gpu_ctx *)ctx)->description; }
 
 static int gpu_supports(void *ctx, st_op op, int dtype) {
-  return op != ST_OP_INDEXER_TOPK && op != ST_OP_MOE_EXPERTS;
+  (void)ctx, (void)dtype;
+  return op != ST_OP_INDEXER_TOPK;
 }
 
-static size_t gpu_workspace_size(void *ctx, const st_backend_limits *lim) { return 16; }
+static size_t gpu_workspace_size(void *ctx, const st_backend_limits *lim) {
+  (void)ctx;
+  moe_work m = moe_layout(NULL, lim->max_tokens, lim->max_experts, lim->max_expert_slots /
+                          (lim->max_tokens > 0 ? lim->max_tokens : 1), lim->max_dim, lim->max_ffn);
+  return m.bytes;
+}
 
 static st_status gpu_alloc(void *ctx, size_t bytes, void **out) {
   gpu_ctx *c = (gpu_ctx *)ctx;
@@ -1096,30 +1717,31 @@ static void fill_table(st_backend_ops *t) {
   t->download = gpu_download;
   t->copy = gpu_copy;
   t->synchronize = gpu_synchronize;
-  t->matmul = gpu_matmul;
-  t->matmul_grouped = gpu_matmul_grouped;
-  t->embed = gpu_embed;
-  t->rmsnorm = gpu_rmsnorm;
-  t->rope = gpu_rope;
-  t->hadamard = gpu_hadamard;
-  t->round_bf16 = gpu_round_bf16;
-  t->quantize = gpu_quantize;
-  t->add = gpu_add;
-  t->scale = gpu_scale;
-  t->fill = gpu_fill;
-  t->hc_weights = gpu_hc_weights;
-  t->hc_collapse = gpu_hc_collapse;
-  t->hc_expand = gpu_hc_expand;
-  t->hc_head = gpu_hc_head;
-  t->compress = gpu_compress;
-  t->indexer_scores = gpu_indexer_scores;
-  t->topk = gpu_topk;
-  t->candidates = gpu_candidates;
-  t->sparse_attention = gpu_sparse_attention;
-  t->moe_route = gpu_moe_route;
-  t->gather_rows = gpu_gather_rows;
-  t->scatter_add = gpu_scatter_add;
-  t->swiglu = gpu_swiglu;
+  t->matmul = PROFILED(MATMUL, gpu_matmul);
+  t->matmul_grouped = PROFILED(MATMUL_GROUPED, gpu_matmul_grouped);
+  t->embed = PROFILED(EMBED, gpu_embed);
+  t->rmsnorm = PROFILED(RMSNORM, gpu_rmsnorm);
+  t->rope = PROFILED(ROPE, gpu_rope);
+  t->hadamard = PROFILED(HADAMARD, gpu_hadamard);
+  t->round_bf16 = PROFILED(ROUND_BF16, gpu_round_bf16);
+  t->quantize = PROFILED(QUANTIZE, gpu_quantize);
+  t->add = PROFILED(ADD, gpu_add);
+  t->scale = PROFILED(SCALE, gpu_scale);
+  t->fill = PROFILED(FILL, gpu_fill);
+  t->hc_weights = PROFILED(HC_WEIGHTS, gpu_hc_weights);
+  t->hc_collapse = PROFILED(HC_COLLAPSE, gpu_hc_collapse);
+  t->hc_expand = PROFILED(HC_EXPAND, gpu_hc_expand);
+  t->hc_head = PROFILED(HC_HEAD, gpu_hc_head);
+  t->compress = PROFILED(COMPRESS, gpu_compress);
+  t->indexer_scores = PROFILED(INDEXER_SCORES, gpu_indexer_scores);
+  t->topk = PROFILED(TOPK, gpu_topk);
+  t->candidates = PROFILED(CANDIDATES, gpu_candidates);
+  t->sparse_attention = PROFILED(SPARSE_ATTENTION, gpu_sparse_attention);
+  t->moe_route = PROFILED(MOE_ROUTE, gpu_moe_route);
+  t->gather_rows = PROFILED(GATHER_ROWS, gpu_gather_rows);
+  t->scatter_add = PROFILED(SCATTER_ADD, gpu_scatter_add);
+  t->swiglu = PROFILED(SWIGLU, gpu_swiglu);
+  t->moe_experts = PROFILED(MOE_EXPERTS, gpu_moe_experts);
 }
 
 /* ST_GPU_DEVICE picks the device (default 0). */
@@ -1139,6 +1761,7 @@ extern "C" st_status OPEN_FN(st_backend *out) {
   gpu_ctx *c = (gpu_ctx *)calloc(1, sizeof *c);
   if (!c) return st_fail(ST_ENOMEM, "%s context", BACKEND_NAME);
   c->device = device;
+  prof_open(c);
   gpuDeviceProp prop;
   if ((e = gpuSetDevice(device)) != gpuSuccess || (e = gpuGetDeviceProperties(&prop, device)) != gpuSuccess ||
       (e = gpuStreamCreateWithFlags(&c->stream, gpuStreamNonBlocking)) != gpuSuccess) {

@@ -5,6 +5,8 @@
 ** The kernels use nothing that differs between the two beyond these names: no warp shuffles (so
 ** no warp-size assumption: reductions go through shared memory in a fixed tree), no vendor fp8
 ** or bf16 types (kernels/lowp.h does the conversions in integer arithmetic), no vendor BLAS.
+** The one exception is NVIDIA's tensor-core GEMM tile (inline PTX: ldmatrix, mma.sync), compiled
+** only without ST_HIP; the hip build runs the fp32 tile for every weight.
 */
 #ifndef ST_CUDA_VENDOR_H
 #define ST_CUDA_VENDOR_H
@@ -35,6 +37,12 @@ typedef hipDeviceProp_t gpuDeviceProp;
 #define gpuMemcpyDeviceToDevice hipMemcpyDeviceToDevice
 #define gpuFuncSetAttribute(f, a, v) hipFuncSetAttribute((const void *)(f), a, v)
 #define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
+typedef hipEvent_t gpuEvent_t;
+#define gpuEventCreate hipEventCreate
+#define gpuEventDestroy hipEventDestroy
+#define gpuEventRecord hipEventRecord
+#define gpuEventSynchronize hipEventSynchronize
+#define gpuEventElapsedTime hipEventElapsedTime
 #else
 #include <cuda_runtime.h>
 
@@ -61,6 +69,12 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define gpuMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
 #define gpuFuncSetAttribute(f, a, v) cudaFuncSetAttribute(f, a, v)
 #define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+typedef cudaEvent_t gpuEvent_t;
+#define gpuEventCreate cudaEventCreate
+#define gpuEventDestroy cudaEventDestroy
+#define gpuEventRecord cudaEventRecord
+#define gpuEventSynchronize cudaEventSynchronize
+#define gpuEventElapsedTime cudaEventElapsedTime
 #endif
 
 #endif
