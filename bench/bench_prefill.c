@@ -170,6 +170,8 @@ static int measure(const char *model_dir, int64_t T, const st_settings *settings
     getrusage(RUSAGE_SELF, &ru);
     r.peak_mib = (double)ru.ru_maxrss / 1024.0;
     if (write(pipefd[1], &r, sizeof r) != sizeof r) _exit(1);
+    st_session_free(s); /* closing the backend prints its ST_PROFILE table */
+    st_backend_close(&be);
     _exit(0);
   fail:
     fprintf(stderr, "bench_prefill: %s\n", st_errmsg());

@@ -1732,9 +1732,13 @@ static void isc_ref(const void *cv, double *val, double *mag, int32_t *iref) {
       mag[at] = nz(m);
     }
 }
-/* n, rows, heads, dim, topk, width */
-static const int ISC_SHAPES[][6] = {{5, 20, 7, 24, 5, 5},   {1, 1, 7, 24, 5, 1},    {13, 64, 8, 128, 16, 16},
-                                    {9, 33, 3, 40, 40, 40}, {4, 12, 1, 8, 3, 12}};
+/* n, rows, heads, dim, topk, width, q and k rounded to bf16 (as FP8 values are). The last two
+** span several 64-query x 128-row tiles, partial at both ends (a device backend's tensor-core
+** path). */
+static const int ISC_SHAPES[][7] = {{5, 20, 7, 24, 5, 5, 0},   {1, 1, 7, 24, 5, 1, 0},    {13, 64, 8, 128, 16, 16, 0},
+                                    {9, 33, 3, 40, 40, 40, 0}, {4, 12, 1, 8, 3, 12, 0},   {70, 300, 4, 64, 20, 20, 0},
+                                    {66, 140, 3, 128, 8, 8, 1}};
+#define ISC_COUNT 7
 static void isc_make(isc_case *c, int k) {
   const int *sh = ISC_SHAPES[k];
   memset(c, 0, sizeof *c);
@@ -1743,6 +1747,10 @@ static void isc_make(isc_case *c, int k) {
   c->q = rand_floats((size_t)c->n * c->heads * c->dim, 1.0);
   c->w = rand_floats((size_t)c->n * c->heads, 0.1);
   c->k = rand_floats((size_t)c->rows * c->dim, 1.0);
+  if (sh[6]) {
+    for (size_t j = 0; j < (size_t)c->n * c->heads * c->dim; j++) c->q[j] = st_round_bf16(c->q[j]);
+    for (size_t j = 0; j < (size_t)c->rows * c->dim; j++) c->k[j] = st_round_bf16(c->k[j]);
+  }
   c->visible = xcalloc((size_t)c->n, sizeof(int));
   for (int i = 0; i < c->n; i++) c->visible[i] = rng_int(c->rows + 1);
   c->visible[0] = c->rows;
@@ -1757,7 +1765,7 @@ static void isc_free(isc_case *c) {
   free(c->q), free(c->w), free(c->k), free(c->visible);
 }
 static void t_indexer_scores(void) {
-  for (int k = 0; k < 5; k++) {
+  for (int k = 0; k < ISC_COUNT; k++) {
     isc_case c;
     isc_make(&c, k);
     char label[80];
@@ -1968,7 +1976,7 @@ static double itk_check(const opdesc *d, const double *val, const double *mag, c
   return bad ? INFINITY : 0;
 }
 static void t_indexer_topk(void) {
-  for (int k = 0; k < 5; k++) {
+  for (int k = 0; k < ISC_COUNT; k++) {
     isc_case c;
     isc_make(&c, k);
     char label[80];
@@ -2165,10 +2173,14 @@ static void att_ref(const void *cv, double *val, double *mag, int32_t *iref) {
   free(s);
 }
 static void t_sparse_attention(void) {
-  /* n, heads, d, kv rows, width, logit scale multiplier */
-  static const int shapes[][6] = {{5, 3, 40, 30, 21, 1}, {1, 3, 40, 30, 21, 1}, {13, 2, 24, 80, 37, 1},
-                                  {3, 2, 512, 50, 16, 1}, {4, 3, 40, 20, 0, 1},  {6, 4, 72, 40, 25, 30}};
-  for (int k = 0; k < 6; k++)
+  /* n, heads, d, kv rows, width, logit scale multiplier, q and kv rounded to bf16 (as in
+  ** reference mode). The last three: several 16-head groups and 64-row candidate tiles, partial
+  ** at both ends, with d a multiple of 64 (a device backend's tensor-core path). */
+  static const int shapes[][7] = {{5, 3, 40, 30, 21, 1, 0}, {1, 3, 40, 30, 21, 1, 0}, {13, 2, 24, 80, 37, 1, 0},
+                                  {3, 2, 512, 50, 16, 1, 0}, {4, 3, 40, 20, 0, 1, 0},  {6, 4, 72, 40, 25, 30, 0},
+                                  {6, 20, 64, 150, 140, 1, 0}, {6, 20, 64, 150, 140, 4, 1},
+                                  {5, 17, 512, 90, 70, 1, 1}};
+  for (int k = 0; k < 9; k++)
     for (int pb = 0; pb < 2; pb++) {
       const int *sh = shapes[k];
       att_case c = {.n = sh[0], .heads = sh[1], .d = sh[2], .rows = sh[3], .width = sh[4], .probs_bf16 = pb};
@@ -2177,6 +2189,10 @@ static void t_sparse_attention(void) {
       c.q = rand_floats((size_t)c.n * c.heads * c.d, 1.0);
       c.kv = rand_floats((size_t)c.rows * c.d, 1.0);
       c.sinks = rand_floats((size_t)c.heads, 1.0);
+      if (sh[6]) {
+        for (size_t j = 0; j < (size_t)c.n * c.heads * c.d; j++) c.q[j] = st_round_bf16(c.q[j]);
+        for (size_t j = 0; j < (size_t)c.rows * c.d; j++) c.kv[j] = st_round_bf16(c.kv[j]);
+      }
       c.cand = xcalloc((size_t)c.n * (c.width ? c.width : 1), sizeof(int32_t));
       for (int j = 0; j < c.n * c.width; j++) c.cand[j] = rng_int(4) == 0 ? -1 : rng_int(c.rows);
       if (c.n > 1 && c.width) /* only the sink: every candidate -1 */
@@ -2188,7 +2204,8 @@ static void t_sparse_attention(void) {
         c.cand[(size_t)4 * c.width + c.width - 1] = c.rows - 1;
       }
       char label[80];
-      snprintf(label, sizeof label, "n=%d heads=%d d=%d width=%d scale x%d", c.n, c.heads, c.d, c.width, sh[5]);
+      snprintf(label, sizeof label, "n=%d heads=%d d=%d width=%d scale x%d%s", c.n, c.heads, c.d, c.width,
+               sh[5], sh[6] ? " bf16 inputs" : "");
       OPD(d, "sparse_attention", ST_OP_SPARSE_ATTENTION, -1, pb ? "probs bf16" : "probs f32");
       d.nf = (size_t)c.n * c.heads * c.d;
       d.rows = c.n;

@@ -973,11 +973,36 @@ static __global__ void __launch_bounds__(256) k_indexer_scores(float *scores, co
   }
 }
 
+#if !defined(ST_HIP)
+#define ITC_Q 64  /* queries a block of the tensor-core indexer scores (below) */
+#define ITC_R 128 /* rows a block */
+static __global__ void __launch_bounds__(256) k_indexer_scores_tc(float *scores, const float *q, const float *w,
+                                           const float *k, int n, int rows, int heads, int dim,
+                                           const int *visible);
+static size_t itc_bytes(int dim);
+#endif
+
 static void gpu_indexer_scores(void *ctx, float *scores, const float *q, const float *w,
                                const float *k, int n, int rows, int heads, int dim,
                                const int *visible) {
   gpu_ctx *c = (gpu_ctx *)ctx;
   if (n <= 0 || rows <= 0) return;
+#if !defined(ST_HIP)
+  if (dim % 16 == 0 && dim <= 256 && !((uintptr_t)q & 15) && !((uintptr_t)k & 15) &&
+      itc_bytes(dim) <= c->smem_optin) {
+    size_t bytes = itc_bytes(dim);
+    static size_t opted_tc = 0;
+    if (bytes > 48 * 1024 && bytes > opted_tc) {
+      check(c, "indexer_scores",
+            gpuFuncSetAttribute(k_indexer_scores_tc, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+      opted_tc = bytes;
+    }
+    dim3 grid(blocks_for((size_t)rows, ITC_R), blocks_for((size_t)n, ITC_Q));
+    k_indexer_scores_tc<<<grid, 256, bytes, c->stream>>>(scores, q, w, k, n, rows, heads, dim, visible);
+    LAUNCHED(c, "indexer_scores");
+    return;
+  }
+#endif
   dim3 grid(blocks_for((size_t)rows, IT), blocks_for((size_t)n, IT));
   k_indexer_scores<<<grid, 256, 0, c->stream>>>(scores, q, w, k, n, rows, heads, dim, visible);
   LAUNCHED(c, "indexer_scores");
@@ -1187,11 +1212,331 @@ static __global__ void __launch_bounds__(AT_THREADS) k_sparse_attention(float *o
   }
 }
 
+#if !defined(ST_HIP)
+/*
+** The tensor-core sparse attention (CUDA): one block per (token, 16 heads). The heads' logits
+** against the token's candidates are a [16, width] x d product and the output a [16, d] x width
+** one, both on mma.sync in bf16 pieces: every operand is split into hi + mid + lo exactly (as in
+** the GEMM tile) and the six products that reach fp32 precision are summed, those of all-zero
+** pieces skipped (a tile's vote): in reference mode, where q, kv and the bf16 probabilities are
+** bf16 values already, that is one product. Pass 1 stages 64 candidate rows at a time (fp32 in
+** shared memory) and writes the scaled logits; the softmax with the sink runs a warp per head
+** (a fixed butterfly); pass 2 stages the rows again and accumulates p kv in candidate order.
+** Every output's sum runs in an order fixed by width and d alone.
+*/
+#define ATC_HEADS 16
+#define ATC_QLD(d) ((d) + 8)   /* fp32 a shared q or probability row: 8 mod 32 words */
+#define ATC_KLD(d) ((d) + 4)   /* fp32 a staged kv row: 4 mod 32 words */
+
+/* The pieces of two fp32 values as packed bf16 pairs (element 0 in the low half). */
+static __device__ __forceinline__ void split_pair(float a, float b, uint32_t *p) {
+  uint32_t ah, am, al, bh, bm, bl;
+  split3(a, &ah, &am, &al);
+  split3(b, &bh, &bm, &bl);
+  p[0] = ah | bh << 16, p[1] = am | bm << 16, p[2] = al | bl << 16;
+}
+
+/* The six products of the pieces whose sum is fp32-accurate, in a fixed order; need_a / need_b
+** bit 0: a mid piece is non-zero, bit 1: a lo piece is. */
+static __device__ __forceinline__ void mma_pieces(float *c, const uint32_t (*a)[4],
+                                                  const uint32_t (*b)[2], int need_a, int need_b) {
+  mma16816(c, a[0], b[0][0], b[0][1]);
+  if (need_b & 1) mma16816(c, a[0], b[1][0], b[1][1]);
+  if (need_a & 1) mma16816(c, a[1], b[0][0], b[0][1]);
+  if ((need_a & 1) && (need_b & 1)) mma16816(c, a[1], b[1][0], b[1][1]);
+  if (need_b & 2) mma16816(c, a[0], b[2][0], b[2][1]);
+  if (need_a & 2) mma16816(c, a[2], b[0][0], b[0][1]);
+}
+
+/* The pieces of a pair where need says a mid or lo piece may be non-zero, else the hi pieces
+** alone (the values are bf16 already: their high halves, packed in one byte permutation). */
+static __device__ __forceinline__ void pieces_pair(float a, float b, int need, uint32_t *p) {
+  if (need) {
+    split_pair(a, b, p);
+  } else {
+    p[0] = __byte_perm(st_lowp_f32_bits(a), st_lowp_f32_bits(b), 0x7632);
+    p[1] = p[2] = 0;
+  }
+}
+
+/* Bit 0: v's mid piece is non-zero, bit 1: its lo piece is. */
+static __device__ __forceinline__ int piece_bits(float v) {
+  uint32_t h, m, l;
+  split3(v, &h, &m, &l);
+  return ((m & 0x7fffu) ? 1 : 0) | ((l & 0x7fffu) ? 2 : 0);
+}
+
+/* Stages candidate rows c0 .. c0 + rows of the token (zero where -1 or past width); returns the
+** block's piece bits. */
+static __device__ int atc_stage(float *kvt, const float *kv, const int32_t *ci, int c0, int rows,
+                                int width, int d) {
+  int bits = 0, per_row = d / 4;
+  for (int e = threadIdx.x; e < rows * per_row; e += 256) {
+    int r = e / per_row, k = (e % per_row) * 4;
+    int32_t row = c0 + r < width ? ci[c0 + r] : -1;
+    float4 v = row >= 0 ? *(const float4 *)(kv + (int64_t)row * d + k) : make_float4(0, 0, 0, 0);
+    *(float4 *)(kvt + r * ATC_KLD(d) + k) = v;
+    bits |= piece_bits(v.x) | piece_bits(v.y) | piece_bits(v.z) | piece_bits(v.w);
+  }
+  return __syncthreads_or(bits & 1) | (__syncthreads_or(bits & 2) << 1);
+}
+
+static __global__ void __launch_bounds__(256) k_sparse_attention_tc(float *out, const float *q,
+    const float *kv, const int32_t *cand, int heads, int d, int width, const float *sinks,
+    float scale, int probs_bf16, int tile) {
+  extern __shared__ __align__(16) float smem[];
+  int wpad = (width + 63) / 64 * 64;
+  float *qs = smem;                                   /* [16][QLD]: q, then nothing */
+  float *lg = qs + ATC_HEADS * ATC_QLD(d);            /* [16][wpad + 8]: logits, then p */
+  float *kvt = lg + ATC_HEADS * (wpad + 8);           /* [tile][KLD] */
+  __shared__ int p_bits;
+  int lld = wpad + 8;
+  int i = blockIdx.x, h0 = blockIdx.y * ATC_HEADS, t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  int g = lane >> 2, tq = lane & 3;
+  int nh = heads - h0 < ATC_HEADS ? heads - h0 : ATC_HEADS;
+  const int32_t *ci = cand + (int64_t)i * width;
+  int q_bits = 0;
+  for (int e = t; e < ATC_HEADS * d; e += 256) {
+    int h = e / d, k = e % d;
+    float v = h < nh ? q[((int64_t)i * heads + h0 + h) * d + k] : 0.0f;
+    qs[h * ATC_QLD(d) + k] = v;
+    q_bits |= piece_bits(v);
+  }
+  if (t == 0) p_bits = 0;
+  q_bits = __syncthreads_or(q_bits & 1) | (__syncthreads_or(q_bits & 2) << 1);
+
+  /* pass 1: logits; warp w computes candidates c0 + 8 w .. + 8 of the tile */
+  for (int c0 = 0; c0 < width; c0 += tile) {
+    int kv_bits = atc_stage(kvt, kv, ci, c0, tile, width, d);
+    if (warp * 8 < tile) {
+      float acc[4] = {0, 0, 0, 0};
+      const float *brow = kvt + (warp * 8 + g) * ATC_KLD(d);
+      for (int k0 = 0; k0 < d; k0 += 16) {
+        uint32_t a[3][4], b[3][2], p[3];
+        const float *q0 = qs + g * ATC_QLD(d) + k0 + 2 * tq, *q8 = q0 + 8 * ATC_QLD(d);
+        pieces_pair(q0[0], q0[1], q_bits, p); a[0][0] = p[0], a[1][0] = p[1], a[2][0] = p[2];
+        pieces_pair(q8[0], q8[1], q_bits, p); a[0][1] = p[0], a[1][1] = p[1], a[2][1] = p[2];
+        pieces_pair(q0[8], q0[9], q_bits, p); a[0][2] = p[0], a[1][2] = p[1], a[2][2] = p[2];
+        pieces_pair(q8[8], q8[9], q_bits, p); a[0][3] = p[0], a[1][3] = p[1], a[2][3] = p[2];
+        const float *b0 = brow + k0 + 2 * tq;
+        pieces_pair(b0[0], b0[1], kv_bits, p); b[0][0] = p[0], b[1][0] = p[1], b[2][0] = p[2];
+        pieces_pair(b0[8], b0[9], kv_bits, p); b[0][1] = p[0], b[1][1] = p[1], b[2][1] = p[2];
+        mma_pieces(acc, a, b, q_bits, kv_bits);
+      }
+      /* acc: heads g and g + 8, candidates c0 + 8 w + 2 tq, + 1 */
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int h = g + (e >> 1) * 8, c = c0 + warp * 8 + 2 * tq + (e & 1);
+        if (c < width) lg[h * lld + c] = acc[e] * scale;
+      }
+    }
+    __syncthreads();
+  }
+
+  /* the softmax with the sink, a warp per head (heads warp, warp + 8) */
+  for (int h = warp; h < nh; h += 8) {
+    float *l = lg + h * lld, sink = sinks[h0 + h], mx = sink;
+    for (int c = lane; c < width; c += 32)
+      if (ci[c] >= 0) mx = fmaxf(mx, l[c]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float den = 0;
+    for (int c = lane; c < width; c += 32)
+      if (ci[c] >= 0) den += (l[c] = expf(l[c] - mx));
+    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+    den += expf(sink - mx);
+    int bits = 0;
+    for (int c = lane; c < wpad; c += 32) {
+      float p = c < width && ci[c] >= 0 ? l[c] / den : 0.0f;
+      l[c] = probs_bf16 ? st_round_bf16(p) : p;
+      bits |= piece_bits(l[c]);
+    }
+    if (bits) atomicOr(&p_bits, bits);
+  }
+  for (int h = nh + warp; h < ATC_HEADS; h += 8) /* heads past the last: zero probabilities */
+    for (int c = lane; c < wpad; c += 32) lg[h * lld + c] = 0.0f;
+  __syncthreads();
+  int pb = p_bits;
+
+  /* pass 2: out = p kv; warp w owns dims [w d/8, (w+1) d/8) as d/64 n8 tiles */
+  float acc[8][4];
+#pragma unroll
+  for (int nt = 0; nt < 8; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0;
+  int ntiles = d / 64, n0 = warp * (d / 8);
+  for (int c0 = 0; c0 < width; c0 += tile) {
+    int kv_bits = atc_stage(kvt, kv, ci, c0, tile, width, d);
+    for (int k0 = 0; k0 < tile; k0 += 16) {
+      uint32_t a[3][4], p[3];
+      const float *p0 = lg + g * lld + c0 + k0 + 2 * tq, *p8 = p0 + 8 * lld;
+      pieces_pair(p0[0], p0[1], pb, p); a[0][0] = p[0], a[1][0] = p[1], a[2][0] = p[2];
+      pieces_pair(p8[0], p8[1], pb, p); a[0][1] = p[0], a[1][1] = p[1], a[2][1] = p[2];
+      pieces_pair(p0[8], p0[9], pb, p); a[0][2] = p[0], a[1][2] = p[1], a[2][2] = p[2];
+      pieces_pair(p8[8], p8[9], pb, p); a[0][3] = p[0], a[1][3] = p[1], a[2][3] = p[2];
+#pragma unroll
+      for (int nt = 0; nt < 8; nt++) {
+        if (nt >= ntiles) break;
+        /* b[k][n] = kv row c0 + k0 + k, dim n0 + 8 nt + n: rows 2 tq, 2 tq + 1 (+ 8), dim g */
+        const float *b0 = kvt + (k0 + 2 * tq) * ATC_KLD(d) + n0 + nt * 8 + g;
+        uint32_t b[3][2];
+        pieces_pair(b0[0], b0[ATC_KLD(d)], kv_bits, p); b[0][0] = p[0], b[1][0] = p[1], b[2][0] = p[2];
+        pieces_pair(b0[8 * ATC_KLD(d)], b0[9 * ATC_KLD(d)], kv_bits, p); b[0][1] = p[0], b[1][1] = p[1], b[2][1] = p[2];
+        mma_pieces(acc[nt], a, b, pb, kv_bits);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int nt = 0; nt < 8; nt++) {
+    if (nt >= ntiles) break;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      int h = g + (e >> 1) * 8, k = n0 + nt * 8 + 2 * tq + (e & 1);
+      if (h < nh) out[((int64_t)i * heads + h0 + h) * d + k] = acc[nt][e];
+    }
+  }
+}
+
+/* Shared bytes of the tensor-core attention with tiles of `tile` rows. */
+static size_t atc_bytes(int d, int width, int tile) {
+  int wpad = (width + 63) / 64 * 64;
+  return sizeof(float) * ((size_t)ATC_HEADS * ATC_QLD(d) + (size_t)ATC_HEADS * (wpad + 8) +
+                          (size_t)tile * ATC_KLD(d));
+}
+#endif
+
+#if !defined(ST_HIP)
+/*
+** The tensor-core indexer scores (CUDA): a block scores 64 queries against 128 rows. The rows are
+** staged once (fp32 in shared memory); then for each head in order the queries' head vectors are
+** staged, their dot products with the rows formed on mma.sync in bf16 pieces (the attention's
+** six fp32-accurate products, all-zero pieces skipped: one product in reference mode, whose
+** indexer q and k are FP8 values) and w[i, h] relu(.) added to the score with one fmaf. Each
+** score sums its heads in order: the same bits whatever the tiling or the chunk.
+*/
+static __device__ __forceinline__ void frag_a(const float *base, int ld, int need, uint32_t (*a)[4]) {
+  /* rows g and g + 8 of a 16 x 16 fp32 tile at base (already offset by the lane's g, 2 tq) */
+  uint32_t p[3];
+  pieces_pair(base[0], base[1], need, p); a[0][0] = p[0], a[1][0] = p[1], a[2][0] = p[2];
+  pieces_pair(base[8 * ld], base[8 * ld + 1], need, p); a[0][1] = p[0], a[1][1] = p[1], a[2][1] = p[2];
+  pieces_pair(base[8], base[9], need, p); a[0][2] = p[0], a[1][2] = p[1], a[2][2] = p[2];
+  pieces_pair(base[8 * ld + 8], base[8 * ld + 9], need, p); a[0][3] = p[0], a[1][3] = p[1], a[2][3] = p[2];
+}
+
+static __device__ __forceinline__ void frag_b(const float *base, int need, uint32_t (*b)[2]) {
+  /* row g (an output) of a 8 x 16 fp32 tile at base (offset by the lane's g, 2 tq), k along it */
+  uint32_t p[3];
+  pieces_pair(base[0], base[1], need, p); b[0][0] = p[0], b[1][0] = p[1], b[2][0] = p[2];
+  pieces_pair(base[8], base[9], need, p); b[0][1] = p[0], b[1][1] = p[1], b[2][1] = p[2];
+}
+
+static __global__ void __launch_bounds__(256) k_indexer_scores_tc(float *scores, const float *q,
+    const float *w, const float *k, int n, int rows, int heads, int dim, const int *visible) {
+  extern __shared__ __align__(16) float smem[];
+  __shared__ int vis[ITC_Q];
+  int ld = dim + 8, per_row = dim / 4;
+  float *ks = smem, *qs = ks + ITC_R * ld;
+  int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
+  int g = lane >> 2, tq = lane & 3;
+  int64_t i0 = (int64_t)blockIdx.y * ITC_Q, j0 = (int64_t)blockIdx.x * ITC_R;
+  if (tid < ITC_Q) vis[tid] = i0 + tid < n ? visible[i0 + tid] : 0;
+  __syncthreads();
+  int max_vis = 0;
+  for (int t = 0; t < ITC_Q; t++) max_vis = vis[t] > max_vis ? vis[t] : max_vis;
+  float sc[2][4][4];
+#pragma unroll
+  for (int a = 0; a < 2; a++)
+#pragma unroll
+    for (int b = 0; b < 4; b++) sc[a][b][0] = sc[a][b][1] = sc[a][b][2] = sc[a][b][3] = 0;
+  if (j0 < max_vis) { /* a tile no query of the block sees is all -inf */
+    int kb = 0;
+    for (int e = tid; e < ITC_R * per_row; e += 256) {
+      int r = e / per_row, c = (e % per_row) * 4;
+      float4 v = j0 + r < rows ? *(const float4 *)(k + (j0 + r) * dim + c) : make_float4(0, 0, 0, 0);
+      *(float4 *)(ks + r * ld + c) = v;
+      kb |= piece_bits(v.x) | piece_bits(v.y) | piece_bits(v.z) | piece_bits(v.w);
+    }
+    kb = __syncthreads_or(kb & 1) | (__syncthreads_or(kb & 2) << 1);
+    for (int h = 0; h < heads; h++) {
+      int qb = 0;
+      __syncthreads(); /* the previous head's q tile is read */
+      for (int e = tid; e < ITC_Q * per_row; e += 256) {
+        int t = e / per_row, c = (e % per_row) * 4;
+        float4 v = i0 + t < n ? *(const float4 *)(q + ((i0 + t) * heads + h) * dim + c)
+                              : make_float4(0, 0, 0, 0);
+        *(float4 *)(qs + t * ld + c) = v;
+        qb |= piece_bits(v.x) | piece_bits(v.y) | piece_bits(v.z) | piece_bits(v.w);
+      }
+      qb = __syncthreads_or(qb & 1) | (__syncthreads_or(qb & 2) << 1);
+      float s[2][4][4];
+#pragma unroll
+      for (int a = 0; a < 2; a++)
+#pragma unroll
+        for (int b = 0; b < 4; b++) s[a][b][0] = s[a][b][1] = s[a][b][2] = s[a][b][3] = 0;
+      for (int k0 = 0; k0 < dim; k0 += 16) {
+        uint32_t a[2][3][4], b[4][3][2];
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+          frag_a(qs + (wm * 32 + mi * 16 + g) * ld + k0 + 2 * tq, ld, qb, a[mi]);
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) frag_b(ks + (wn * 32 + ni * 8 + g) * ld + k0 + 2 * tq, kb, b[ni]);
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+          for (int ni = 0; ni < 4; ni++) mma_pieces(s[mi][ni], a[mi], b[ni], qb, kb);
+      }
+#pragma unroll
+      for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          int64_t i = i0 + wm * 32 + mi * 16 + g + (e >> 1) * 8;
+          float wi = i < n ? w[i * heads + h] : 0.0f;
+#pragma unroll
+          for (int ni = 0; ni < 4; ni++) {
+            float v = s[mi][ni][e];
+            sc[mi][ni][e] = fmaf(wi, v > 0 ? v : 0.0f, sc[mi][ni][e]);
+          }
+        }
+    }
+  }
+#pragma unroll
+  for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+    for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int t = wm * 32 + mi * 16 + g + (e >> 1) * 8;
+        int64_t i = i0 + t, j = j0 + wn * 32 + ni * 8 + 2 * tq + (e & 1);
+        if (i < n && j < rows) scores[i * rows + j] = j < vis[t] ? sc[mi][ni][e] : -INFINITY;
+      }
+}
+
+static size_t itc_bytes(int dim) { return sizeof(float) * (size_t)(ITC_R + ITC_Q) * (dim + 8); }
+#endif
+
 static void gpu_sparse_attention(void *ctx, float *out, const float *q, const float *kv,
                                  const int32_t *cand, int n, int heads, int d, int width,
                                  const float *sinks, float scale, int probs_bf16) {
   gpu_ctx *c = (gpu_ctx *)ctx;
   if (n <= 0 || heads <= 0) return;
+#if !defined(ST_HIP)
+  if (width > 0 && d % 64 == 0 && d <= 512 && !((uintptr_t)kv & 15)) {
+    int tile = atc_bytes(d, width, 64) <= c->smem_optin ? 64 : atc_bytes(d, width, 32) <= c->smem_optin ? 32 : 0;
+    if (tile) {
+      size_t bytes = atc_bytes(d, width, tile);
+      static size_t opted_tc = 0;
+      if (bytes > 48 * 1024 && bytes > opted_tc) {
+        check(c, "sparse_attention",
+              gpuFuncSetAttribute(k_sparse_attention_tc, gpuFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)bytes));
+        opted_tc = bytes;
+      }
+      dim3 grid((unsigned)n, (unsigned)((heads + ATC_HEADS - 1) / ATC_HEADS));
+      k_sparse_attention_tc<<<grid, 256, bytes, c->stream>>>(out, q, kv, cand, heads, d, width, sinks,
+                                                             scale, probs_bf16, tile);
+      LAUNCHED(c, "sparse_attention");
+      return;
+    }
+  }
+#endif
   /* the widest head group and kv tile that fit in shared memory */
   static const int hbs[] = {16, 8, 4, 2, 1}, tiles[] = {32, 16, 8, 4};
   int hb = 0, tile = 0;
