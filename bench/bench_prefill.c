@@ -19,7 +19,8 @@
 ** 1024] . [1024 x 1024]^T, device backends [4096 x 4096] . [4096 x 4096]^T, in backend memory,
 ** best of 5): "of peak" says how far the whole prefill runs from the rate of its own GEMM.
 **
-** usage: bench_prefill MODEL_DIR TOKENS[,TOKENS...] [--set K=V]... [--tap GLOB --store DIR]
+** usage: bench_prefill MODEL_DIR TOKENS[,TOKENS...] [--set K=V]... [--tap GLOB --store DIR
+**                      [--positions SPEC]]
 **                      [--backend NAME] [--decode N]
 */
 #include <math.h>
@@ -109,6 +110,7 @@ typedef struct result { double seconds, peak_mib, weight_mib, backend_mib, decod
 
 static const char *backend_name = "cpu-ref";
 static int decode_tokens; /* --decode N */
+static const char *positions = "all"; /* --positions SPEC: the token positions armed taps keep */
 
 static int measure(const char *model_dir, int64_t T, const st_settings *settings, const char *tap,
                    const char *store, result *out) {
@@ -137,7 +139,7 @@ static int measure(const char *model_dir, int64_t T, const st_settings *settings
       if (st_taps_arm(&taps, m->cfg->num_hidden_layers, globs, 1)) goto fail;
       st_run_meta meta = {.model_dir = model_dir, .model_name = "bench", .settings_json = "{}",
                           .config_json = "{}", .backend = be.ops->name, .kernel_mode = be.ops->kernel_mode,
-                          .threads = 1, .command_line = "bench_prefill", .positions = "all",
+                          .threads = 1, .command_line = "bench_prefill", .positions = positions,
                           .n_layers = m->cfg->num_hidden_layers};
       st_run_id_new(&meta);
       char path[4096];
@@ -187,7 +189,7 @@ static int measure(const char *model_dir, int64_t T, const st_settings *settings
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: bench_prefill MODEL_DIR TOKENS[,TOKENS...] [--set K=V]... [--tap GLOB --store DIR] [--backend NAME] [--decode N]\n");
+    fprintf(stderr, "usage: bench_prefill MODEL_DIR TOKENS[,TOKENS...] [--set K=V]... [--tap GLOB --store DIR [--positions SPEC]] [--backend NAME] [--decode N]\n");
     return 2;
   }
   const char *model_dir = argv[1], *tap = NULL, *store = "/tmp/sparsetrace-bench";
@@ -200,6 +202,7 @@ int main(int argc, char **argv) {
       strcat(strcat(settings_text, " "), argv[i]);
     } else if (!strcmp(argv[i], "--tap") && i + 1 < argc) tap = argv[++i];
     else if (!strcmp(argv[i], "--store") && i + 1 < argc) store = argv[++i];
+    else if (!strcmp(argv[i], "--positions") && i + 1 < argc) positions = argv[++i];
     else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend_name = argv[++i];
     else if (!strcmp(argv[i], "--decode") && i + 1 < argc) {
       char *end;
