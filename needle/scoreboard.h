@@ -102,7 +102,7 @@ typedef struct st_scoreboard_run_options {
   const char *model_dir;     /* engine and binary targets */
   const char *tokenizer_dir; /* NULL: the model's */
   const char *model_name;    /* the requests' "model" (NULL: the harness's default) */
-  double timeout_s;          /* server: per request */
+  double timeout_s;          /* per case: a server's request, a binary's run (0: 600 s) */
   int retry_errors;          /* 1: run again the cases whose attempt failed */
   const char *command_line;  /* provenance of the engine's runs */
   /* after each case (may be NULL); distance -1 when the attempt failed */
