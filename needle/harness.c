@@ -523,20 +523,6 @@ static st_status settings_for_server(const st_harness_options *o, char *buf, siz
 
 /* ---------------------------------------------------------------- another build */
 
-/* mkdir -p: dir and the folders above it. */
-static st_status make_dirs(const char *dir) {
-  char path[4096];
-  if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) return st_fail(ST_EINVAL, "%s: path too long", dir);
-  for (char *p = path + 1;; p++) {
-    if (*p != '/' && *p) continue;
-    char c = *p;
-    *p = 0;
-    if (mkdir(path, 0755) && errno != EEXIST) return st_fail(ST_EIO, "%s: cannot create: %s", path, strerror(errno));
-    if (!(*p = c)) break;
-  }
-  return ST_OK;
-}
-
 /* The engine of another sparsetrace build: `BINARY needle sweep` for this one cell (one size,
 ** one position, one seed), its JSON read back. The other build records its run in its own store
 ** (binary_store: an older or newer build may have another index schema); this attempt row keeps
@@ -578,7 +564,7 @@ static void binary_attempt(sweep *w, st_harness_attempt *a) {
   argv[n++] = "--json";
   argv[n++] = "--quiet";
   argv[n] = NULL;
-  if (make_dirs(o->binary_store)) goto fail;
+  if (st_make_dirs(o->binary_store)) goto fail;
   if (pipe(out_pipe)) { st_fail(ST_EIO, "pipe: %s", strerror(errno)); goto fail; }
   posix_spawn_file_actions_init(&fa);
   fa_ready = 1;
