@@ -78,6 +78,8 @@
 #include <curl/curl.h>
 #include <sqlite3.h>
 
+#include "common/buf.h"
+
 /* ---- request kinds and client outcomes ------------------------------------------------------ */
 
 enum kind { K_DIRECT, K_STREAM, K_PLAIN, K_RESET_HEAD, K_RESET_MID, K_CLOSE_MID, K_SLOW_HEAD,
@@ -688,9 +690,9 @@ int main(int argc, char **argv) {
         clients, in_flight);
   check(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the proxy exited 0 after SIGTERM (status %d)",
         WIFEXITED(status) ? WEXITSTATUS(status) : -1);
-  char cmd[3 * PATH_MAX];
-  snprintf(cmd, sizeof cmd, "'%s' store check --store '%s' > '%s/store-check.log' 2>&1", st, store, dir);
-  int check_rc = system(cmd);
+  st_buf cmd = {0};
+  st_buf_printf(&cmd, "'%s' store check --store '%s' > '%s/store-check.log' 2>&1", st, store, dir);
+  int check_rc = cmd.failed ? -1 : system(cmd.data);
   check(check_rc == 0, "sparsetrace store check passes (exit %d; %s/store-check.log)",
         WIFEXITED(check_rc) ? WEXITSTATUS(check_rc) : -1, dir);
   check(samples >= 3 && rss_first > 0, "the proxy's RSS was sampled (%d samples after warm-up)", samples);
@@ -703,11 +705,13 @@ int main(int argc, char **argv) {
   printf("\n%s: %d check(s) failed\n", fails ? "FAILED" : "passed", fails);
 
   if (!keep && !fails) {
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "soak_capture: could not remove %s\n", dir);
+    st_buf_reset(&cmd);
+    st_buf_printf(&cmd, "rm -rf '%s'", dir);
+    if (cmd.failed || system(cmd.data) != 0) fprintf(stderr, "soak_capture: could not remove %s\n", dir);
   } else {
     printf("kept %s (proxy.log, fake.log, store/)\n", dir);
   }
+  st_buf_free(&cmd);
   free(lat[0]);
   free(lat[1]);
   free(reqs);

@@ -7,6 +7,7 @@
 **
 ** The readers and the importer are in recorder/import/; this file only parses the command line.
 */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,11 +145,20 @@ static int cmd_dump(const char *format, int argc, char **argv) {
   }
   opt.out_path = out;
   if (st_import_run(&opt, &res)) { rc = st_cli_report_error(name); goto done; }
-  if (o.json)
-    printf("{\"run_id\": \"%s\", \"trace\": \"%s\", \"files\": %d, \"mapped\": %d, \"unmapped\": %d, "
-           "\"taps\": %d, \"notes\": %d, \"tokens\": %lld}\n", res.run_id, out, res.n_files, res.n_mapped,
-           res.n_unmapped, res.n_taps, res.n_notes, res.n_tokens);
-  else
+  if (o.json) { /* built with jansson, like every --json: the trace path is the user's */
+    json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:I}", "run_id", res.run_id, "trace", out,
+                          "files", res.n_files, "mapped", res.n_mapped, "unmapped", res.n_unmapped,
+                          "taps", res.n_taps, "notes", res.n_notes, "tokens", (json_int_t)res.n_tokens);
+    char *text = j ? json_dumps(j, JSON_PRESERVE_ORDER) : NULL;
+    json_decref(j);
+    if (!text) {
+      st_fail(ST_EINVAL, "--json: no JSON line for trace %s (out of memory, or the path is not UTF-8)", out);
+      rc = st_cli_report_error(name);
+      goto done;
+    }
+    printf("%s\n", text);
+    free(text);
+  } else
     printf("imported %s: %d files (%d mapped, %d not in the map), %d taps, %lld tokens, %d alignment notes\n"
            "run %s\ntrace: %s\nindex: %s/index.sqlite\n", opt.source_dir, res.n_files, res.n_mapped,
            res.n_unmapped, res.n_taps, res.n_tokens, res.n_notes, res.run_id, out, opt.store_dir);

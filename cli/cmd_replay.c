@@ -249,7 +249,7 @@ int st_cmd_replay(int argc, char **argv) {
     checked |= rep->cells[i].bit_exact >= 0;
   }
   if (json) { /* built with jansson: the trace path and the run id (read from the trace) escaped */
-    char *metrics = malloc(8192);
+    st_buf metrics = {0};
     json_t *o = json_object(), *cells = json_array();
     json_object_set_new(o, "trace", json_string(req.trace_path));
     json_object_set_new(o, "run_id", json_string(rep->run_id));
@@ -264,11 +264,11 @@ int st_cmd_replay(int argc, char **argv) {
     if (req.needle_end > req.needle_start)
       json_object_set_new(o, "needle_tokens", json_pack("[I,I]", (json_int_t)req.needle_start,
                                                         (json_int_t)req.needle_end));
-    for (int i = 0; metrics && i < rep->n_cells; i++) {
+    for (int i = 0; i < rep->n_cells; i++) {
       const st_replay_cell *x = &rep->cells[i];
-      st_replay_metrics_json(rep, x, metrics, 8192);
+      st_buf_reset(&metrics);
+      json_t *m = st_replay_metrics_json(rep, x, &metrics) ? NULL : json_loads(metrics.data, 0, NULL);
       json_t *cell = json_object(), *settings = json_loads(x->settings_json, 0, NULL);
-      json_t *m = json_loads(metrics, 0, NULL);
       json_object_set_new(cell, "settings", settings ? settings : json_null());
       json_object_set_new(cell, "same_as_recorded", json_boolean(x->same_as_recorded));
       json_object_set_new(cell, "bit_exact", x->bit_exact < 0 ? json_null() : json_boolean(x->bit_exact));
@@ -285,7 +285,7 @@ int st_cmd_replay(int argc, char **argv) {
     json_decref(o);
     if (dumped) printf("%s\n", dumped);
     free(dumped);
-    free(metrics);
+    st_buf_free(&metrics);
   } else {
     print_table(rep, req.trace_path, req.model_dir);
     if (src) printf("\nnot stored in the index: %s\n", st_errmsg());

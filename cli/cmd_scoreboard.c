@@ -27,7 +27,8 @@ static const st_opt_use scoreboard_options[] = {
   {ST_OPT_MODEL, NULL, "the checkpoint of engine and binary targets (its tokenizer renders)"},
   {ST_OPT_TOKENIZER, NULL, "tokenizer.json to use instead (engine), or for sizes (server)"},
   {ST_OPT_MODEL_NAME, NULL, "the requests' \"model\""},
-  {ST_OPT_TIMEOUT, NULL, "server: seconds per request (default 600)"},
+  {ST_OPT_TIMEOUT, NULL, "seconds per case (default 600): a server's request, or the run of a\n"
+                         "binary: target (then killed); the case is stored as not made, with the reason"},
   {ST_OPT_RETRY_ERRORS, NULL, NULL},
   {ST_OPT_THREADS, NULL, "engine OpenMP threads, 1..1024"},
   {ST_OPT_STORE, NULL, "trace store (default ./traces)"},

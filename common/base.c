@@ -1,4 +1,4 @@
-/* base.c — status names, the per-thread error buffer, dtype names. */
+/* base.c — status names, the per-thread error buffer, dtype names, small file helpers. */
 #include "common/base.h"
 
 #include <errno.h>
@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 static _Thread_local char error_buffer[2048];
@@ -122,6 +123,26 @@ char *st_read_text_file(const char *path) {
   }
   fclose(f);
   return text;
+}
+
+st_status st_make_dirs(const char *dir) {
+  char buf[4096];
+  if (!dir[0]) return st_fail(ST_EINVAL, "cannot create a directory of an empty name");
+  if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
+    return st_fail(ST_EINVAL, "path too long: %s", dir);
+  for (char *p = buf + 1;; p++) { /* each prefix ending before a '/', then the whole path */
+    if (*p != '/' && *p != 0) continue;
+    char c = *p;
+    *p = 0;
+    struct stat sb;
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+      return st_fail(ST_EIO, "cannot create directory %s: %s", buf, strerror(errno));
+    if (stat(buf, &sb) != 0 || !S_ISDIR(sb.st_mode))
+      return st_fail(ST_EIO, "cannot create directory %s: a file of that name is in the way", buf);
+    *p = c;
+    if (!c) break;
+  }
+  return ST_OK;
 }
 
 void st_assert_fail(const char *expr, const char *file, int line) {

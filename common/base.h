@@ -88,6 +88,10 @@ const char *st_io_errno_cause(int e);
 /* The whole file as a NUL-terminated malloc'd string (caller frees), or NULL when it cannot be read. */
 char *st_read_text_file(const char *path);
 
+/* mkdir -p: creates dir and every missing folder above it (mode 0777 less the umask). ST_EINVAL
+** for an empty or over-long path; ST_EIO naming the folder that cannot be made, or that is a file. */
+st_status st_make_dirs(const char *dir);
+
 #define ST_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define ST_MAX(a, b) ((a) > (b) ? (a) : (b))
 

@@ -9,6 +9,8 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -521,20 +523,6 @@ static st_status settings_for_server(const st_harness_options *o, char *buf, siz
 
 /* ---------------------------------------------------------------- another build */
 
-/* mkdir -p: dir and the folders above it. */
-static st_status make_dirs(const char *dir) {
-  char path[4096];
-  if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) return st_fail(ST_EINVAL, "%s: path too long", dir);
-  for (char *p = path + 1;; p++) {
-    if (*p != '/' && *p) continue;
-    char c = *p;
-    *p = 0;
-    if (mkdir(path, 0755) && errno != EEXIST) return st_fail(ST_EIO, "%s: cannot create: %s", path, strerror(errno));
-    if (!(*p = c)) break;
-  }
-  return ST_OK;
-}
-
 /* The engine of another sparsetrace build: `BINARY needle sweep` for this one cell (one size,
 ** one position, one seed), its JSON read back. The other build records its run in its own store
 ** (binary_store: an older or newer build may have another index schema); this attempt row keeps
@@ -576,7 +564,7 @@ static void binary_attempt(sweep *w, st_harness_attempt *a) {
   argv[n++] = "--json";
   argv[n++] = "--quiet";
   argv[n] = NULL;
-  if (make_dirs(o->binary_store)) goto fail;
+  if (st_make_dirs(o->binary_store)) goto fail;
   if (pipe(out_pipe)) { st_fail(ST_EIO, "pipe: %s", strerror(errno)); goto fail; }
   posix_spawn_file_actions_init(&fa);
   fa_ready = 1;
@@ -588,15 +576,42 @@ static void binary_attempt(sweep *w, st_harness_attempt *a) {
   if (e) { pid = -1; st_fail(ST_EIO, "%s: cannot start it: %s", o->binary, strerror(e)); goto fail; }
   close(out_pipe[1]);
   out_pipe[1] = -1;
+  /* read its answer and wait for it, both within the case's timeout: a build that hangs is
+  ** killed and the case stored with the reason; the scoreboard goes on with the next */
+  struct timespec started;
+  clock_gettime(CLOCK_MONOTONIC, &started);
   char chunk[65536];
+  int timed_out = 0;
   for (;;) {
+    int left_ms = (int)ST_MIN((o->timeout_s - seconds_since(&started)) * 1000 + 1, 60e3);
+    if (left_ms <= 0) { timed_out = 1; break; }
+    struct pollfd pfd = {.fd = out_pipe[0], .events = POLLIN};
+    int ready = poll(&pfd, 1, left_ms);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) continue; /* the deadline is checked above */
     ssize_t got = read(out_pipe[0], chunk, sizeof chunk);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) break;
     st_buf_add(&reply, chunk, (size_t)got);
   }
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  for (;;) { /* its stdout is closed; it may still not exit */
+    pid_t r = timed_out ? 0 : waitpid(pid, &status, WNOHANG);
+    if (r == pid || (r < 0 && errno != EINTR)) break;
+    if (timed_out || seconds_since(&started) >= o->timeout_s) {
+      kill(pid, SIGKILL);
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+      timed_out = 1;
+      break;
+    }
+    struct timespec nap = {0, 10 * 1000000L};
+    nanosleep(&nap, NULL);
+  }
   pid = -1;
+  if (timed_out) {
+    st_fail(ST_ETIMEOUT, "%s needle sweep gave no answer within %g s (the case's timeout, --timeout): killed",
+            o->binary, o->timeout_s);
+    goto fail;
+  }
   if (reply.failed) { st_fail(ST_ENOMEM, "%s's answer", o->binary); goto fail; }
   json_error_t je;
   root = reply.len ? json_loadb(reply.data, reply.len, 0, &je) : NULL;

@@ -89,7 +89,8 @@ typedef struct st_harness_options {
   int max_new;                /* tokens to generate / max_tokens of the request */
   const char *store;          /* index.sqlite and the engine's traces */
   const char *tap_positions;  /* engine: positions recorded for the taps (default "last") */
-  double timeout_s;           /* server: per request (default 600) */
+  double timeout_s;           /* server: per request; another build: per attempt, then killed
+                              ** and the attempt stored with the reason (default 600) */
   const char *command_line;   /* provenance for the engine's runs */
   /* Called after each attempt (may be NULL). */
   void (*progress)(void *ctx, int done, int total, const st_harness_attempt *a);

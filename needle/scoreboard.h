@@ -18,6 +18,8 @@
 ** the distance of a wrong answer, both in one transaction; a case with a result is skipped when
 ** the scoreboard runs again, so re-running adds targets and resumes interrupted ones. A target
 ** that cannot be used, or whose every case fails, is marked 'error' with the reason, not dropped.
+** Each case is bounded by timeout_s: a server's request, or a binary's run, which is then killed
+** and the case stored as not made ("gave no answer within N s"), the next case going on.
 **
 ** Reading: st_scoreboard_read gives the matrix (view scoreboard_cells) and each target's outcome
 ** per case; st_scoreboard_compare says, per case, what a target fixed and broke against a
@@ -102,7 +104,7 @@ typedef struct st_scoreboard_run_options {
   const char *model_dir;     /* engine and binary targets */
   const char *tokenizer_dir; /* NULL: the model's */
   const char *model_name;    /* the requests' "model" (NULL: the harness's default) */
-  double timeout_s;          /* server: per request */
+  double timeout_s;          /* per case: a server's request, a binary's run (0: 600 s) */
   int retry_errors;          /* 1: run again the cases whose attempt failed */
   const char *command_line;  /* provenance of the engine's runs */
   /* after each case (may be NULL); distance -1 when the attempt failed */

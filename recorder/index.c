@@ -164,26 +164,6 @@ st_status st_index_migrate(sqlite3 *db, const char *origin, const st_index_migra
 
 /* ---------------------------------------------------------------- open / close */
 
-static st_status make_dirs(const char *dir) {
-  char buf[4096];
-  if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
-    return st_fail(ST_EINVAL, "path too long: %s", dir);
-  for (char *p = buf + 1;; p++) {
-    if (*p == '/' || *p == 0) {
-      char c = *p;
-      *p = 0;
-      if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-        return st_fail(ST_EIO, "cannot create directory %s: %s", buf, strerror(errno));
-      struct stat sb;
-      if (stat(buf, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return st_fail(ST_EIO, "cannot create directory %s: a file of that name is in the way", buf);
-      *p = c;
-      if (!c) break;
-    }
-  }
-  return ST_OK;
-}
-
 /* Refuses databases that belong to something else. */
 static st_status check_identity(st_index *ix) {
   /* One statement, hence one read transaction: a concurrent migration is seen whole or not. */
@@ -307,7 +287,7 @@ st_status st_index_open(const char *store_dir, st_index_mode mode, st_index **ou
     flags |= SQLITE_OPEN_READONLY;
     immutable = store_is_read_only(store_dir, ix->path);
   } else {
-    if ((st = make_dirs(store_dir))) goto fail;
+    if ((st = st_make_dirs(store_dir))) goto fail;
     flags |= SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
   }
   int rc;

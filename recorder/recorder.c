@@ -82,26 +82,6 @@ static char *dup_or_null(const char *s, int *failed) {
   return d;
 }
 
-/* Creates every missing directory of dir (mkdir -p). */
-static st_status make_dirs(const char *dir) {
-  char buf[PATH_MAX];
-  if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
-    return st_fail(ST_EINVAL, "path too long: %s", dir);
-  for (char *p = buf + 1;; p++) {
-    if (*p != '/' && *p != 0) continue;
-    char c = *p;
-    *p = 0;
-    struct stat sb;
-    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-      return st_fail(ST_EIO, "cannot create directory %s: %s", buf, strerror(errno));
-    if (stat(buf, &sb) != 0 || !S_ISDIR(sb.st_mode))
-      return st_fail(ST_EIO, "cannot create directory %s: a file of that name is in the way", buf);
-    *p = c;
-    if (!c) break;
-  }
-  return ST_OK;
-}
-
 static st_status make_parent_dirs(const char *path) {
   const char *slash = strrchr(path, '/');
   if (!slash || slash == path) return ST_OK;
@@ -110,7 +90,7 @@ static st_status make_parent_dirs(const char *path) {
   if (n >= sizeof dir) return st_fail(ST_EINVAL, "path too long: %s", path);
   memcpy(dir, path, n);
   dir[n] = 0;
-  return make_dirs(dir);
+  return st_make_dirs(dir);
 }
 
 /* Parses the positions spec into [lo, hi). */
@@ -261,7 +241,7 @@ const st_tap_sink *st_recorder_sink(st_recorder *r) { return &r->sink; }
 
 st_status st_recorder_check_target(const char *h5_path, const char *store_dir, int force) {
   st_status st;
-  if (store_dir && (st = make_dirs(store_dir)))
+  if (store_dir && (st = st_make_dirs(store_dir)))
     return st_fail_context(st, "trace store %s: ", store_dir);
   if ((st = make_parent_dirs(h5_path))) return st_fail_context(st, "recording trace %s: ", h5_path);
   struct stat sb;

@@ -157,7 +157,8 @@ static st_status build_cells(const st_replay_request *req, const st_settings *ba
         free(cells);
         return st_fail_context(rc, "--sweep: ");
       }
-      len += snprintf(cells[c].label + len, sizeof cells[c].label - (size_t)len, "%s%s", len ? " " : "", kv);
+      len += snprintf(cells[c].label + len, sizeof cells[c].label > (size_t)len ? sizeof cells[c].label - (size_t)len : 0,
+                      "%s%s", len ? " " : "", kv);
     }
     if (!req->n_sweeps && !req->n_sets) snprintf(cells[c].label, sizeof cells[c].label, "recorded");
     for (int k = 0; !req->n_sweeps && k < req->n_sets; k++) /* the --set values name the cell */

@@ -8,7 +8,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/buf.h"
 #include "common/build_info.h"
+#include "engine/text/pyjson.h"
 #include "recorder/index.h"
 #include "recorder/recorder.h"
 #include "needle.h"
@@ -72,41 +74,49 @@ static int insert_verdicts(sqlite3_stmt *st, int64_t needle_id, const char *run_
   return SQLITE_OK;
 }
 
-int st_replay_metrics_json(const st_replay_report *r, const st_replay_cell *c, char *buf, size_t size) {
-  int n = snprintf(buf, size, "{\"label\":\"%s\",\"seconds\":%.4f", c->label, c->seconds);
-#define ADD(...) n += snprintf(buf + n, size > (size_t)n ? size - (size_t)n : 0, __VA_ARGS__)
+st_status st_replay_metrics_json(const st_replay_report *r, const st_replay_cell *c, st_buf *out) {
+  st_buf *b = out;
+  st_buf_str(b, "{\"label\":"); /* the sweep or --set text as the user wrote it: escaped */
+  st_pyjson_string(b, c->label, strlen(c->label), 0);
+  st_buf_printf(b, ",\"seconds\":%.4f", c->seconds);
   if (c->has_topk)
-    ADD(",\"topk_rows\":%lld,\"topk_identical_rows\":%lld,\"topk_jaccard_mean\":%.6f,"
-        "\"topk_jaccard_min\":%.6f,\"topk_overlap_mean\":%.6f", (long long)c->topk_rows,
-        (long long)c->topk_identical_rows, c->topk_jaccard_mean, c->topk_jaccard_min, c->topk_overlap_mean);
+    st_buf_printf(b, ",\"topk_rows\":%lld,\"topk_identical_rows\":%lld,\"topk_jaccard_mean\":%.6f,"
+                  "\"topk_jaccard_min\":%.6f,\"topk_overlap_mean\":%.6f", (long long)c->topk_rows,
+                  (long long)c->topk_identical_rows, c->topk_jaccard_mean, c->topk_jaccard_min,
+                  c->topk_overlap_mean);
   if (c->has_scores)
-    ADD(",\"score_difference\":%.9g,\"score_cosine\":%.9g,\"score_max_abs\":%.9g,"
-        "\"score_max_abs_at\":[%lld,%lld],\"score_mask_mismatch\":%lld", c->score_difference,
-        c->score_cosine, c->score_max_abs, (long long)c->score_max_abs_position,
-        (long long)c->score_max_abs_row, (long long)c->score_mask_mismatch);
-  if (c->has_output)
-    ADD(",\"output_tap\":\"%s\",\"output_difference\":%.9g,\"output_cosine\":%.9g,\"output_max_abs\":%.9g",
-        c->output_tap, c->output_difference, c->output_cosine, c->output_max_abs);
+    st_buf_printf(b, ",\"score_difference\":%.9g,\"score_cosine\":%.9g,\"score_max_abs\":%.9g,"
+                  "\"score_max_abs_at\":[%lld,%lld],\"score_mask_mismatch\":%lld", c->score_difference,
+                  c->score_cosine, c->score_max_abs, (long long)c->score_max_abs_position,
+                  (long long)c->score_max_abs_row, (long long)c->score_mask_mismatch);
+  if (c->has_output) {
+    st_buf_str(b, ",\"output_tap\":"); /* a dataset name read from the trace: escaped */
+    st_pyjson_string(b, c->output_tap, strlen(c->output_tap), 0);
+    st_buf_printf(b, ",\"output_difference\":%.9g,\"output_cosine\":%.9g,\"output_max_abs\":%.9g",
+                  c->output_difference, c->output_cosine, c->output_max_abs);
+  }
   if (c->has_logits)
-    ADD(",\"logits_positions\":%lld,\"kl_mean\":%.9g,\"kl_max\":%.9g,\"greedy_agreement\":%.6f",
-        (long long)c->logits_positions, c->kl_mean, c->kl_max, c->greedy_agreement);
+    st_buf_printf(b, ",\"logits_positions\":%lld,\"kl_mean\":%.9g,\"kl_max\":%.9g,\"greedy_agreement\":%.6f",
+                  (long long)c->logits_positions, c->kl_mean, c->kl_max, c->greedy_agreement);
   if (c->n_continuation) {
-    ADD(",\"continuation\":[");
-    for (int i = 0; i < c->n_continuation; i++) ADD("%s%d", i ? "," : "", c->continuation[i]);
-    ADD("]");
-    if (c->continuation_has_needle >= 0) ADD(",\"continuation_has_needle\":%s", c->continuation_has_needle ? "true" : "false");
+    st_buf_str(b, ",\"continuation\":[");
+    for (int i = 0; i < c->n_continuation; i++) st_buf_printf(b, "%s%d", i ? "," : "", c->continuation[i]);
+    st_buf_str(b, "]");
+    if (c->continuation_has_needle >= 0)
+      st_buf_printf(b, ",\"continuation_has_needle\":%s", c->continuation_has_needle ? "true" : "false");
   }
   if (c->verdicts && r->needle_end > r->needle_start) { /* the needle verdict (needle.h) */
     st_needle_judgement j = st_needle_judge_cell(r, c);
-    ADD(",\"needle\":{\"answer_positions\":[%lld,%lld],\"positions\":%d,\"kept\":%d,\"retrieves\":%s,"
-        "\"best_rank\":%lld,\"worst_rank\":%lld,\"topk\":%d,\"recorded_positions\":%lld,"
-        "\"recorded_positions_kept\":%lld}", (long long)j.answer_first, (long long)j.answer_end, j.positions,
-        j.kept, j.retrieves < 0 ? "null" : j.retrieves ? "true" : "false", (long long)j.best_rank,
-        (long long)j.worst_rank, j.topk, (long long)c->n_verdicts, (long long)c->needle_positions_in_topk);
+    st_buf_printf(b, ",\"needle\":{\"answer_positions\":[%lld,%lld],\"positions\":%d,\"kept\":%d,"
+                  "\"retrieves\":%s,\"best_rank\":%lld,\"worst_rank\":%lld,\"topk\":%d,"
+                  "\"recorded_positions\":%lld,\"recorded_positions_kept\":%lld}",
+                  (long long)j.answer_first, (long long)j.answer_end, j.positions, j.kept,
+                  j.retrieves < 0 ? "null" : j.retrieves ? "true" : "false", (long long)j.best_rank,
+                  (long long)j.worst_rank, j.topk, (long long)c->n_verdicts,
+                  (long long)c->needle_positions_in_topk);
   }
-  ADD("}");
-#undef ADD
-  return n;
+  st_buf_str(b, "}");
+  return st_buf_status(b, "a replay cell's metrics");
 }
 
 st_status st_replay_store(const char *store_dir, const st_replay_report *r, const char *command_line,
@@ -156,19 +166,20 @@ st_status st_replay_store(const char *store_dir, const st_replay_report *r, cons
     sqlite3_finalize(ins_replay);
     goto sql_error;
   }
-  char metrics[4096];
+  st_buf metrics = {0};
   for (int c = 0; c < r->n_cells && !rc; c++) {
     const st_replay_cell *cell = &r->cells[c];
     st_run_meta id = {0};
     st_run_id_new(&id);
-    st_replay_metrics_json(r, cell, metrics, sizeof metrics);
+    st_buf_reset(&metrics);
+    if ((rc = st_replay_metrics_json(r, cell, &metrics))) break;
     sqlite3_reset(ins_replay);
     sqlite3_bind_text(ins_replay, 1, id.run_id, -1, SQLITE_TRANSIENT);
     sqlite3_bind_text(ins_replay, 2, r->run_id, -1, SQLITE_STATIC);
     sqlite3_bind_int(ins_replay, 3, r->layer);
     sqlite3_bind_text(ins_replay, 4, st_replay_stage_name(r->stage), -1, SQLITE_STATIC);
     sqlite3_bind_text(ins_replay, 5, cell->settings_json, -1, SQLITE_STATIC);
-    sqlite3_bind_text(ins_replay, 6, metrics, -1, SQLITE_STATIC);
+    sqlite3_bind_text(ins_replay, 6, metrics.data, (int)metrics.len, SQLITE_STATIC);
     if (cell->bit_exact >= 0) sqlite3_bind_int(ins_replay, 7, cell->bit_exact);
     else sqlite3_bind_null(ins_replay, 7);
     sqlite3_bind_int64(ins_replay, 8, build_id);
@@ -179,6 +190,7 @@ st_status st_replay_store(const char *store_dir, const st_replay_report *r, cons
     if (needle_id >= 0 && insert_verdicts(ins_verdict, needle_id, r->run_id, id.run_id, r->layer, cell) != SQLITE_OK)
       rc = st_fail(ST_ESQLITE, "storing a needle verdict: %s", sqlite3_errmsg(db));
   }
+  st_buf_free(&metrics);
   sqlite3_finalize(ins_replay);
   sqlite3_finalize(ins_verdict);
   if (rc) goto rollback;

@@ -5,10 +5,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/buf.h"
 #include "replay.h"
 
-/* Writes one JSON object of a cell's metrics; returns its length (as snprintf). */
-int st_replay_metrics_json(const st_replay_report *r, const st_replay_cell *c, char *buf, size_t size);
+/* Appends one JSON object of a cell's metrics to out (its label and output tap escaped); ST_OK,
+** or ST_ENOMEM with the message set when the buffer could not grow. */
+st_status st_replay_metrics_json(const st_replay_report *r, const st_replay_cell *c, st_buf *out);
 
 /* Stores every cell as a `replays` row and its needle verdicts, in one transaction. *stored = 0
 ** (and ST_OK) when the replayed run is not in this store's index. */

@@ -272,10 +272,12 @@ static st_status resolve_scoreboard(report_ctx *c, const char *target) {
 
 static void section_identity(report_ctx *c, report_run *r, int index) {
   st_buf *b = c->out;
-  char id[32], title[600];
+  char id[32];
+  st_buf title = {0}; /* a trace path may be as long as the system allows: never cut */
   snprintf(id, sizeof id, "run-%d", index);
-  snprintf(title, sizeof title, "Run %s", r->run_id[0] ? r->run_id : r->trace_path);
-  st_html_section_begin(b, id, title);
+  st_buf_printf(&title, "Run %s", r->run_id[0] ? r->run_id : r->trace_path);
+  st_html_section_begin(b, id, title.data ? title.data : "Run");
+  st_buf_free(&title);
   const char *revision = st_trace_attr(r->trace, "build_revision"), *compiler = st_trace_attr(r->trace, "compiler"),
              *build_type = st_trace_attr(r->trace, "build_type");
   char build[512], tokens[128], needle[1400] = "", threads[32] = "";

@@ -158,6 +158,15 @@ def hf_checks():
     notes = json.loads(f.attrs["import_notes"])
     check(imp["format"] == "hf" and imp["source"].get("source_engine") == "transformers", f"hf import attribute {imp}")
     check(any("converted from bfloat16" in n for n in notes["taps"].get("layers.1.attn.x", [])), f"hf note bf16 {notes}")
+    # --json is built by the JSON library: a trace path with quotes stays one string
+    h5q = os.path.join(WORK, 'q",\"injected\":true,\"x\":\".h5')
+    rc, out, err = run("import", "hf", d, "--model", MODEL, "--out", h5q, "--store", os.path.join(WORK, "store_q"), "--json")
+    try:
+        res = json.loads(out)
+    except ValueError:
+        res = {}
+    check(rc == 0 and res.get("trace") == h5q and "injected" not in res and res.get("taps", 0) > 0,
+          f"import --json with a quoted trace path: rc {rc} {out!r} {err.strip()}")
     check(any("as a set" in n for n in notes["taps"].get("layers.1.indexer.topk", [])), "hf note topk")
     check("never_mapped_tensor" in notes["unmapped"], "hf unmapped listed")
     rc, out, err = run("inspect", h5)

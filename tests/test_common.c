@@ -1,13 +1,16 @@
 /*
 ** test_common.c — common/: st_buf (growth, the NUL, the maximum, the sticky failure state, take
-** and reset) and the status names of common/base.h.
+** and reset), the status names of common/base.h and st_make_dirs (checked with stat(2)).
 */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -93,6 +96,41 @@ static void test_status_names(void **state) {
   assert_string_equal(st_strerror(ST_ETOOBIG), "too large");
 }
 
+static int is_dir(const char *path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static void test_make_dirs(void **state) {
+  char root[] = "/tmp/st_test_common.XXXXXX", path[256], file[256];
+  assert_non_null(mkdtemp(root));
+  snprintf(path, sizeof path, "%s/a/b//c/", root); /* a doubled and a trailing slash */
+  assert_int_equal(st_make_dirs(path), ST_OK);
+  snprintf(path, sizeof path, "%s/a/b/c", root);
+  assert_true(is_dir(path));
+  assert_int_equal(st_make_dirs(path), ST_OK); /* there already: nothing to do */
+  snprintf(file, sizeof file, "%s/a/f", root);
+  FILE *f = fopen(file, "w");
+  assert_non_null(f);
+  fclose(f);
+  snprintf(path, sizeof path, "%s/a/f/g", root);
+  assert_int_equal(st_make_dirs(path), ST_EIO);
+  assert_non_null(strstr(st_errmsg(), file)); /* names the file in the way */
+  assert_non_null(strstr(st_errmsg(), "in the way"));
+  assert_int_equal(st_make_dirs(""), ST_EINVAL);
+  char long_path[5000];
+  memset(long_path, 'x', sizeof long_path - 1);
+  long_path[sizeof long_path - 1] = 0;
+  assert_int_equal(st_make_dirs(long_path), ST_EINVAL);
+  unlink(file);
+  const char *const dirs[] = {"a/b/c", "a/b", "a"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(path, sizeof path, "%s/%s", root, dirs[i]);
+    rmdir(path);
+  }
+  assert_int_equal(rmdir(root), 0); /* nothing else was made */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_buf_grows_and_stays_terminated),
@@ -100,6 +138,7 @@ int main(void) {
     cmocka_unit_test(test_buf_overflowing_length_fails),
     cmocka_unit_test(test_buf_take),
     cmocka_unit_test(test_status_names),
+    cmocka_unit_test(test_make_dirs),
   };
   return cmocka_run_group_tests_name("common", tests, NULL, NULL);
 }

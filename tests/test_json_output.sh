@@ -26,6 +26,32 @@ assert o["trace"] == sys.argv[2] and "injected" not in o, o
 assert isinstance(o["cells"], list) and len(o["cells"]) == 2 and all(isinstance(c["metrics"], dict) for c in o["cells"])
 assert isinstance(o["recorded_settings"], dict) and isinstance(o["positions"], int)
 PY
+# a --sweep value the settings parser accepts (strtol skips leading blanks: "topk=<tab>4") names
+# its cell as written: the label is escaped in --json and in the stored metrics
+label=$'topk=\t4'
+out=$("$st" replay --trace "$trace" --model "$model" --layer 1 --store "$work/s" --sweep "$label,32" --json 2>/dev/null)
+/usr/bin/python3 - "$out" "$label" <<'PY' && ok "replay --json: a sweep label with a tab is one string" || bad "replay --json label: $out"
+import json, sys
+o = json.loads(sys.argv[1])
+assert [c["metrics"]["label"] for c in o["cells"]] == [sys.argv[2], "topk=32"], o["cells"]
+PY
+"$st" query --json "SELECT metrics FROM replays" --store "$work/s" 2>/dev/null >"$work/metrics.json"
+/usr/bin/python3 - "$work/metrics.json" "$label" <<'PY' && ok "replays.metrics: every stored row is JSON, the label as given" || bad "replays.metrics: $(head -c 600 "$work/metrics.json")"
+import json, sys
+rows = json.load(open(sys.argv[1]))
+labels = [json.loads(r["metrics"])["label"] for r in rows]
+assert sys.argv[2] in labels and len(labels) == 4, labels
+PY
+# sweep keys whose assignments together pass the label's 255 bytes: the label is cut there (it
+# overran its buffer from the fourth key on; the ASan build caught it)
+theta=compress_rope_theta=1000000.$(printf '0%.0s' $(seq 50))
+out=$("$st" replay --trace "$trace" --model "$model" --layer 1 --store "$work/s2" --sweep "$theta" --sweep "$theta" \
+      --sweep "$theta" --sweep "$theta" --sweep "$theta" --json 2>/dev/null)
+/usr/bin/python3 - "$out" "$theta" <<'PY' && ok "replay: a label longer than its buffer is cut, not overrun" || bad "replay long label: $out"
+import json, sys
+label = json.loads(sys.argv[1])["cells"][0]["metrics"]["label"]
+assert len(label) == 255 and " ".join([sys.argv[2]] * 5).startswith(label), label
+PY
 for cmd in taps settings; do
   "$st" $cmd --json | /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); assert isinstance(d, list) and d and all("name" in x and "doc" in x for x in d)' \
     && ok "$cmd --json parses" || bad "$cmd --json"

@@ -141,6 +141,23 @@ check_error "a file that is not a trace" "junk.h5" "$work/junk.h5"
 if $st report --store "$store" "$store/none.h5" --good rotate=none -o "$work/bad.html" 2>/dev/null; [ $? -eq 2 ]; then
   ok "--good without --bad is a usage error"; else bad "--good without --bad"; fi
 
+# ---------------------------------------------------------------- a run known by its path alone
+# a trace with no run id, in no index, under a path of 800 bytes: the section is titled with the
+# whole path (the title was cut at 600 bytes)
+long=$work/$($py -c 'print("/".join(["p" * 200] * 4))')
+mkdir -p "$long"
+cp "$store/none.h5" "$long/t.h5"
+$py -c 'import h5py, sys; del h5py.File(sys.argv[1], "r+").attrs["run_id"]' "$long/t.h5"
+mkdir -p "$work/empty-store"
+if $st report --store "$work/empty-store" "$long/t.h5" -o "$work/long.html" 2>"$work/long.err" &&
+   $py - "$work/long.html" "$long/t.h5" <<'PY'
+import html, re, sys
+page, path = open(sys.argv[1]).read(), sys.argv[2]
+titles = [html.unescape(t) for t in re.findall(r"<h2[^>]*>([^<]*)</h2>", page)]
+assert "Run " + path in titles, [t[:80] + "..." + t[-40:] for t in titles]
+PY
+then ok "a run known by its ${#long}-byte path is titled with all of it"; else bad "long path title: $(cat "$work/long.err")"; fi
+
 # ---------------------------------------------------------------- screenshots
 shots=${ST_BUILD_DIR:-$work}/report-screenshots
 mkdir -p "$shots"

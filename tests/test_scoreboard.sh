@@ -14,7 +14,11 @@ src=${ST_SOURCE_DIR:-$data/../..}
 py=/usr/bin/python3
 work=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$work"; }
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  [ -s "$work/hung.pid" ] && kill "$(cat "$work/hung.pid")" 2>/dev/null
+  rm -rf "$work"
+}
 trap cleanup EXIT
 failures=0
 ok() { echo "ok: $1"; }
@@ -53,6 +57,8 @@ cat >"$work/corpora.json" <<'EOF'
    "seeds": [1], "formats": ["openai-chat"]},
   {"name": "engine", "version": 1, "kinds": ["path"], "tokens": [300, 400], "positions": [0.3, 0.7],
    "seeds": [1, 2], "formats": ["openai-chat"], "max_new_tokens": 6},
+  {"name": "hang", "version": 1, "kinds": ["path"], "tokens": [300], "positions": [0.3],
+   "seeds": [1, 2, 3], "formats": ["openai-chat"], "max_new_tokens": 6},
   {"name": "bad", "version": 1, "kinds": ["path", "needle"], "tokens": [1024], "positions": [0.2],
    "seeds": [1], "formats": ["openai-chat"]}
 ]}
@@ -350,6 +356,39 @@ assert st["nobackend"][0] == "error" and "unknown backend 'nope'" in st["nobacke
 assert st["nofile"][0] == "error" and "no-such-sparsetrace" in st["nofile"][1], st
 text = open(f"{work}/b.txt").read()
 assert "nobackend" in text and "error: unknown backend" in text and "nofile" in text, text
+PY
+
+# ---------------------------------------------------------------- a binary that hangs: per-case timeout
+# "another build" that hangs on the case of seed 2 (it writes its pid, then sleeps as that pid)
+# and on the others answers at once, as needle sweep --json does (an attempt row whose answer
+# holds the expected value): that case is killed at --timeout and stored failed with the
+# reason, the cases before and after it pass, the scoreboard returns
+cat >"$work/hangs-once" <<EOF
+#!/usr/bin/env bash
+case " \$* " in *" --first-seed 2 "*) echo \$\$ >"$work/hung.pid"; exec sleep 300 ;; esac
+echo '{"attempt_rows": [{"needle": "Code: 4411", "expected": "4411", "answer": "It is 4411."}]}'
+EOF
+chmod +x "$work/hangs-once"
+t0=$(date +%s)
+$st scoreboard --corpus-file "$work/corpora.json" --corpus hang --model "$tiny" --store "$work/h" --threads 1 --quiet \
+  --timeout 3 --target hung=binary:$work/hangs-once >"$work/h.txt" 2>"$work/h.err"
+rc=$? t1=$(date +%s)
+cat "$work/h.txt"
+check "a hung case: the scoreboard returns (exit 1, a case not made) within its timeout and the others" \
+  test $rc -eq 1 -a $((t1 - t0)) -lt 60
+check "the hung build was killed" bash -c "! kill -0 \$(cat '$work/hung.pid') 2>/dev/null"
+check "the hung case is stored failed with the timeout as its reason, the others answered" $py - "$work" <<'PY'
+import sqlite3, sys
+db = sqlite3.connect(f"{sys.argv[1]}/h/index.sqlite")
+rows = {seed: (error, answer, passed) for seed, error, answer, passed in db.execute(
+    "SELECT a.seed, a.error, a.answer, a.pass FROM scoreboard_results r JOIN needle_attempts a USING (attempt_id) "
+    "WHERE r.label = 'hung'")}
+assert sorted(rows) == [1, 2, 3], rows
+err, answer, passed = rows[2]
+assert answer is None and passed == 0 and "hangs-once needle sweep gave no answer within 3 s" in err and "--timeout" in err, rows[2]
+assert all(rows[s] == (None, "It is 4411.", 1) for s in (1, 3)), rows
+status = db.execute("SELECT status FROM scoreboard_targets WHERE label = 'hung'").fetchone()[0]
+assert status == "complete", status  # every case has its row; the failed one counts as '*'
 PY
 
 # ---------------------------------------------------------------- sparsetrace serve as a server target

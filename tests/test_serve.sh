@@ -231,12 +231,39 @@ b, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 assert r["generated"] == b["choices"][0]["token_ids"], (r, b)' "$T/chat.body" "$T/rerun_via.json"
 
 # ---- a client that leaves mid-stream cancels its generation ----------------------------------------
-# (a prompt of ~1,800 tokens and 400 tokens asked: the client is gone after 0.5 s, after the
-# stream's head, long before the answer could end: its length cannot win the race)
+# The client leaves at a fixed point of the exchange, not of the clock: once it has read the
+# stream's first event (the role chunk, sent before prefill) it closes the connection. The server
+# is then still in the prefill of a ~1,800-token prompt with 400 tokens asked, so however fast the
+# build, it finds the client gone before it could answer.
 mid=$($PY -c 'print(" ".join("w%d" % i for i in range(900)))')
-curl -sN --max-time 0.5 -o "$T/gone.body" -D "$T/gone.head" -H 'content-type: application/json' \
-  -d "{\"model\":\"x\",\"max_tokens\":400,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"$mid $Q\"}]}" "$URL/v1/chat/completions"
+$PY - "$URL" "$mid $Q" "$T/gone.head" "$T/gone.body" <<'PY'
+import http.client, json, socket, sys, urllib.parse
+url, content, head_path, body_path = sys.argv[1:]
+u = urllib.parse.urlsplit(url)
+c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+c.request("POST", "/v1/chat/completions", json.dumps({"model": "x", "max_tokens": 400, "stream": True,
+          "messages": [{"role": "user", "content": content}]}), {"content-type": "application/json"})
+r = c.getresponse()
+with open(head_path, "w") as f:
+    f.write("".join("%s: %s\r\n" % kv for kv in r.getheaders()))
+event = []
+while True:  # one event: lines up to the blank line that ends it
+    line = r.readline().decode()
+    if not line or (line.strip() == "" and event):
+        break
+    if line.strip():
+        event.append(line.strip())
+open(body_path, "w").write("\n".join(event) + "\n")
+c.sock.shutdown(socket.SHUT_RDWR)  # gone, after exactly one event (the FIN goes now)
+r.close()
+c.close()
+PY
 rid_gone=$(grep -i '^x-sparsetrace-request-id: ' "$T/gone.head" | cut -d' ' -f2 | tr -d '\r')
+check "the leaving client read one event, the role chunk" $PY -c '
+import json, sys
+lines = open(sys.argv[1]).read().split("\n")
+assert lines[0].startswith("data: ") and lines[1] == "", lines
+assert json.loads(lines[0][6:])["choices"][0]["delta"]["role"] == "assistant", lines' "$T/gone.body"
 # the row and the free engine follow the client's leaving within a chunk of prefill: up to a
 # minute on a sanitizer build of a busy machine (seen in CI: 5 s was not enough)
 for _ in $(seq 600); do

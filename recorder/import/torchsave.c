@@ -23,6 +23,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/buf.h"
+#include "engine/text/pyjson.h"
+
 #define MAX_PICKLE_BYTES ((uint64_t)1 << 30)   /* data.pkl of a dump is kilobytes */
 #define MAX_CD_BYTES ((uint64_t)1 << 28)
 #define MAX_STACK (1 << 20)
@@ -933,15 +936,14 @@ typedef struct json_walk {
   long budget; /* nodes left: shared objects may make a small pickle a huge tree */
 } json_walk;
 
-static void json_string(FILE *f, const char *s, size_t len) {
-  fputc('"', f);
-  for (size_t i = 0; i < len; i++) {
-    unsigned char c = (unsigned char)s[i];
-    if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-    else if (c < 0x20) fprintf(f, "\\u%04x", c);
-    else fputc(c, f);
-  }
-  fputc('"', f);
+/* One JSON string literal, written by the project's one JSON string writer (pyjson.c). */
+static st_status show_string(FILE *f, const char *s, size_t len) {
+  st_buf b = {0};
+  st_pyjson_string(&b, s, len, 0);
+  st_status rc = st_buf_status(&b, "a string to show");
+  if (!rc) fwrite(b.data, 1, b.len, f);
+  st_buf_free(&b);
+  return rc;
 }
 
 static st_status json_value(json_walk *w, const st_py *o, int depth) {
@@ -954,7 +956,7 @@ static st_status json_value(json_walk *w, const st_py *o, int depth) {
   case ST_PY_BOOL: fputs(o->i ? "true" : "false", f); break;
   case ST_PY_INT: fprintf(f, "%lld", (long long)o->i); break;
   case ST_PY_FLOAT: fprintf(f, "{\"float\": \"%.17g\"}", o->f); break;
-  case ST_PY_STR: json_string(f, o->s, o->len); break;
+  case ST_PY_STR: rc = show_string(f, o->s, o->len); break;
   case ST_PY_LIST:
   case ST_PY_TUPLE:
     fputs(o->kind == ST_PY_TUPLE ? "{\"tuple\": [" : "[", f);
@@ -983,7 +985,7 @@ static st_status json_value(json_walk *w, const st_py *o, int depth) {
     fputs("], \"stride\": [", f);
     for (int d = 0; d < t->ndim; d++) fprintf(f, "%s%lld", d ? ", " : "", (long long)t->stride[d]);
     fprintf(f, "], \"storage_offset\": %lld, \"storage\": ", (long long)t->storage_offset);
-    json_string(f, t->storage_key, strlen(t->storage_key));
+    if ((rc = show_string(f, t->storage_key, strlen(t->storage_key)))) break;
     fprintf(f, ", \"is_parameter\": %s, \"requires_grad\": %s, \"hex\": \"", t->is_parameter ? "true" : "false",
             t->requires_grad ? "true" : "false");
     size_t bytes = (size_t)t->numel * t->elem_size;
@@ -999,7 +1001,11 @@ static st_status json_value(json_walk *w, const st_py *o, int depth) {
   case ST_PY_GLOBAL:
     fprintf(f, "{\"global\": \"%s.%s\"}", globals[o->global_id].module, globals[o->global_id].name);
     break;
-  case ST_PY_STORAGE: fputs("{\"storage\": ", f); json_string(f, o->s, strlen(o->s)); fputc('}', f); break;
+  case ST_PY_STORAGE:
+    fputs("{\"storage\": ", f);
+    rc = show_string(f, o->s, strlen(o->s));
+    fputc('}', f);
+    break;
   }
   return rc;
 }
