@@ -341,12 +341,20 @@ struct tc_tiles {
 /* Writes a staged step into the shared tiles; returns bit 0: a mid piece is non-zero, bit 1: a lo
 ** piece is. */
 template <int KIND>
-static __device__ __forceinline__ int tc_store(tc_tiles *t, const tc_stage *st) {
+static __device__ __forceinline__ int tc_store(tc_tiles *t, const tc_stage *st, const float *lut) {
   int tid = threadIdx.x, nz = 0;
 #pragma unroll
   for (int q = 0; q < 4; q++) {
     int e = tid + 256 * q, m = e >> 3, kc = (e & 7) * 4;
     const float v[4] = {st->a[q].x, st->a[q].y, st->a[q].z, st->a[q].w};
+    uint32_t u[4] = {st_lowp_f32_bits(v[0]), st_lowp_f32_bits(v[1]), st_lowp_f32_bits(v[2]),
+                     st_lowp_f32_bits(v[3])};
+    if (!((u[0] | u[1] | u[2] | u[3]) & 0xffffu)) { /* bf16 values already: mid and lo are 0 */
+      *(uint2 *)&t->a[0][m][kc] = make_uint2(__byte_perm(u[0], u[1], 0x7632), __byte_perm(u[2], u[3], 0x7632));
+      *(uint2 *)&t->a[1][m][kc] = make_uint2(0, 0);
+      *(uint2 *)&t->a[2][m][kc] = make_uint2(0, 0);
+      continue;
+    }
     uint32_t h[4], md[4], l[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) split3(v[j], &h[j], &md[j], &l[j]);
@@ -370,11 +378,11 @@ static __device__ __forceinline__ int tc_store(tc_tiles *t, const tc_stage *st) 
     for (int j = 0; j < 8; j++) {
       float v0, v1;
       if (KIND == TC_FP8) {
-        v0 = st_fp8_e4m3fn_to_f32(bytes[2 * j]);
-        v1 = st_fp8_e4m3fn_to_f32(bytes[2 * j + 1]);
+        v0 = lut[bytes[2 * j]];
+        v1 = lut[bytes[2 * j + 1]];
       } else {
-        v0 = st_fp4_e2m1_to_f32(bytes[j] & 0xf);
-        v1 = st_fp4_e2m1_to_f32(bytes[j] >> 4);
+        v0 = lut[bytes[j] & 0xf];
+        v1 = lut[bytes[j] >> 4];
       }
       out[j] = bf16_bits(v0 * st->scale) | bf16_bits(v1 * st->scale) << 16;
     }
@@ -390,7 +398,11 @@ static __device__ __forceinline__ void tc_tile(float *y, int64_t ldy, const gemm
                                                const st_weight &w, int64_t wrow0, int mrows,
                                                int o0, int r, int c, int round_out) {
   __shared__ __align__(16) tc_tiles t;
+  __shared__ float lut[256]; /* the weight format's code values (lowp.h's decoding) */
   int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
+  if (KIND == TC_FP8) lut[tid] = st_fp8_e4m3fn_to_f32((uint8_t)tid);
+  if (KIND == TC_FP4 && tid < 16) lut[tid] = st_fp4_e2m1_to_f32((uint8_t)tid);
+  __syncthreads();
   const float *arow[4]; /* rows (tid + 256 q) / 8 */
 #pragma unroll
   for (int q = 0; q < 4; q++) {
@@ -407,7 +419,7 @@ static __device__ __forceinline__ void tc_tile(float *y, int64_t ldy, const gemm
   tc_stage st;
   tc_load<KIND>(&st, arow, w, wrow0, o0, r, 0);
   for (int k0 = 0; k0 < c; k0 += TK) {
-    int nz = tc_store<KIND>(&t, &st);
+    int nz = tc_store<KIND>(&t, &st, lut);
     int need_mid = __syncthreads_or(nz & 1), need_lo = __syncthreads_or(nz & 2);
     if (k0 + TK < c) tc_load<KIND>(&st, arow, w, wrow0, o0, r, k0 + TK);
 #pragma unroll
@@ -1268,15 +1280,26 @@ static __device__ __forceinline__ int piece_bits(float v) {
 
 /* Stages candidate rows c0 .. c0 + rows of the token (zero where -1 or past width); returns the
 ** block's piece bits. */
+#define ATC_BATCH 8 /* loads a thread has in flight while staging */
+
 static __device__ int atc_stage(float *kvt, const float *kv, const int32_t *ci, int c0, int rows,
                                 int width, int d) {
-  int bits = 0, per_row = d / 4;
-  for (int e = threadIdx.x; e < rows * per_row; e += 256) {
-    int r = e / per_row, k = (e % per_row) * 4;
-    int32_t row = c0 + r < width ? ci[c0 + r] : -1;
-    float4 v = row >= 0 ? *(const float4 *)(kv + (int64_t)row * d + k) : make_float4(0, 0, 0, 0);
-    *(float4 *)(kvt + r * ATC_KLD(d) + k) = v;
-    bits |= piece_bits(v.x) | piece_bits(v.y) | piece_bits(v.z) | piece_bits(v.w);
+  int bits = 0, per_row = d / 4, total = rows * per_row;
+  for (int e0 = threadIdx.x; e0 < total; e0 += 256 * ATC_BATCH) {
+    float4 v[ATC_BATCH];
+#pragma unroll
+    for (int u = 0; u < ATC_BATCH; u++) { /* every load issued before the first is used */
+      int e = e0 + 256 * u, r = e / per_row, k = (e % per_row) * 4;
+      int32_t row = e < total && c0 + r < width ? ci[c0 + r] : -1;
+      v[u] = row >= 0 ? *(const float4 *)(kv + (int64_t)row * d + k) : make_float4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < ATC_BATCH; u++) {
+      int e = e0 + 256 * u, r = e / per_row, k = (e % per_row) * 4;
+      if (e >= total) break;
+      *(float4 *)(kvt + r * ATC_KLD(d) + k) = v[u];
+      bits |= piece_bits(v[u].x) | piece_bits(v[u].y) | piece_bits(v[u].z) | piece_bits(v[u].w);
+    }
   }
   return __syncthreads_or(bits & 1) | (__syncthreads_or(bits & 2) << 1);
 }
@@ -1296,11 +1319,21 @@ static __global__ void __launch_bounds__(256) k_sparse_attention_tc(float *out, 
   int nh = heads - h0 < ATC_HEADS ? heads - h0 : ATC_HEADS;
   const int32_t *ci = cand + (int64_t)i * width;
   int q_bits = 0;
-  for (int e = t; e < ATC_HEADS * d; e += 256) {
-    int h = e / d, k = e % d;
-    float v = h < nh ? q[((int64_t)i * heads + h0 + h) * d + k] : 0.0f;
-    qs[h * ATC_QLD(d) + k] = v;
-    q_bits |= piece_bits(v);
+  for (int e0 = t * 4; e0 < ATC_HEADS * d; e0 += 256 * 4 * ATC_BATCH) {
+    float4 v[ATC_BATCH];
+#pragma unroll
+    for (int u = 0; u < ATC_BATCH; u++) {
+      int e = e0 + 1024 * u, h = e / d;
+      v[u] = e < ATC_HEADS * d && h < nh ? *(const float4 *)(q + ((int64_t)i * heads + h0) * d + e)
+                                         : make_float4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < ATC_BATCH; u++) {
+      int e = e0 + 1024 * u, h = e / d, k = e % d;
+      if (e >= ATC_HEADS * d) break;
+      *(float4 *)(qs + h * ATC_QLD(d) + k) = v[u];
+      q_bits |= piece_bits(v[u].x) | piece_bits(v[u].y) | piece_bits(v[u].z) | piece_bits(v[u].w);
+    }
   }
   if (t == 0) p_bits = 0;
   q_bits = __syncthreads_or(q_bits & 1) | (__syncthreads_or(q_bits & 2) << 1);
@@ -1448,22 +1481,41 @@ static __global__ void __launch_bounds__(256) k_indexer_scores_tc(float *scores,
     for (int b = 0; b < 4; b++) sc[a][b][0] = sc[a][b][1] = sc[a][b][2] = sc[a][b][3] = 0;
   if (j0 < max_vis) { /* a tile no query of the block sees is all -inf */
     int kb = 0;
-    for (int e = tid; e < ITC_R * per_row; e += 256) {
-      int r = e / per_row, c = (e % per_row) * 4;
-      float4 v = j0 + r < rows ? *(const float4 *)(k + (j0 + r) * dim + c) : make_float4(0, 0, 0, 0);
-      *(float4 *)(ks + r * ld + c) = v;
-      kb |= piece_bits(v.x) | piece_bits(v.y) | piece_bits(v.z) | piece_bits(v.w);
+    for (int e0 = tid; e0 < ITC_R * per_row; e0 += 256 * ATC_BATCH) {
+      float4 v[ATC_BATCH];
+#pragma unroll
+      for (int u = 0; u < ATC_BATCH; u++) { /* every load issued before the first is used */
+        int e = e0 + 256 * u, r = e / per_row, c = (e % per_row) * 4;
+        v[u] = e < ITC_R * per_row && j0 + r < rows ? *(const float4 *)(k + (j0 + r) * dim + c)
+                                                    : make_float4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < ATC_BATCH; u++) {
+        int e = e0 + 256 * u, r = e / per_row, c = (e % per_row) * 4;
+        if (e >= ITC_R * per_row) break;
+        *(float4 *)(ks + r * ld + c) = v[u];
+        kb |= piece_bits(v[u].x) | piece_bits(v[u].y) | piece_bits(v[u].z) | piece_bits(v[u].w);
+      }
     }
     kb = __syncthreads_or(kb & 1) | (__syncthreads_or(kb & 2) << 1);
     for (int h = 0; h < heads; h++) {
       int qb = 0;
       __syncthreads(); /* the previous head's q tile is read */
-      for (int e = tid; e < ITC_Q * per_row; e += 256) {
-        int t = e / per_row, c = (e % per_row) * 4;
-        float4 v = i0 + t < n ? *(const float4 *)(q + ((i0 + t) * heads + h) * dim + c)
-                              : make_float4(0, 0, 0, 0);
-        *(float4 *)(qs + t * ld + c) = v;
-        qb |= piece_bits(v.x) | piece_bits(v.y) | piece_bits(v.z) | piece_bits(v.w);
+      for (int e0 = tid; e0 < ITC_Q * per_row; e0 += 256 * ATC_BATCH) {
+        float4 v[ATC_BATCH];
+#pragma unroll
+        for (int u = 0; u < ATC_BATCH; u++) {
+          int e = e0 + 256 * u, t = e / per_row, c = (e % per_row) * 4;
+          v[u] = e < ITC_Q * per_row && i0 + t < n ? *(const float4 *)(q + ((i0 + t) * heads + h) * dim + c)
+                                                   : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < ATC_BATCH; u++) {
+          int e = e0 + 256 * u, t = e / per_row, c = (e % per_row) * 4;
+          if (e >= ITC_Q * per_row) break;
+          *(float4 *)(qs + t * ld + c) = v[u];
+          qb |= piece_bits(v[u].x) | piece_bits(v[u].y) | piece_bits(v[u].z) | piece_bits(v[u].w);
+        }
       }
       qb = __syncthreads_or(qb & 1) | (__syncthreads_or(qb & 2) << 1);
       float s[2][4][4];
@@ -1518,7 +1570,7 @@ static void gpu_sparse_attention(void *ctx, float *out, const float *q, const fl
   gpu_ctx *c = (gpu_ctx *)ctx;
   if (n <= 0 || heads <= 0) return;
 #if !defined(ST_HIP)
-  if (width > 0 && d % 64 == 0 && d <= 512 && !((uintptr_t)kv & 15)) {
+  if (width > 0 && d % 64 == 0 && d <= 512 && !((uintptr_t)kv & 15) && !((uintptr_t)q & 15)) {
     int tile = atc_bytes(d, width, 64) <= c->smem_optin ? 64 : atc_bytes(d, width, 32) <= c->smem_optin ? 32 : 0;
     if (tile) {
       size_t bytes = atc_bytes(d, width, tile);
