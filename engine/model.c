@@ -1020,6 +1020,17 @@ static int armed(const st_session *s, st_tap_id id, int layer) { return st_tap_a
 static void tap(st_session *s, st_tap_id id, int layer, int64_t pos0, st_dtype dtype, int rank,
                 int64_t a, int64_t b, int64_t c, const void *data) {
   if (!st_tap_armed(s->taps, id, layer)) return;
+  const st_tap_sink *sink = s->taps->sink;
+  if (!s->ops->host_memory && sink->kept && rank >= 1) {
+    /* from a device, only the rows the sink keeps: a block it drops is not downloaded */
+    int64_t k0 = 0, k1 = a;
+    sink->kept(sink->ctx, id, pos0, a, &k0, &k1);
+    if (k1 <= k0) return;
+    size_t row = st_dtype_size(dtype) * (size_t)(rank > 1 ? b : 1) * (size_t)(rank > 2 ? c : 1);
+    data = (const unsigned char *)data + (size_t)k0 * row;
+    pos0 += k0;
+    a = k1 - k0;
+  }
   int64_t shape[3] = {a, b, c};
   size_t bytes = st_dtype_size(dtype) * (size_t)a * (size_t)(rank > 1 ? b : 1) * (size_t)(rank > 2 ? c : 1);
   if (!s->ops->host_memory) {
@@ -1035,7 +1046,7 @@ static void tap(st_session *s, st_tap_id id, int layer, int64_t pos0, st_dtype d
     download(s, s->h_tap, data, bytes);
     data = s->h_tap;
   }
-  st_status rc = s->taps->sink->emit(s->taps->sink->ctx, id, layer, pos0, dtype, rank, shape, data);
+  st_status rc = sink->emit(sink->ctx, id, layer, pos0, dtype, rank, shape, data);
   if (rc && !s->status) s->status = rc;
 }
 

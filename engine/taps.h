@@ -23,6 +23,10 @@ typedef struct st_tap_sink {
   void *ctx;
   st_status (*emit)(void *ctx, st_tap_id tap, int layer, int64_t pos0, st_dtype dtype, int rank,
                     const int64_t *shape, const void *data);
+  /* Optional: the rows [*k0, *k1) of a block of n rows at pos0 that emit would keep (empty when
+  ** *k1 <= *k0). A device session then downloads only those rows and skips a block it would
+  ** drop; NULL: every row is handed over. */
+  void (*kept)(void *ctx, st_tap_id tap, int64_t pos0, int64_t n, int64_t *k0, int64_t *k1);
 } st_tap_sink;
 
 typedef struct st_taps {

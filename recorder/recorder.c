@@ -127,18 +127,29 @@ bad:
 
 /* ---------------------------------------------------------------- the sink */
 
+/* The rows of a block of n rows at pos0 that the positions spec keeps: [*k0, *k1). A tap whose
+** axis 0 is not token positions (row_axis) keeps every row. */
+static void recorder_kept(void *ctx, st_tap_id tap, int64_t pos0, int64_t n, int64_t *k0, int64_t *k1) {
+  const st_recorder *r = ctx;
+  if ((unsigned)tap >= ST_TAP_COUNT || st_tap_catalogue[tap].row_axis ||
+      (r->keep_lo == 0 && r->keep_hi == INT64_MAX)) {
+    *k0 = 0, *k1 = n;
+    return;
+  }
+  int64_t lo = r->keep_lo - pos0, hi = r->keep_hi == INT64_MAX ? n : r->keep_hi - pos0;
+  *k0 = ST_MAX(ST_MIN(lo, n), 0);
+  *k1 = ST_MAX(ST_MIN(hi, n), 0);
+}
+
 static st_status recorder_emit(void *ctx, st_tap_id tap, int layer, int64_t pos0, st_dtype dtype,
                                int rank, const int64_t *shape, const void *data) {
   st_recorder *r = ctx;
   if ((unsigned)tap >= ST_TAP_COUNT) return st_fail(ST_EINVAL, "tap id %d out of range", (int)tap);
   if (rank < 1 || rank > ST_TRACE_MAX_RANK || !shape)
     return st_trace_writer_append(r->writer, tap, layer, pos0, dtype, rank, shape, data);
-  if (st_tap_catalogue[tap].row_axis || (r->keep_lo == 0 && r->keep_hi == INT64_MAX))
-    return st_trace_writer_append(r->writer, tap, layer, pos0, dtype, rank, shape, data);
-  int64_t n = shape[0];
-  int64_t k0 = r->keep_lo - pos0, k1 = r->keep_hi == INT64_MAX ? n : r->keep_hi - pos0;
-  k0 = ST_MAX(ST_MIN(k0, n), 0);
-  k1 = ST_MAX(ST_MIN(k1, n), 0);
+  int64_t n = shape[0], k0, k1;
+  recorder_kept(r, tap, pos0, n, &k0, &k1);
+  if (k0 == 0 && k1 == n) return st_trace_writer_append(r->writer, tap, layer, pos0, dtype, rank, shape, data);
   if (k1 <= k0) return ST_OK; /* no kept position in this block */
   size_t row_bytes = st_dtype_size(dtype);
   int64_t kept[ST_TRACE_MAX_RANK];
@@ -233,6 +244,7 @@ st_status st_recorder_open(const char *h5_path, const char *store_dir, const st_
   }
   r->sink.ctx = r;
   r->sink.emit = recorder_emit;
+  r->sink.kept = recorder_kept;
   *out = r;
   return ST_OK;
 }

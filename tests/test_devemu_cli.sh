@@ -46,6 +46,32 @@ else bad "$dev trace differs from cpu-ref's"; fi
 $py -c 'import json,sys; a,b=(json.load(open(f)) for f in sys.argv[1:]); sys.exit(0 if a["generated"]==b["generated"] and b["backend"]=="cpu-ref-devemu" else 1)' \
   "$work/ref.json" "$work/dev.json" && ok "run --json: same generated tokens, backend $dev" || bad "run --json differs"
 
+# 1b. a positions range across chunks (100 tokens each): the device session downloads only the
+#     kept rows of each tap (the sink's kept()); the trace equals cpu-ref's, which hands over all
+part() {
+  $st run --backend "$2" --model "$model" --prompt-tokens "$work/p.json" --max-new-tokens 3 --ignore-eos \
+    --tap 'layers.*' --tap logits --positions 150:260 --chunk 100 --trace "$work/$1.h5" >/dev/null 2>"$work/$1.err"
+}
+if part devpart $dev && part refpart cpu-ref && $py - "$work/refpart.h5" "$work/devpart.h5" <<'PY'
+import sys, h5py
+a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+ta, tb = sorted(a["taps"].keys()), sorted(b["taps"].keys())
+assert ta == tb and len(ta) > 40, (len(ta), len(tb))
+def datasets(f):
+    out = {}
+    f.visititems(lambda n, o: out.__setitem__(n, o) if isinstance(o, h5py.Dataset) else None)
+    return out
+da, db = datasets(a), datasets(b)
+assert sorted(da) == sorted(db), set(da) ^ set(db)
+for name, x in da.items():  # every tap and its positions, the tokens
+    y = db[name]
+    assert x.shape == y.shape and x[()].tobytes() == y[()].tobytes(), name
+shapes = {x.shape[0] for n, x in da.items() if n.startswith("taps/") and x.ndim}
+assert 110 in shapes, shapes  # positions 150..259 kept
+PY
+then ok "--positions 150:260 over chunks of 100: the $dev trace equals cpu-ref's (only kept rows downloaded)"
+else bad "--positions 150:260: $dev trace differs from cpu-ref's $(tail -2 "$work/devpart.err")"; fi
+
 # 2. every replay stage of the device trace: reopens the backend (the stored rows say so),
 #    reproduces the recording
 for stage in indexer attention layer rest; do

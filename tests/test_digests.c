@@ -114,7 +114,7 @@ static st_status run_case(const char *root, const digest_case *c, const char *ba
   const char *all[] = {"*"};
   digest_sink sink = {L, calloc((size_t)(L + 1) * ST_TAP_COUNT, sizeof(uint64_t)),
                       calloc((size_t)(L + 1) * ST_TAP_COUNT, sizeof(int64_t))};
-  st_tap_sink ts = {&sink, digest_emit};
+  st_tap_sink ts = {.ctx = &sink, .emit = digest_emit};
   uint8_t *alt = calloc((size_t)L, 1);
   int32_t *prompt = malloc(sizeof(int32_t) * (size_t)c->n_prompt), gen[16];
   int n_gen = 0;
