@@ -16,10 +16,12 @@
 #ifndef ST_IMPORT_H
 #define ST_IMPORT_H
 
+#include <stdint.h>
+
 #include "common/base.h"
 
 typedef struct st_import_options {
-  const char *format;       /* "sglang-dumper" or "hf" */
+  const char *format;       /* "sglang-dumper", "hf" or "ds4" */
   const char *source_dir;   /* the dump directory */
   const char *model_dir;    /* the checkpoint the source ran (config.json: layers, shapes) */
   const char *out_path;     /* the trace to write */
@@ -28,6 +30,8 @@ typedef struct st_import_options {
   const char *command_line; /* for provenance */
   int request;              /* which request of a multi-request step (index into seq_lens) */
   int force;                /* overwrite the trace file and its index row */
+  const int32_t *tokens;    /* ds4: the token ids the run processed (its dumps hold none) */
+  int64_t n_tokens;
 } st_import_options;
 
 typedef struct st_import_result {
