@@ -4,6 +4,7 @@
 **   import show FILE.pt [--pickle]      what a torch.save file (or a bare pickle) holds, as JSON
 **   import sglang-dumper DIR ...        an sglang dumper directory -> a trace (recorder/import/)
 **   import hf DIR ...                   tools/export_hf.py's output -> a trace
+**   import sglang-pass DIR ...          sglang's --debug-tensor-dump-output-folder -> a trace
 **   import ds4 PREFIX|DIR ...           antirez/ds4's raw graph dumps -> a trace
 **
 ** The readers and the importer are in recorder/import/; this file only parses the command line.
@@ -97,7 +98,8 @@ static int cmd_dump(const char *format, int argc, char **argv) {
   st_cmd_spec spec = {
     name, usage,
     "Reads a directory of torch.save tensor dumps in the sglang dumper's naming (sglang-dumper:\n"
-    "DUMPER_DIR of sglang; hf: tools/export_hf.py's output for transformers), or antirez/ds4's raw\n"
+    "DUMPER_DIR of sglang; hf: tools/export_hf.py's output for transformers), sglang's Pass*.pt\n"
+    "dicts (sglang-pass: --debug-tensor-dump-output-folder), or antirez/ds4's raw\n"
     "dumps (ds4: the DS4_METAL_GRAPH_DUMP_PREFIX path or its directory; --prompt-tokens needed),\n"
     "maps each tensor to\n"
     "its tap with the format's table (schemas/import/FORMAT.map), aligns it to the reference\n"
@@ -179,15 +181,17 @@ done:
 int st_cmd_import(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : NULL;
   if (what && !strcmp(what, "show")) return cmd_show(argc - 1, argv + 1);
-  if (what && (!strcmp(what, "sglang-dumper") || !strcmp(what, "hf") || !strcmp(what, "ds4")))
+  if (what && (!strcmp(what, "sglang-dumper") || !strcmp(what, "sglang-pass") || !strcmp(what, "hf") ||
+               !strcmp(what, "ds4")))
     return cmd_dump(what, argc - 1, argv + 1);
   if (what && (!strcmp(what, "-h") || !strcmp(what, "--help"))) {
     printf("usage: sparsetrace import show FILE.pt [--pickle]\n"
            "       sparsetrace import sglang-dumper DIR --model DIR --out TRACE.h5 [--store DIR] [--map FILE]\n"
+           "       sparsetrace import sglang-pass DIR --model DIR --out TRACE.h5 [--store DIR] [--map FILE]\n"
            "       sparsetrace import hf DIR --model DIR --out TRACE.h5 [--store DIR] [--map FILE]\n"
            "       sparsetrace import ds4 PREFIX|DIR --model DIR --prompt-tokens FILE --out TRACE.h5 [--store DIR] [--map FILE]\n");
     return ST_EXIT_OK;
   }
-  fprintf(stderr, "sparsetrace import: expected show, sglang-dumper, hf or ds4 (sparsetrace import --help)\n");
+  fprintf(stderr, "sparsetrace import: expected show, sglang-dumper, sglang-pass, hf or ds4 (sparsetrace import --help)\n");
   return ST_EXIT_USAGE;
 }

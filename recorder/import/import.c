@@ -49,6 +49,7 @@ typedef struct dump_file {
   char *path, *name;
   int step, rank, layer; /* layer -1: none */
   long dump_index;
+  int in_dict;           /* sglang-pass: name is a key of the file's dict (one file, many tensors) */
 } dump_file;
 
 typedef struct tap_seen {
@@ -71,6 +72,8 @@ typedef struct importer {
   int32_t *tokens;  /* by position */
   int64_t n_tokens_cap, n_tokens, n_prompt;
   st_import_result *res;
+  st_torchsave *cached;     /* sglang-pass: the Pass file open last, shared by its entries */
+  char *cached_path;
 } importer;
 
 const char *st_import_builtin_map(const char *format) {
@@ -306,6 +309,34 @@ static const st_torch_tensor *value_tensor(const st_py *root, const st_py **meta
 static int64_t meta_int(const st_py *meta, const char *key, int64_t fallback) {
   const st_py *v = st_py_dict_get(meta, key);
   return v && v->kind == ST_PY_INT ? v->i : fallback;
+}
+
+/* Opens the file of a dump (a Pass file stays open for its other entries: close_dump keeps it). */
+static st_status open_dump(importer *im, const dump_file *f, st_torchsave **ts) {
+  if (f->in_dict && im->cached && !strcmp(im->cached_path, f->path)) {
+    *ts = im->cached;
+    return ST_OK;
+  }
+  st_status rc = st_torchsave_open(f->path, ts);
+  if (rc || !f->in_dict) return rc;
+  st_torchsave_close(im->cached);
+  free(im->cached_path);
+  im->cached = *ts;
+  im->cached_path = strdup(f->path);
+  if (!im->cached_path) { im->cached = NULL; st_torchsave_close(*ts); return st_fail(ST_ENOMEM, "%s", f->path); }
+  return ST_OK;
+}
+
+static void close_dump(importer *im, st_torchsave *ts) {
+  if (ts != im->cached) st_torchsave_close(ts);
+}
+
+/* The value a dump names: the file's root, or its entry f->name (sglang-pass). */
+static const st_py *dump_root(st_torchsave *ts, const dump_file *f) {
+  const st_py *root = st_torchsave_root(ts);
+  if (!f->in_dict) return root;
+  const st_py *v = st_py_dict_get(root, f->name);
+  return v ? v : root; /* cannot happen: the name was read from this dict */
 }
 
 /* Reads a whole tensor as int64 values (the alignment inputs). */
@@ -557,14 +588,14 @@ static st_status import_step(importer *im, int from, int to) {
     const map_line *m = map_find(im, f->name, &layer);
     if (!m || m->tap >= 0 || m->tap == ALIGN_RIDS) continue;
     st_torchsave *ts = NULL;
-    if ((rc = st_torchsave_open(f->path, &ts))) break;
+    if ((rc = open_dump(im, f, &ts))) break;
     const st_py *meta;
-    const st_torch_tensor *t = value_tensor(st_torchsave_root(ts), &meta);
+    const st_torch_tensor *t = value_tensor(dump_root(ts, f), &meta);
     if (!t) rc = st_fail(ST_EFORMAT, "%s: %s is not a tensor", f->path, f->name);
     else if (m->tap == ALIGN_POSITIONS) { free(al.positions); rc = read_ints(ts, t, f->path, &al.positions, &al.n_positions); al.has_positions = !rc; }
     else if (m->tap == ALIGN_SEQ_LENS) { free(seq); rc = read_ints(ts, t, f->path, &seq, &n_seq); }
     else if (m->tap == ALIGN_TOKENS) { free(ids); rc = read_ints(ts, t, f->path, &ids, &n_ids); }
-    st_torchsave_close(ts);
+    close_dump(im, ts);
   }
   if (!rc) {
     int64_t total = ids ? n_ids : al.n_positions;
@@ -596,9 +627,9 @@ static st_status import_step(importer *im, int from, int to) {
     if (m->tap < 0) continue;
     im->res->n_mapped++;
     st_torchsave *ts = NULL;
-    if ((rc = st_torchsave_open(f->path, &ts))) break;
+    if ((rc = open_dump(im, f, &ts))) break;
     const st_py *meta;
-    const st_torch_tensor *t = value_tensor(st_torchsave_root(ts), &meta);
+    const st_torch_tensor *t = value_tensor(dump_root(ts, f), &meta);
     if (meta && layer < 0) layer = (int)meta_int(meta, "layer_id", -1);
     if (m->csa_layer && layer >= 0) { /* compact CSA-layer id -> the model's layer */
       int k = -1, model_layer = -1;
@@ -607,19 +638,93 @@ static st_status import_step(importer *im, int from, int to) {
       if (model_layer < 0) {
         rc = st_fail(ST_EFORMAT, "%s: tensor %s: CSA layer %d, but the model has %d CSA layers", f->path, f->name,
                      layer, k + 1);
-        st_torchsave_close(ts);
+        close_dump(im, ts);
         break;
       }
       layer = model_layer;
     }
     if (!t) rc = st_fail(ST_EFORMAT, "%s: %s is not a tensor (nor {\"value\": tensor, ...})", f->path, f->name);
     else rc = import_tensor(im, f, m, layer, ts, t, meta, &al);
-    st_torchsave_close(ts);
+    close_dump(im, ts);
   }
   free(al.positions);
   free(seq);
   free(ids);
   return rc;
+}
+
+/* sglang-pass (--debug-tensor-dump-output-folder; sglang's debug_utils/tensor_dump_forward_hook.py):
+** DIR/TP{t}_PP{p}_Rank{r}_pid{pid}/Pass{N:05d}.pt, one per forward pass, each a dict of every leaf
+** module's output by module name, plus model.forward_batch_info.{input_ids,seq_lens,positions}.
+** Each entry becomes a dump of step N (in_dict); tensor-parallel rank 0 of every pipeline stage
+** is read, the other ranks noted. DIR may also be one rank's directory. */
+static st_status add_pass_file(importer *im, const char *path, int pass, int *cap) {
+  st_torchsave *ts = NULL;
+  st_status rc = st_torchsave_open(path, &ts);
+  if (rc) return rc;
+  const st_py *root = st_torchsave_root(ts);
+  if (root->kind != ST_PY_DICT) {
+    st_torchsave_close(ts);
+    return st_fail(ST_EFORMAT, "%s: a Pass file holds a dict of module outputs; this one holds no dict", path);
+  }
+  for (size_t k = 0; k + 1 < root->n && !rc; k += 2) {
+    const st_py *key = root->items[k];
+    if (key->kind != ST_PY_STR) continue;
+    if (im->n_files == *cap) {
+      *cap = *cap ? *cap * 2 : 256;
+      dump_file *grown = realloc(im->files, (size_t)*cap * sizeof *grown);
+      if (!grown) { rc = st_fail(ST_ENOMEM, "file list"); break; }
+      im->files = grown;
+    }
+    dump_file f = {.path = strdup(path), .name = strdup(key->s), .step = pass, .rank = 0, .layer = -1,
+                   .dump_index = (long)(k / 2), .in_dict = 1};
+    if (!f.path || !f.name) { free(f.path); free(f.name); rc = st_fail(ST_ENOMEM, "file list"); break; }
+    im->files[im->n_files++] = f;
+  }
+  st_torchsave_close(ts);
+  return rc;
+}
+
+static st_status list_pass_files(importer *im, const char *dir) {
+  int cap = 0, other_ranks = 0, n_pass = 0;
+  st_status rc = ST_OK;
+  char rank_dirs[16][4096];
+  int n_dirs = 0;
+  DIR *d = opendir(dir);
+  if (!d) return st_fail(ST_EIO, "open directory %s", dir);
+  struct dirent *e;
+  int has_pass = 0;
+  while ((e = readdir(d))) {
+    int tp, pp, rank, pid, n;
+    if (!strncmp(e->d_name, "Pass", 4)) has_pass = 1;
+    else if (sscanf(e->d_name, "TP%d_PP%d_Rank%d_pid%d%n", &tp, &pp, &rank, &pid, &n) == 4 && !e->d_name[n]) {
+      if (tp != 0) other_ranks++;
+      else if (n_dirs < 16) snprintf(rank_dirs[n_dirs++], sizeof rank_dirs[0], "%s/%s", dir, e->d_name);
+      else return closedir(d), st_fail(ST_ETOOBIG, "%s: more than 16 pipeline stages", dir);
+    }
+  }
+  closedir(d);
+  if (has_pass) snprintf(rank_dirs[n_dirs++], sizeof rank_dirs[0], "%s", dir);
+  for (int r = 0; r < n_dirs && !rc; r++) {
+    if (!(d = opendir(rank_dirs[r]))) return st_fail(ST_EIO, "open directory %s", rank_dirs[r]);
+    while ((e = readdir(d)) && !rc) {
+      int pass, n;
+      if (sscanf(e->d_name, "Pass%d.pt%n", &pass, &n) != 1 || e->d_name[n] || pass < 0) continue;
+      char path[8192];
+      if (snprintf(path, sizeof path, "%s/%s", rank_dirs[r], e->d_name) >= (int)sizeof path) continue;
+      rc = add_pass_file(im, path, pass, &cap);
+      n_pass++;
+    }
+    closedir(d);
+  }
+  if (rc) return rc;
+  if (!n_pass)
+    return st_fail(ST_ENOTFOUND, "%s holds no Pass*.pt file (sglang --debug-tensor-dump-output-folder writes "
+                   "TP0_PP0_Rank0_pid<pid>/Pass00000.pt, ...)", dir);
+  if (other_ranks)
+    note(im, ST_TAP_INPUT, -1, "%d tensor-parallel ranks other than 0 left out (shards are not concatenated)", other_ranks);
+  qsort(im->files, (size_t)im->n_files, sizeof *im->files, file_cmp);
+  return ST_OK;
 }
 
 /* ------------------------------------------------------------------ antirez/ds4's raw dumps */
@@ -906,7 +1011,7 @@ st_status st_import_run(const st_import_options *opt, st_import_result *res) {
   ds4_set ds4_files = {0};
   char config_path[4096], settings_json[2048];
   const char *builtin = st_import_builtin_map(opt->format);
-  if (!builtin) { rc = st_fail(ST_EINVAL, "unknown import format '%s' (sglang-dumper, hf, ds4)", opt->format); goto out; }
+  if (!builtin) { rc = st_fail(ST_EINVAL, "unknown import format '%s' (sglang-dumper, sglang-pass, hf, ds4)", opt->format); goto out; }
   if (opt->map_path && !(map_text = st_read_text_file(opt->map_path))) { rc = st_fail(ST_EIO, "read %s", opt->map_path); goto out; }
   if ((rc = parse_map(im, map_text ? map_text : builtin, opt->map_path ? opt->map_path : "the built-in map"))) goto out;
   snprintf(config_path, sizeof config_path, "%s/config.json", opt->model_dir);
@@ -919,6 +1024,9 @@ st_status st_import_run(const st_import_options *opt, st_import_result *res) {
     if (!im->tokens) { rc = st_fail(ST_ENOMEM, "tokens"); goto out; }
     memcpy(im->tokens, opt->tokens, sizeof(int32_t) * (size_t)opt->n_tokens);
     im->n_tokens = im->n_tokens_cap = opt->n_tokens;
+  } else if (!strcmp(opt->format, "sglang-pass")) {
+    if ((rc = list_pass_files(im, opt->source_dir))) goto out;
+    res->n_files = im->n_files;
   } else {
     if ((rc = list_files(im, opt->source_dir, 0))) goto out;
     res->n_files = im->n_files;
@@ -944,7 +1052,9 @@ st_status st_import_run(const st_import_options *opt, st_import_result *res) {
   json_object_set_new(imp, "format", json_string(opt->format));
   json_object_set_new(imp, "source_dir", json_string(opt->source_dir));
   json_object_set_new(imp, "map", json_string(opt->map_path ? opt->map_path : "built-in"));
-  json_object_set_new(imp, "source", ds4 ? json_pack("{s:s}", "source_engine", "antirez/ds4") : source_info(im));
+  json_object_set_new(imp, "source", ds4 ? json_pack("{s:s}", "source_engine", "antirez/ds4")
+                                    : !strcmp(opt->format, "sglang-pass") ? json_pack("{s:s}", "source_engine", "sglang")
+                                    : source_info(im));
   import_json = json_dumps(imp, JSON_COMPACT);
   json_decref(imp);
   meta.import_json = import_json;
@@ -990,6 +1100,8 @@ st_status st_import_run(const st_import_options *opt, st_import_result *res) {
   res->n_tokens = im->n_tokens;
 out:
   ds4_set_free(&ds4_files);
+  st_torchsave_close(im->cached);
+  free(im->cached_path);
   if (im->rec) st_recorder_abort(im->rec);
   for (int i = 0; i < im->n_files; i++) { free(im->files[i].path); free(im->files[i].name); }
   free(im->files);

@@ -11,7 +11,10 @@
 ** sets of compressed-row ids, element types (bf16/fp16/fp64/fp8 to f32, int64 to int32) — and
 ** records what it could not align, per tap, in the trace's `import` attribute, which `inspect`
 ** shows. The trace is written by the recorder and indexed like any run, so inspect, diff, query,
-** replay and bisect read it unchanged.
+** replay and bisect read it unchanged. Two more sources go through the same path: sglang-pass, a
+** --debug-tensor-dump-output-folder directory whose Pass*.pt dicts hold many named tensors each,
+** and ds4, antirez/ds4's raw float32/int32 files named PREFIX_NAME-LAYER_posPOS (shapes from the
+** names and config.json, token ids from st_import_options.tokens).
 */
 #ifndef ST_IMPORT_H
 #define ST_IMPORT_H
@@ -21,7 +24,7 @@
 #include "common/base.h"
 
 typedef struct st_import_options {
-  const char *format;       /* "sglang-dumper", "hf" or "ds4" */
+  const char *format;       /* "sglang-dumper", "sglang-pass", "hf" or "ds4" */
   const char *source_dir;   /* the dump directory */
   const char *model_dir;    /* the checkpoint the source ran (config.json: layers, shapes) */
   const char *out_path;     /* the trace to write */
