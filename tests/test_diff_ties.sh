@@ -7,7 +7,7 @@
 # top-k selections: a tie, not a divergence. With the original scores, or with a second swap of a
 # row that does not tie, it must still diverge. Then: a trace with an `import` attribute switches
 # the defaults to the imported-engine profile, which diff names, and rotate=q still diverges at
-# the rotated query under it.
+# the rotated query under it. The report's diff table prints the same verdict.
 set -uo pipefail
 st=${ST_BIN:?}
 model=${ST_TEST_DATA:?}/oracle/tiny
@@ -93,6 +93,9 @@ out=$($st diff --tap 'layers.1.indexer.topk' "$work/a_tie.h5" "$work/b_swap.h5")
 check "text: 'ties only', 'no divergence' and the tie's detail" \
   grep -qE 'ties only.*first tie at pos 150.*1 row differ only by ties at the boundary score' <<<"$out"
 check "text: no divergence" grep -q '^no divergence' <<<"$out"
+$st report "$work/a_tie.h5" "$work/b_swap.h5" -o "$work/report.html" --store "$work/store" >/dev/null 2>&1 \
+  || failed "report of the tied pair"
+check "report: the tap's row says 'ties only'" grep -q 'layers.1.indexer.topk</td><td>ties only<' "$work/report.html"
 
 # 2. the same swap, scores untouched: the rows do not tie, a divergence (Jaccard 31/33)
 diff_rc "untied swap diverges" 1 --tap 'layers.1.indexer.topk' "$work/a.h5" "$work/b_swap.h5"
