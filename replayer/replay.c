@@ -285,6 +285,27 @@ typedef struct indexer_inputs {
   int heads, dim, ratio;
 } indexer_inputs;
 
+/* The widest recorded top-k a cell of replay_indexer reuses (index_topk_reuse: the layer selects
+** with the top-k of the CSA layer before it, read by row, so that tap must hold the same
+** positions); 1 when no cell reuses. */
+static st_status reused_topk_width(const st_replay_request *req, const st_config *cfg, const cell_spec *specs,
+                                   int n_cells, const indexer_inputs *in, int64_t *width) {
+  *width = 1;
+  for (int c = 0; c < n_cells; c++) {
+    int src = st_settings_topk_source(&specs[c].settings, cfg, req->layer);
+    if (src == req->layer) continue;
+    const st_trace_tap *tap = NULL;
+    st_status rc = need_tap(in->trace, req->trace_path, ST_TAP_INDEXER_TOPK, src, &tap);
+    if (rc) return st_fail_context(rc, "cell %s: layer %d reuses layer %d's top-k: ", specs[c].label, req->layer, src);
+    if (tap->shape[0] != in->n)
+      return st_fail(ST_EFORMAT, "%s: %s holds %lld positions, layer %d's indexer.q %lld: a cell that "
+                     "reuses it needs the same positions", req->trace_path, tap->name,
+                     (long long)tap->shape[0], req->layer, (long long)in->n);
+    *width = ST_MAX(*width, tap->shape[1]);
+  }
+  return ST_OK;
+}
+
 static st_status replay_indexer(const st_backend *be, const st_replay_request *req, const st_config *cfg,
                                 const st_settings *recorded, cell_spec *specs, int n_cells,
                                 indexer_inputs *in, st_replay_report *rep) {
@@ -292,6 +313,8 @@ static st_status replay_indexer(const st_backend *be, const st_replay_request *r
   int hI = in->heads, dI = in->dim;
   int64_t R = in->rows, n = in->n;
   const int block = 128;
+  int64_t reuse_width;
+  if ((rc = reused_topk_width(req, cfg, specs, n_cells, in, &reuse_width))) return rc;
   /* The trace's tensors are read into host buffers; every op runs on copies of them in backend
   ** memory (uploaded, results downloaded), so the stage runs on any backend. */
   float *k = malloc(sizeof(float) * (size_t)(R ? R : 1) * dI);
@@ -314,27 +337,6 @@ static st_status replay_indexer(const st_backend *be, const st_replay_request *r
   }
   int64_t topk_cap = max_topk < R ? max_topk : (R > 0 ? R : 1);
   int32_t *topk_rows = malloc(sizeof(int32_t) * (size_t)block * topk_cap);
-  /* IndexCache cells (index_topk_reuse): the layer selects with the recorded top-k of the CSA
-  ** layer it reuses, read by row for the same positions */
-  int64_t reuse_width = 1;
-  for (int c = 0; c < n_cells; c++) {
-    int src = st_settings_topk_source(&specs[c].settings, cfg, req->layer);
-    if (src == req->layer) continue;
-    const st_trace_tap *st_src = NULL;
-    if ((rc = need_tap(in->trace, req->trace_path, ST_TAP_INDEXER_TOPK, src, &st_src))) {
-      free(k); free(k_used); free(rec_k_used); free(q); free(q_used); free(rec_q_used); free(w);
-      free(scores); free(rec_scores); free(rec_topk); free(topk_rows);
-      return st_fail_context(rc, "cell %s: layer %d reuses layer %d's top-k: ", specs[c].label, req->layer, src);
-    }
-    if (st_src->shape[0] != n) {
-      free(k); free(k_used); free(rec_k_used); free(q); free(q_used); free(rec_q_used); free(w);
-      free(scores); free(rec_scores); free(rec_topk); free(topk_rows);
-      return st_fail(ST_EFORMAT, "%s: %s holds %lld positions, layer %d's indexer.q %lld: a cell that "
-                     "reuses it needs the same positions", req->trace_path, st_src->name,
-                     (long long)st_src->shape[0], req->layer, (long long)n);
-    }
-    reuse_width = ST_MAX(reuse_width, st_src->shape[1]);
-  }
   int32_t *reused = malloc(sizeof(int32_t) * (size_t)block * (size_t)reuse_width);
   int32_t *set_scratch = malloc(sizeof(int32_t) * (size_t)(ST_MAX(topk_cap, reuse_width) + rec_topk_width + 2));
   st_backend_limits lim = {.max_tokens = block, .max_rows = R > 0 ? R : 1, .max_topk = (int)topk_cap,

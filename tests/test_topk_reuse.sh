@@ -141,6 +141,8 @@ $st run --model "$model" --prompt-tokens "$work/prompt.json" --max-new-tokens 1 
   --trace "$work/only5.h5" --store "$work/store" --set index_topk_reuse=3 >/dev/null || failed "recording only5"
 expect_fail "replay without the reused layer's top-k" "layer 5 reuses layer 1's top-k: .*holds no tap layers.1.indexer.topk" \
   $st replay --trace "$work/only5.h5" --model "$model" --layer 5 --stage layer --store "$work/store"
+expect_fail "indexer replay without the reused layer's top-k" "cell recorded: layer 5 reuses layer 1's top-k: .*holds no tap layers.1.indexer.topk" \
+  $st replay --trace "$work/only5.h5" --model "$model" --layer 5 --store "$work/store"
 
 # bad values
 run1() { $st run --model "$model" --prompt-tokens "$work/prompt.json" --max-new-tokens 1 --trace "$work/bad.h5" --store "$work/store" "$@"; }
