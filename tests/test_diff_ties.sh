@@ -7,10 +7,13 @@
 # top-k selections: a tie, not a divergence. With the original scores, or with a second swap of a
 # row that does not tie, it must still diverge. Then: a trace with an `import` attribute switches
 # the defaults to the imported-engine profile, which diff names, and rotate=q still diverges at
-# the rotated query under it. The report's diff table prints the same verdict.
+# the rotated query under it. The report's diff table prints the same verdict. Last, real exact
+# ties: a random model with one indexer head, re-selected with the other tie order.
 set -uo pipefail
 st=${ST_BIN:?}
+src=${ST_SOURCE_DIR:?}
 model=${ST_TEST_DATA:?}/oracle/tiny
+PY_BIN=/usr/bin/python3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failures=0
@@ -137,6 +140,47 @@ diff_rc "user rules still come first" 1 --tolerance '*=diff:0' --tap 'layers.1.i
 diff_rc "rotate=q imported still diverges" 1 "$work/a.h5" "$work/rotq_imp.h5"
 json_check "at layer 1's rotated query, beyond the imported tolerance" \
   "d['first_divergence']['tap'] == 'layers.1.indexer.q_used' and d['first_divergence']['value'] > 3e-2 and d['first_divergence']['threshold'] == 3e-2"
+
+# 6. exact ties from a real run: a random model with one indexer head scores many rows exactly 0
+# (the ReLU of the head's dot product), often at the top-k boundary. B re-selects every top-k row
+# from A's own scores breaking ties towards the highest index, as another engine may: each row
+# that changes is a tie, and the count is numpy's.
+$PY_BIN "$src/tools/make_random_checkpoint.py" "$work/rnd1" --index-heads 1 --topk 8 --window 16 >/dev/null \
+  || failed "writing the random one-head checkpoint"
+$st run --model "$work/rnd1" --prompt-tokens "$work/prompt.json" --max-new-tokens 1 --tap 'layers.*.indexer.*' \
+  --trace "$work/one.h5" --store "$work/store" >/dev/null || failed "recording the one-head run"
+check "h5py re-selects the top-k with the other tie order" $PY_BIN - "$work" <<'PY'
+import sys, json, shutil, h5py, numpy as np
+w = sys.argv[1]
+shutil.copy(f"{w}/one.h5", f"{w}/one_hi.h5")
+f = h5py.File(f"{w}/one_hi.h5", "r+")
+changed = {}
+for name in list(f["taps"]):
+    if not name.endswith("indexer.topk"):
+        continue
+    s = f["taps"][name.replace("topk", "scores")][()]
+    k = f["taps"][name][()]
+    n = 0
+    for p in range(len(k)):
+        sel = k[p][k[p] >= 0]
+        vis = np.flatnonzero(np.isfinite(s[p]))
+        order = sorted(vis, key=lambda j: (-s[p][j], -j))  # highest score first, ties: highest index
+        alt = np.sort(np.array(order[:len(sel)], dtype=np.int32))
+        if set(alt.tolist()) != set(sel.tolist()):
+            n += 1
+        row = np.full(k.shape[1], -1, np.int32)
+        row[:len(alt)] = alt
+        k[p] = row
+    f["taps"][name][...] = k
+    changed[name] = n
+f.close()
+assert sum(changed.values()) > 10, changed  # the one-head model ties often (else the test proves nothing)
+json.dump(changed, open(f"{w}/changed.json", "w"))
+PY
+diff_rc "the other tie order is no divergence" 0 --tap 'indexer.topk' "$work/one.h5" "$work/one_hi.h5"
+json_check "every changed row is a tie; tie_rows equal numpy's count per layer" \
+  "(c := json.load(open('$work/changed.json'))) and all(t[n]['verdict'] == ('tie' if c[n] else 'ok') and t[n]['tie_rows'] == c[n] and t[n]['first_tie' if c[n] else 'tie_rows'] is not None for n in c)"
+diff_rc "rule exact still sees the changed sets" 1 --tap 'indexer.topk' --tolerance 'indexer.topk=exact' "$work/one.h5" "$work/one_hi.h5"
 
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]
