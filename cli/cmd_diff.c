@@ -58,7 +58,10 @@ static const st_cmd_spec diff_spec = {
   "  Every float rule also requires equal NaN/+inf/-inf masks (metric 'mask'): indexer.scores\n"
   "  compares its -inf (not yet visible) pattern exactly and its finite entries by the rule.\n"
   "  Defaults: float taps diff:1e-6; index sets jaccard:1 (any differing set diverges);\n"
-  "  other integer taps exact.\n"
+  "  other integer taps exact. When A or B was imported from another engine (sparsetrace\n"
+  "  import), defaults for a bf16/fp8 engine against fp32 instead (diff prints them).\n"
+  "  indexer.topk rows whose sets differ only by rows tied at the boundary score (in A's\n"
+  "  indexer.scores at that position, else B's) are ties, not divergences ('ties only').\n"
   "\n"
   "exit status: 0 no divergence, 1 something diverges, 2 usage error or unreadable trace.\n"};
 
@@ -73,7 +76,7 @@ static const char *kind_name(st_diff_kind k) {
 
 static const char *verdict_key(st_diff_verdict v) {
   static const char *const names[] = {"ok", "diverges", "only_a", "only_b", "ignored",
-                                      "not_compared", "no_common_positions", "unsupported"};
+                                      "not_compared", "no_common_positions", "unsupported", "tie"};
   return (unsigned)v < sizeof names / sizeof *names ? names[v] : "?";
 }
 
@@ -117,8 +120,13 @@ static void detail_text(const st_diff_tap_result *r, char *buf, size_t size) {
       char la[160], lb[160];
       set_list(la, sizeof la, r->worst_only_a, r->n_worst_only_a, r->n_worst_only_a == ST_DIFF_SET_DETAIL);
       set_list(lb, sizeof lb, r->worst_only_b, r->n_worst_only_b, r->n_worst_only_b == ST_DIFF_SET_DETAIL);
-      ADD("; worst %s %lld: only A %s, only B %s", where, (long long)r->worst_position, la, lb);
+      ADD("; %s %s %lld: only A %s, only B %s", r->verdict == ST_DIFF_TIE ? "first tie at" : "worst",
+          where, (long long)r->worst_position, la, lb);
     }
+    if (r->tie_rows)
+      ADD("; %lld row%s differ only by ties at the boundary score (first at pos %lld: %g in %s's "
+          "scores)", (long long)r->tie_rows, r->tie_rows == 1 ? "" : "s",
+          (long long)r->first_tie_position, r->tie_boundary, r->tie_judged_by == 'A' ? "A" : "B");
   } else if (r->worst_position >= 0) {
     char c[128];
     coords_text(r, c, sizeof c);
@@ -145,9 +153,7 @@ static void detail_text(const st_diff_tap_result *r, char *buf, size_t size) {
 #undef ADD
 }
 
-static int compared(const st_diff_tap_result *r) {
-  return r->verdict == ST_DIFF_OK || r->verdict == ST_DIFF_DIVERGES;
-}
+static int compared(const st_diff_tap_result *r) { return st_diff_verdict_compared(r->verdict); }
 
 /* ---------------------------------------------------------------- text output */
 
@@ -211,6 +217,13 @@ static void print_text(const st_trace *a, const st_trace *b, const st_diff_repor
   print_trace("A", a);
   print_trace("B", b);
   print_settings_diff(a, b);
+  char defaults[512];
+  st_diff_profile_rules(rep->profile, defaults, sizeof defaults);
+  if (rep->profile == ST_DIFF_PROFILE_IMPORTED)
+    printf("tolerances: defaults for an imported engine (%s is imported: bf16/fp8 against fp32): %s; "
+           "--tolerance rules come first\n", rep->imported == 'B' ? "B" : "A", defaults);
+  else
+    printf("tolerances: defaults for two runs of this engine: %s; --tolerance rules come first\n", defaults);
   print_tokens(rep);
   if (rep->tokens_first) {
     const st_diff_tokens *tk = &rep->tokens;
@@ -364,6 +377,14 @@ static json_t *tap_json(const st_diff_tap_result *r) {
     json_object_set_new(o, "overlap_min", json_num(r->sets.min_overlap));
     json_object_set_new(o, "overlap_mean", json_num(st_index_set_mean_overlap(&r->sets)));
     json_object_set_new(o, "identical_rows", json_integer(r->sets.identical_rows));
+    json_object_set_new(o, "tie_rows", json_integer(r->tie_rows));
+    if (r->tie_rows) {
+      json_t *t = json_object();
+      json_object_set_new(t, "position", json_integer(r->first_tie_position));
+      json_object_set_new(t, "boundary_score", json_num(r->tie_boundary));
+      json_object_set_new(t, "judged_by", json_stringn(&r->tie_judged_by, 1));
+      json_object_set_new(o, "first_tie", t);
+    }
   } else {
     json_object_set_new(o, "mismatches", json_integer(r->int_mismatch));
   }
@@ -424,6 +445,13 @@ static int print_json(const st_trace *a, const st_trace *b, const st_diff_report
   json_object_set_new(tok, "compared_before", rep->end_position >= 0 ? json_integer(rep->end_position) : json_null());
   json_object_set_new(o, "tokens", tok);
   json_object_set_new(o, "diverges", json_boolean(rep->diverges));
+  char defaults[512];
+  st_diff_profile_rules(rep->profile, defaults, sizeof defaults);
+  json_t *tol = json_object();
+  json_object_set_new(tol, "profile", json_string(st_diff_profile_name(rep->profile)));
+  json_object_set_new(tol, "imported", rep->imported ? json_stringn(&rep->imported, 1) : json_null());
+  json_object_set_new(tol, "defaults", json_string(defaults));
+  json_object_set_new(o, "tolerances", tol);
   json_object_set_new(o, "first_divergence", first_json(rep));
   if (rep->first_divergence >= 0 && rep->tokens_first)
     json_object_set_new(o, "first_diverging_tap", json_string(rep->taps[rep->first_divergence].name));

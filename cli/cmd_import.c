@@ -4,6 +4,8 @@
 **   import show FILE.pt [--pickle]      what a torch.save file (or a bare pickle) holds, as JSON
 **   import sglang-dumper DIR ...        an sglang dumper directory -> a trace (recorder/import/)
 **   import hf DIR ...                   tools/export_hf.py's output -> a trace
+**   import sglang-pass DIR ...          sglang's --debug-tensor-dump-output-folder -> a trace
+**   import ds4 PREFIX|DIR ...           antirez/ds4's raw graph dumps -> a trace
 **
 ** The readers and the importer are in recorder/import/; this file only parses the command line.
 */
@@ -84,6 +86,8 @@ static const st_opt_use dump_options[] = {
   {ST_OPT_MAP, NULL, "a mapping table replacing the format's own (schemas/import/FORMAT.map:\n"
                      "NAME TAP LAYOUT [ALIGN] per line)"},
   {ST_OPT_REQUEST, "N", "which request of a multi-request step (default 0: the first)"},
+  {ST_OPT_PROMPT_TOKENS, NULL, "ds4: the token ids the run processed, prompt then generated (its\n"
+                               "dumps hold none)"},
   {ST_OPT_FORCE, NULL, "overwrite an existing trace file and its index row"},
   {ST_OPT_JSON, NULL, "print the result as one JSON object"},
   {0}};
@@ -95,7 +99,10 @@ static int cmd_dump(const char *format, int argc, char **argv) {
   st_cmd_spec spec = {
     name, usage,
     "Reads a directory of torch.save tensor dumps in the sglang dumper's naming (sglang-dumper:\n"
-    "DUMPER_DIR of sglang; hf: tools/export_hf.py's output for transformers), maps each tensor to\n"
+    "DUMPER_DIR of sglang; hf: tools/export_hf.py's output for transformers), sglang's Pass*.pt\n"
+    "dicts (sglang-pass: --debug-tensor-dump-output-folder), or antirez/ds4's raw\n"
+    "dumps (ds4: the DS4_METAL_GRAPH_DUMP_PREFIX path or its directory; --prompt-tokens needed),\n"
+    "maps each tensor to\n"
     "its tap with the format's table (schemas/import/FORMAT.map), aligns it to the reference\n"
     "engine's layout (batch and flat multi-request axes, steps stitched by position, top-k as\n"
     "sorted sets, element types) and writes a trace indexed like any run: inspect, diff, query,\n"
@@ -104,8 +111,9 @@ static int cmd_dump(const char *format, int argc, char **argv) {
   st_opts o;
   st_opts_init(&o, &spec, argc, argv);
   st_import_options opt = {.format = format, .request = 0};
-  const char *out = NULL;
+  const char *out = NULL, *tokens_path = NULL;
   char *command_line = NULL;
+  int32_t *tokens = NULL;
   int id, rc = ST_EXIT_OK;
   while ((id = st_opts_next(&o)) != ST_OPTS_DONE) {
     if (id == ST_OPTS_EXIT) { rc = o.exit_code; goto done; }
@@ -117,6 +125,7 @@ static int cmd_dump(const char *format, int argc, char **argv) {
       break;
     case ST_OPT_OUT: case ST_OPT_TRACE: out = o.arg; break;
     case ST_OPT_MAP: opt.map_path = o.arg; break;
+    case ST_OPT_PROMPT_TOKENS: tokens_path = o.arg; break;
     case ST_OPT_FORCE: opt.force = 1; break;
     case ST_OPT_REQUEST:
       if (st_opt_int("request", o.arg, 0, 1 << 20, &v)) { rc = st_opts_fail(&o); goto done; }
@@ -128,6 +137,16 @@ static int cmd_dump(const char *format, int argc, char **argv) {
   if (!opt.source_dir) { rc = st_opts_error(&o, "which dump directory? (%s)", usage); goto done; }
   if (!o.model) { rc = st_opts_error(&o, "--model DIR is needed (the checkpoint the engine ran)"); goto done; }
   opt.model_dir = o.model;
+  if (!strcmp(format, "ds4") && !tokens_path) {
+    rc = st_opts_error(&o, "--prompt-tokens FILE is needed: ds4's dumps hold no token ids");
+    goto done;
+  }
+  if (tokens_path) {
+    int n = 0;
+    if (st_cli_read_token_ids(tokens_path, &tokens, &n)) { rc = st_cli_report_error(name); goto done; }
+    opt.tokens = tokens;
+    opt.n_tokens = n;
+  }
   opt.store_dir = o.store ? o.store : ST_DEFAULT_STORE;
   char path[4096];
   st_import_result res;
@@ -163,6 +182,7 @@ static int cmd_dump(const char *format, int argc, char **argv) {
            "run %s\ntrace: %s\nindex: %s/index.sqlite\n", opt.source_dir, res.n_files, res.n_mapped,
            res.n_unmapped, res.n_taps, res.n_tokens, res.n_notes, res.run_id, out, opt.store_dir);
 done:
+  free(tokens);
   free(command_line);
   st_opts_free(&o);
   return rc;
@@ -171,13 +191,17 @@ done:
 int st_cmd_import(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : NULL;
   if (what && !strcmp(what, "show")) return cmd_show(argc - 1, argv + 1);
-  if (what && (!strcmp(what, "sglang-dumper") || !strcmp(what, "hf"))) return cmd_dump(what, argc - 1, argv + 1);
+  if (what && (!strcmp(what, "sglang-dumper") || !strcmp(what, "sglang-pass") || !strcmp(what, "hf") ||
+               !strcmp(what, "ds4")))
+    return cmd_dump(what, argc - 1, argv + 1);
   if (what && (!strcmp(what, "-h") || !strcmp(what, "--help"))) {
     printf("usage: sparsetrace import show FILE.pt [--pickle]\n"
            "       sparsetrace import sglang-dumper DIR --model DIR --out TRACE.h5 [--store DIR] [--map FILE]\n"
-           "       sparsetrace import hf DIR --model DIR --out TRACE.h5 [--store DIR] [--map FILE]\n");
+           "       sparsetrace import sglang-pass DIR --model DIR --out TRACE.h5 [--store DIR] [--map FILE]\n"
+           "       sparsetrace import hf DIR --model DIR --out TRACE.h5 [--store DIR] [--map FILE]\n"
+           "       sparsetrace import ds4 PREFIX|DIR --model DIR --prompt-tokens FILE --out TRACE.h5 [--store DIR] [--map FILE]\n");
     return ST_EXIT_OK;
   }
-  fprintf(stderr, "sparsetrace import: expected show, sglang-dumper or hf (sparsetrace import --help)\n");
+  fprintf(stderr, "sparsetrace import: expected show, sglang-dumper, sglang-pass, hf or ds4 (sparsetrace import --help)\n");
   return ST_EXIT_USAGE;
 }

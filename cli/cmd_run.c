@@ -83,8 +83,7 @@ typedef struct run_args {
   const char *request, *render;
 } run_args;
 
-/* Reads a JSON array of token ids. Errors name the file, line and column. */
-static st_status read_prompt(const char *path, int32_t **out, int *n_out) {
+st_status st_cli_read_token_ids(const char *path, int32_t **out, int *n_out) {
   json_error_t jerr;
   errno = 0;
   json_t *root = strcmp(path, "-") ? json_load_file(path, JSON_REJECT_DUPLICATES, &jerr)
@@ -516,7 +515,7 @@ int st_cmd_run(int argc, char **argv) {
       else
         printf("; the server reported no prompt token count\n");
     }
-  } else if (read_prompt(a.prompt_path, &tokens, &n_prompt)) {
+  } else if (st_cli_read_token_ids(a.prompt_path, &tokens, &n_prompt)) {
     goto out;
   }
   /* A token range that starts past every position the run forwards records nothing: refused,

@@ -9,6 +9,8 @@
 
 #include <stdint.h>
 
+#include "common/base.h"
+
 int st_cmd_run(int argc, char **argv);      /* cli/cmd_run.c */
 int st_cmd_taps(int argc, char **argv);     /* cli/cmd_catalogue.c */
 int st_cmd_settings(int argc, char **argv); /* cli/cmd_catalogue.c */
@@ -31,6 +33,9 @@ int st_cmd_import(int argc, char **argv);   /* cli/cmd_import.c: show, sglang-du
 /* Shared by subcommands: "prefix argv[0] ... argv[argc-1]" for provenance (caller frees; NULL
 ** when out of memory). */
 char *st_cli_join_args(const char *prefix, int argc, char **argv);
+/* Reads a JSON array of token ids ('-': stdin) into *out (malloc'd). Errors name the file, line
+** and column, or the element that is no token id. (cmd_run.c) */
+st_status st_cli_read_token_ids(const char *path, int32_t **out, int *n_out);
 
 /* Shared by subcommands: prints "sparsetrace <cmd>: <st_errmsg()>" to stderr, returns 1. */
 int st_cli_report_error(const char *cmd);

@@ -565,6 +565,10 @@ struct st_session {
   float *iq, *iq_used, *iw;            /* [n, hI, dI], [n, hI, dI], [n, hI] */
   float *scores;                       /* [n, rows_cap_csa] */
   int32_t *topk_idx;                   /* [n, topk_width_cap] */
+  int topk_width;                      /* width of topk_idx rows as the last computing layer left them */
+  int first_layer;                     /* the first layer of the current forward_layers call */
+  const int32_t *topk_in;              /* host, [max_tokens, topk_in_width]: opt->topk_in */
+  int topk_in_width, topk_in_layer;
   int *visible;                        /* [n] */
   int32_t *cand;                       /* [n, w + compressed_cap] attention candidates */
   void *work;                          /* ops->workspace_size bytes */
@@ -845,6 +849,10 @@ st_status st_session_create(st_model *m, const st_session_options *opt, st_sessi
       goto out;
     }
   }
+  if ((rc = st_settings_check(&s->set, cfg)) || (rc = st_settings_check(&s->alt, cfg))) goto out;
+  s->topk_in = opt->topk_in;
+  s->topk_in_width = opt->topk_in_width;
+  s->topk_in_layer = opt->topk_in ? opt->topk_in_layer : -1;
   if ((rc = bind_weights(s))) goto out;
   s->topk = st_settings_topk(&s->set, cfg);
   if (st_settings_topk(&s->alt, cfg) > s->topk) s->topk = st_settings_topk(&s->alt, cfg); /* capacity */
@@ -1272,6 +1280,19 @@ static int indexer_run(st_session *s, int layer, int n, int64_t p0) {
   /* scores and top-k (the score matrix only when it is tapped or the backend has no fused op) */
   for (int i = 0; i < n; i++) s->h_visible[i] = st_visible_rows(p0 + i, m, rows);
   upload(s, s->visible, s->h_visible, sizeof(int) * (size_t)n);
+  /* IndexCache (index_topk_reuse): a reusing layer selects with the top-k of the last CSA layer
+  ** that computed one, still in topk_idx (the CSA layers between reuse it too), or given by a
+  ** replay that starts after that layer; it scores nothing. */
+  int source = st_settings_topk_source(set, cfg, layer);
+  if (source != layer) {
+    int width = s->topk_width;
+    if (source < s->first_layer) { /* checked by st_session_forward_layers */
+      width = s->topk_in_width;
+      upload(s, s->topk_idx, s->topk_in + (size_t)p0 * (size_t)width, sizeof(int32_t) * (size_t)n * width);
+    }
+    tap(s, ST_TAP_INDEXER_TOPK, layer, p0, ST_I32, 2, n, width, 0, s->topk_idx);
+    return width;
+  }
   int keep_scores = armed(s, ST_TAP_INDEXER_SCORES, layer) || !ops->indexer_topk;
   int width = st_indexer_select(&s->be, layer_topk(s, layer), keep_scores ? s->scores : NULL,
                                 s->topk_idx, s->iq_used, s->iw, cs->rows_used, n, rows, hI, dI,
@@ -1279,6 +1300,7 @@ static int indexer_run(st_session *s, int layer, int n, int64_t p0) {
   if (rows == 0) upload(s, s->topk_idx, s->h_minus_one, sizeof(int32_t) * (size_t)n);
   tap(s, ST_TAP_INDEXER_SCORES, layer, p0, ST_F32, 2, n, rows > 0 ? rows : 1, 0, s->scores);
   tap(s, ST_TAP_INDEXER_TOPK, layer, p0, ST_I32, 2, n, width, 0, s->topk_idx);
+  s->topk_width = width;
   return width;
 }
 
@@ -1387,6 +1409,20 @@ st_status st_session_forward_layers(st_session *s, const int32_t *tokens, int n,
   if (s->position + n > s->max_tokens)
     return st_fail(ST_EINVAL, "%lld tokens exceed the session capacity of %lld",
                    (long long)(s->position + n), (long long)s->max_tokens);
+  for (int layer = first; layer <= last; layer++) { /* reused top-k computed before `first` */
+    int source = st_settings_topk_source(layer_settings(s, layer), cfg, layer);
+    if (source < 0 || source >= first) continue;
+    if (source != s->topk_in_layer)
+      return st_fail(ST_EINVAL, "layer %d reuses the top-k of layer %d (index_topk_reuse), which a run "
+                     "starting at layer %d does not compute: give it (st_session_options.topk_in)",
+                     layer, source, first);
+    if (s->topk_in_width <= 0 || s->topk_in_width > s->topk ||
+        s->topk_in_width > s->rows_cap_csa)
+      return st_fail(ST_EINVAL, "the given top-k of layer %d is %d wide; this session holds 1..%lld",
+                     source, s->topk_in_width,
+                     (long long)(s->topk < s->rows_cap_csa ? s->topk : s->rows_cap_csa));
+  }
+  s->first_layer = first;
   size_t stream = (size_t)cfg->hc_mult * cfg->hidden_size;
   for (int done = 0; done < n;) {
     int chunk = n - done < s->max_chunk ? n - done : s->max_chunk;

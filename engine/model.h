@@ -88,6 +88,10 @@ typedef struct st_session_options {
   const uint8_t *alt_layers;   /* [n_layers], borrowed */
   st_settings alt_settings;
   const st_backend *backend;   /* borrowed; NULL = the session opens cpu-ref (the oracle) */
+  /* Replay from a layer after the CSA layer whose top-k it reuses (index_topk_reuse): that
+  ** layer's recorded top-k, by token position [max_tokens, topk_in_width], and its index. */
+  const int32_t *topk_in;      /* borrowed; NULL = none */
+  int topk_in_width, topk_in_layer;
 } st_session_options;
 
 typedef struct st_session st_session;

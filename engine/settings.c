@@ -29,6 +29,7 @@ void st_settings_default(st_settings *s) {
   s->index_rope_neox = 0;
   s->compress_rope_theta = 0;
   s->yarn = 1;
+  s->index_topk_reuse = 1;
 }
 
 static st_status bad_value(const char *key, const char *value) {
@@ -109,6 +110,25 @@ st_status st_settings_set(st_settings *s, const char *key_value) {
     else if (!strcmp(v, "off")) s->yarn = 0;
     else return bad_value(key, v);
     return ST_OK;
+  case ST_SET_INDEX_TOPK_REUSE: {
+    if (*v >= '0' && *v <= '9') {
+      char *end;
+      errno = 0;
+      long n = strtol(v, &end, 10);
+      if (*end || errno || n < 1 || n > ST_MAX_LAYERS) return bad_value(key, v);
+      s->index_topk_reuse = (int)n;
+      s->index_topk_pattern[0] = 0;
+      return ST_OK;
+    }
+    size_t len = strlen(v);
+    if (len == 0 || len > ST_MAX_LAYERS || strspn(v, "FS") != len)
+      return st_fail(ST_EINVAL, "--set %s=%s: allowed values are a number 1..%d or a pattern of F "
+                     "(computes its top-k) and S (reuses the last one), one per model layer", key, v,
+                     ST_MAX_LAYERS);
+    memcpy(s->index_topk_pattern, v, len + 1);
+    s->index_topk_reuse = 1;
+    return ST_OK;
+  }
   case ST_SETTING_COUNT: break;
   }
   return bad_value(key, v);
@@ -128,9 +148,40 @@ int st_settings_topk(const st_settings *s, const st_config *cfg) {
   return s->topk == 0 ? cfg->index_topk : s->topk;
 }
 
+int st_settings_topk_source(const st_settings *s, const st_config *cfg, int layer) {
+  if (layer < 0 || layer >= cfg->num_hidden_layers || cfg->layer_kind[layer] != ST_LAYER_CSA) return -1;
+  int source = -1, ordinal = 0, reuse = s->index_topk_reuse > 0 ? s->index_topk_reuse : 1;
+  size_t plen = strlen(s->index_topk_pattern);
+  for (int l = 0; l <= layer; l++) {
+    if (cfg->layer_kind[l] != ST_LAYER_CSA) continue;
+    int computes = plen ? ((size_t)l >= plen || s->index_topk_pattern[l] != 'S') : ordinal % reuse == 0;
+    if (computes) source = l;
+    ordinal++;
+  }
+  return source;
+}
+
+st_status st_settings_check(const st_settings *s, const st_config *cfg) {
+  size_t plen = strlen(s->index_topk_pattern);
+  if (!plen) return ST_OK;
+  if (plen != (size_t)cfg->num_hidden_layers)
+    return st_fail(ST_EINVAL, "--set index_topk_reuse=%s: the pattern has %zu letters, the model %d "
+                   "layers (one F or S per layer)", s->index_topk_pattern, plen, cfg->num_hidden_layers);
+  for (int l = 0; l < cfg->num_hidden_layers; l++)
+    if (cfg->layer_kind[l] == ST_LAYER_CSA) {
+      if (s->index_topk_pattern[l] == 'S')
+        return st_fail(ST_EINVAL, "--set index_topk_reuse=%s: layer %d, the first CSA layer, is S: "
+                       "there is no earlier top-k to reuse", s->index_topk_pattern, l);
+      break;
+    }
+  return ST_OK;
+}
+
 int st_settings_json(const st_settings *s, char *buf, size_t size) {
   static const char *const rotate_names[] = {"none", "q", "k", "both"};
-  char topk[24], theta[32];
+  char topk[24], theta[32], reuse[ST_MAX_LAYERS + 3];
+  if (s->index_topk_pattern[0]) snprintf(reuse, sizeof reuse, "\"%s\"", s->index_topk_pattern);
+  else snprintf(reuse, sizeof reuse, "%d", s->index_topk_reuse > 0 ? s->index_topk_reuse : 1);
   if (s->topk < 0) snprintf(topk, sizeof topk, "\"all\"");
   else if (s->topk == 0) snprintf(topk, sizeof topk, "\"config\"");
   else snprintf(topk, sizeof topk, "%d", s->topk);
@@ -138,9 +189,10 @@ int st_settings_json(const st_settings *s, char *buf, size_t size) {
   else snprintf(theta, sizeof theta, "%.17g", s->compress_rope_theta);
   return snprintf(buf, size,
                   "{\"precision\":\"%s\",\"index_k\":\"%s\",\"index_q\":\"%s\",\"rotate\":\"%s\","
-                  "\"topk\":%s,\"index_rope\":\"%s\",\"compress_rope_theta\":%s,\"yarn\":\"%s\"}",
+                  "\"topk\":%s,\"index_rope\":\"%s\",\"compress_rope_theta\":%s,\"yarn\":\"%s\","
+                  "\"index_topk_reuse\":%s}",
                   s->precision == ST_PRECISION_EXACT ? "exact" : "reference",
                   st_number_format_name(s->index_k), st_number_format_name(s->index_q),
                   s->rotate < 0 ? "auto" : rotate_names[s->rotate & 3], topk,
-                  s->index_rope_neox ? "neox" : "interleaved", theta, s->yarn ? "on" : "off");
+                  s->index_rope_neox ? "neox" : "interleaved", theta, s->yarn ? "on" : "off", reuse);
 }

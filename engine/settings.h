@@ -34,6 +34,10 @@ typedef struct st_settings {
   int index_rope_neox;      /* 0 interleaved pairs (correct for V4), 1 neox halves */
   double compress_rope_theta; /* 0 = config */
   int yarn;                 /* 1 on (config's YaRN on compressed layers), 0 off */
+  /* IndexCache (sglang index_topk_freq / index_topk_pattern): which CSA layers compute their
+  ** top-k and which reuse the last computed one (st_settings_topk_source). */
+  int index_topk_reuse;     /* N >= 1: CSA layers 0, N, 2N, ... (counted among CSA layers) compute */
+  char index_topk_pattern[ST_MAX_LAYERS + 1]; /* "" = by index_topk_reuse; else per model layer F|S */
 } st_settings;
 
 #define ST_ROTATE_Q 1
@@ -49,6 +53,16 @@ void st_settings_resolve(st_settings *s, const st_config *cfg);
 
 /* Effective top-k for a model: N, or INT32_MAX for "all". */
 int st_settings_topk(const st_settings *s, const st_config *cfg);
+
+/* The CSA layer whose top-k layer `layer` selects with: the layer itself when it computes its
+** own, the last earlier CSA layer that did when it reuses (index_topk_reuse); -1 when layer is no
+** CSA layer or the pattern reuses before any CSA layer computed. The one definition of the
+** schedule, for the engine and the replayer. */
+int st_settings_topk_source(const st_settings *s, const st_config *cfg, int layer);
+
+/* Checks index_topk_reuse against the model: a pattern has one F or S per model layer and its
+** first CSA layer computes. Errors name the setting and the layer. */
+st_status st_settings_check(const st_settings *s, const st_config *cfg);
 
 /* Writes the settings as a JSON object with every key of the catalogue. Returns length. */
 int st_settings_json(const st_settings *s, char *buf, size_t size);

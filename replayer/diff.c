@@ -33,8 +33,41 @@ const char *st_diff_metric_name(st_diff_metric m) {
 
 const char *st_diff_verdict_name(st_diff_verdict v) {
   static const char *const names[] = {"ok", "DIVERGES", "only in A", "only in B", "ignored",
-                                      "not compared", "no common positions", "unsupported dtype"};
+                                      "not compared", "no common positions", "unsupported dtype",
+                                      "ties only"};
   return (unsigned)v < sizeof names / sizeof *names ? names[v] : "?";
+}
+
+int st_diff_verdict_compared(st_diff_verdict v) {
+  return v == ST_DIFF_OK || v == ST_DIFF_DIVERGES || v == ST_DIFF_TIE;
+}
+
+/* The defaults of ST_DIFF_PROFILE_IMPORTED, first match wins (globs on the tap suffix). The diff
+** metric of two tensors whose elements differ by independent relative errors e is about E[e^2]/2:
+** one bf16 rounding (unit roundoff 2^-8) gives 2.6e-6, a layer of a bf16 engine chains tens of
+** them, so activations get 1e-3; the indexer's sides are scored in fp8 (2^-4: 6.5e-4 per rounding)
+** or fp4 (2^-2: 1.0e-2), so its quantised inputs and its scores get 3e-2; the logits sum every
+** layer's error, 1e-2. Top-k sets of slightly different scores swap rows near the boundary: a
+** Jaccard of 0.9 allows about one row in twenty (a rotated or misread side gives far less); the
+** routed experts (k of 6) may swap one (5/7 = 0.71). Integer taps stay exact. */
+static const struct {
+  const char *glob;
+  st_diff_metric metric;
+  double threshold;
+  st_diff_kind kind;
+} imported_defaults[] = {
+  {"indexer.q_used", ST_DIFF_METRIC_DIFF, 3e-2, ST_DIFF_KIND_FLOAT},
+  {"indexer.k_used", ST_DIFF_METRIC_DIFF, 3e-2, ST_DIFF_KIND_FLOAT},
+  {"indexer.scores", ST_DIFF_METRIC_DIFF, 3e-2, ST_DIFF_KIND_FLOAT},
+  {"logits", ST_DIFF_METRIC_DIFF, 1e-2, ST_DIFF_KIND_FLOAT},
+  {"*", ST_DIFF_METRIC_DIFF, 1e-3, ST_DIFF_KIND_FLOAT},
+  {"indexer.topk", ST_DIFF_METRIC_JACCARD, 0.9, ST_DIFF_KIND_INDEX_SET},
+  {"*", ST_DIFF_METRIC_JACCARD, 0.7, ST_DIFF_KIND_INDEX_SET},
+  {"*", ST_DIFF_METRIC_EXACT, 0, ST_DIFF_KIND_INTEGER},
+};
+
+const char *st_diff_profile_name(st_diff_profile p) {
+  return p == ST_DIFF_PROFILE_IMPORTED ? "imported" : "same-engine";
 }
 
 int st_diff_metric_applies(st_diff_metric m, st_diff_kind k) {
@@ -151,14 +184,43 @@ st_diff_kind st_diff_tap_kind(const st_trace_tap *tap) {
   }
 }
 
+void st_diff_profile_rules(st_diff_profile p, char *buf, size_t size) {
+  size_t k = 0;
+  buf[0] = 0;
+  if (p != ST_DIFF_PROFILE_IMPORTED) {
+    snprintf(buf, size, "float *=diff:%g, index sets *=jaccard:%g, other integers *=exact",
+             ST_DIFF_DEFAULT_FLOAT_TOLERANCE, ST_DIFF_DEFAULT_SET_JACCARD);
+    return;
+  }
+  static const char *const kinds[] = {"float", "index sets", "other integers", "?"};
+  for (size_t i = 0; i < sizeof imported_defaults / sizeof *imported_defaults && k < size; i++) {
+    int first_of_kind = i == 0 || imported_defaults[i - 1].kind != imported_defaults[i].kind;
+    k += (size_t)snprintf(buf + k, size - k, "%s%s%s%s=%s", i ? ", " : "",
+                          first_of_kind ? kinds[imported_defaults[i].kind] : "",
+                          first_of_kind ? " " : "", imported_defaults[i].glob,
+                          st_diff_metric_name(imported_defaults[i].metric));
+    if (k < size && imported_defaults[i].metric != ST_DIFF_METRIC_EXACT)
+      k += (size_t)snprintf(buf + k, size - k, ":%g", imported_defaults[i].threshold);
+  }
+}
+
 st_diff_rule st_diff_rule_for(const st_diff_rules *rules, const char *name, const char *suffix,
-                              st_diff_kind kind) {
+                              st_diff_kind kind, st_diff_profile profile) {
   for (int i = 0; rules && i < rules->n; i++) {
     const st_diff_rule *r = &rules->v[i];
     if (!st_diff_metric_applies(r->metric, kind)) continue;
     if (!fnmatch(r->glob, name, 0) || (suffix && !fnmatch(r->glob, suffix, 0))) return *r;
   }
   st_diff_rule d = {.glob = "*", .builtin = 1};
+  for (size_t i = 0; profile == ST_DIFF_PROFILE_IMPORTED && i < sizeof imported_defaults / sizeof *imported_defaults; i++) {
+    if (imported_defaults[i].kind != kind) continue;
+    if (fnmatch(imported_defaults[i].glob, name, 0) && (!suffix || fnmatch(imported_defaults[i].glob, suffix, 0)))
+      continue;
+    snprintf(d.glob, sizeof d.glob, "%s", imported_defaults[i].glob);
+    d.metric = imported_defaults[i].metric;
+    d.threshold = imported_defaults[i].threshold;
+    return d;
+  }
   d.metric = kind == ST_DIFF_KIND_FLOAT       ? ST_DIFF_METRIC_DIFF
              : kind == ST_DIFF_KIND_INDEX_SET ? ST_DIFF_METRIC_JACCARD
                                               : ST_DIFF_METRIC_EXACT;
@@ -193,6 +255,7 @@ static void result_init(st_diff_tap_result *r, const st_trace_tap *tap) {
   r->worst_position = -1;
   r->kl_max_position = -1;
   r->first_greedy_difference = -1;
+  r->first_tie_position = -1;
   r->metric = "";
   st_tensor_compare_init(&r->tensor);
   st_index_set_compare_init(&r->sets);
@@ -313,6 +376,55 @@ static st_status set_detail(st_trace *a, const st_trace_tap *ta, st_trace *b,
   return st;
 }
 
+/* The scores that judge top-k ties (diff.h "Ties"): each trace's indexer.scores tap of the layer
+** (NULL when it has none) and a buffer for one row of the wider. */
+typedef struct tie_scores {
+  st_trace *trace[2];
+  const st_trace_tap *tap[2];
+  float *row;
+} tie_scores;
+
+static st_status tie_scores_open(tie_scores *ts, st_trace *a, st_trace *b, int layer) {
+  memset(ts, 0, sizeof *ts);
+  ts->trace[0] = a;
+  ts->trace[1] = b;
+  size_t width = 0;
+  for (int s = 0; s < 2; s++) {
+    const st_trace_tap *t = st_trace_find_tap_id(ts->trace[s], ST_TAP_INDEXER_SCORES, layer);
+    if (t && t->rank == 2 && st_diff_tap_kind(t) == ST_DIFF_KIND_FLOAT) {
+      ts->tap[s] = t;
+      width = ST_MAX(width, st_trace_row_elements(t));
+    }
+  }
+  if (width && !(ts->row = malloc(width * sizeof *ts->row)))
+    return st_fail(ST_ENOMEM, "layer %d: a scores row of %zu values", layer, width);
+  return ST_OK;
+}
+
+/* Whether the sets rowa (A's) and rowb (B's) at position pos differ only by boundary ties, judged
+** in A's scores at pos when A holds them, else in B's; *tie 0 when neither holds them. */
+static st_status topk_tie(tie_scores *ts, int64_t pos, const int32_t *rowa, int64_t wa,
+                          const int32_t *rowb, int64_t wb, int32_t *scratch, int *tie,
+                          float *boundary, char *judged_by) {
+  *tie = 0;
+  for (int s = 0; s < 2; s++) {
+    if (!ts->tap[s]) continue;
+    int64_t row;
+    if (st_trace_find_position(ts->trace[s], ts->tap[s], pos, &row) != ST_OK) {
+      st_clear_error(); /* this trace kept no scores at pos: the other may have */
+      continue;
+    }
+    st_status st = st_trace_read_f32(ts->trace[s], ts->tap[s], row, 1, ts->row);
+    if (st) return st;
+    int64_t n = (int64_t)st_trace_row_elements(ts->tap[s]);
+    *tie = s == 0 ? st_topk_differs_by_ties(ts->row, n, rowa, wa, rowb, wb, scratch, boundary)
+                  : st_topk_differs_by_ties(ts->row, n, rowb, wb, rowa, wa, scratch, boundary);
+    *judged_by = s == 0 ? 'A' : 'B';
+    return ST_OK;
+  }
+  return ST_OK;
+}
+
 /* Sets worst_position/coords from a flat index over the compared elements (W per row). */
 static void locate(st_diff_tap_result *r, const row_pairs *p, int64_t flat, int64_t W) {
   if (flat < 0 || W <= 0 || flat / W >= p->n) return;
@@ -387,6 +499,10 @@ st_status st_diff_tap(st_trace *a, const st_trace_tap *ta, st_trace *b, const st
   uint32_t *pada = pad ? malloc((size_t)(max_rows * ST_MAX(W, 1)) * 4) : NULL;
   uint32_t *padb = pad ? malloc((size_t)(max_rows * ST_MAX(W, 1)) * 4) : NULL;
   int32_t *scratch = set_metric ? malloc((size_t)(wa + wb + 1) * sizeof *scratch) : NULL;
+  tie_scores ties = {0};
+  int judge_ties = set_metric && ta->id == ST_TAP_INDEXER_TOPK;
+  int64_t tie_ra = -1, tie_rb = -1;
+  if (judge_ties && (st = tie_scores_open(&ties, a, b, ta->layer))) goto out;
   if (!bufa || !bufb || (pad && (!pada || !padb)) || (set_metric && !scratch)) {
     st = st_fail(ST_ENOMEM, "comparing tap %s (%lld rows per block)", ta->name, (long long)max_rows);
     goto out;
@@ -418,7 +534,26 @@ st_status st_diff_tap(st_trace *a, const st_trace_tap *ta, st_trace *b, const st
       if (wb != W) pad_rows(bufb, len, outer, last_b, last, fill, padb), xb = padb;
     }
     int64_t flat0 = i * W;
-    if (set_metric) {
+    if (set_metric && (ties.tap[0] || ties.tap[1])) {
+      for (int64_t k = 0; k < len; k++) { /* a tied row counts as identical */
+        const int32_t *rowa = (const int32_t *)xa + k * wa, *rowb = (const int32_t *)xb + k * wb;
+        st_set_counts c = st_index_set_counts(rowa, wa, rowb, wb, scratch);
+        int tie = 0;
+        float boundary = 0;
+        char judged_by = 0;
+        if ((c.n_common != c.n_a || c.n_common != c.n_b) &&
+            (st = topk_tie(&ties, p.pos[i + k], rowa, wa, rowb, wb, scratch, &tie, &boundary,
+                           &judged_by)))
+          goto out;
+        st_index_set_compare_add(&r->sets, rowa, wa, tie ? rowa : rowb, tie ? wa : wb, 1, scratch);
+        if (tie && r->tie_rows++ == 0) {
+          r->first_tie_position = p.pos[i + k];
+          r->tie_boundary = boundary;
+          r->tie_judged_by = judged_by;
+          tie_ra = p.ra[i + k], tie_rb = p.rb[i + k];
+        }
+      }
+    } else if (set_metric) {
       st_index_set_compare_add(&r->sets, (const int32_t *)xa, wa, (const int32_t *)xb, wb, len,
                                scratch);
     } else if (is_float) {
@@ -473,6 +608,10 @@ st_status st_diff_tap(st_trace *a, const st_trace_tap *ta, st_trace *b, const st
         r->n_worst_coords = 0;
         if ((st = set_detail(a, ta, b, tb, p.ra[w], p.rb[w], r))) goto out;
       }
+    } else if (r->tie_rows > 0) { /* only ties: show the first */
+      r->worst_position = r->first_tie_position;
+      r->n_worst_coords = 0;
+      if ((st = set_detail(a, ta, b, tb, tie_ra, tie_rb, r))) goto out;
     }
   } else if (is_float) {
     const st_tensor_compare *c = &r->tensor;
@@ -506,6 +645,7 @@ st_status st_diff_tap(st_trace *a, const st_trace_tap *ta, st_trace *b, const st
     r->worst_a = int_a, r->worst_b = int_b;
   }
   if (diverges) r->verdict = ST_DIFF_DIVERGES;
+  else if (r->tie_rows > 0) r->verdict = ST_DIFF_TIE;
   else if (p.n == 0 && !ta->row_axis && (r->rows_a || r->rows_b)) r->verdict = ST_DIFF_NO_COMMON;
   else r->verdict = ST_DIFF_OK;
 out:
@@ -514,6 +654,7 @@ out:
   free(pada);
   free(padb);
   free(scratch);
+  free(ties.row);
   pairs_free(&p);
   return st;
 shape_differs:
@@ -606,6 +747,11 @@ st_status st_diff_traces(st_trace *a, st_trace *b, const st_diff_options *opt, s
       st_config_parse(st_trace_attr(a, "config"), st_trace_path(a), config) == ST_OK)
     out->row_limits_known = 1;
   st_clear_error();
+  out->profile = opt && opt->profile ? opt->profile : ST_DIFF_PROFILE_SAME;
+  if (!(opt && opt->profile) && (st_trace_attr(a, "import") || st_trace_attr(b, "import"))) {
+    out->profile = ST_DIFF_PROFILE_IMPORTED;
+    out->imported = st_trace_attr(a, "import") ? 'A' : 'B';
+  }
   st_status st = ST_OK;
   for (int i = 0; i < n; i++) {
     st_diff_tap_result *r = &out->taps[i];
@@ -629,7 +775,7 @@ st_status st_diff_traces(st_trace *a, st_trace *b, const st_diff_options *opt, s
     char suffix[ST_TRACE_MAX_NAME];
     tap_suffix(t, suffix, sizeof suffix);
     st_diff_rule rule = st_diff_rule_for(opt ? opt->rules : NULL, t->name, suffix,
-                                         st_diff_tap_kind(e[i].a));
+                                         st_diff_tap_kind(e[i].a), out->profile);
     st_diff_limits lim = {opt ? opt->block_bytes : 0, out->end_position, -1};
     if (out->end_position >= 0 && t->row_axis) {
       int ratio = out->row_limits_known && t->layer >= 0 && t->layer < ST_MAX_LAYERS

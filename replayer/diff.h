@@ -29,6 +29,20 @@
 ** the tap suffix ("indexer.topk") and the full name ("layers.3.indexer.topk"); "tokens" is not a
 ** tap (the token sequences are always compared exactly).
 **
+** Ties. Two top-k sets (indexer.topk, under jaccard or overlap) that differ at a position only
+** by rows whose score ties the selection boundary are a tie, not a divergence: engines break
+** exact ties differently (torch.topk against our lowest-index rule), and random models with few
+** indexer heads score exact ties often. The scores are the trace's own indexer.scores row at that
+** position: A's when A holds it, else B's (a trace that kept scores at `last` only judges that
+** position); st_topk_differs_by_ties (metrics.h) decides. Such a row counts as identical in the
+** Jaccard/overlap figures and in tie_rows; a tap whose only differences are ties gets the verdict
+** ST_DIFF_TIE. Rule `exact` compares the bits and excuses nothing.
+**
+** Tolerance profiles. The built-in defaults above suit two runs of this engine. When either trace
+** was imported from another engine (it has an `import` attribute: `sparsetrace import`), they are
+** replaced by defaults for a bf16/fp8 serving engine against an fp32 reference (st_diff_profile_
+** rules; `diff` prints which were used). Rules given by the user still come first.
+**
 ** Token differences. Activations at position p depend on tokens 0..p, so once the token
 ** sequences differ (at position d: a different prompt, or a generated token after a divergence)
 ** later rows are consequences, not evidence: only positions < d are compared, and compressed
@@ -78,6 +92,18 @@ typedef struct st_diff_rule {
   int builtin;                  /* 1: one of the defaults */
 } st_diff_rule;
 
+/* Which built-in defaults apply (diff.h "Tolerance profiles"). */
+typedef enum st_diff_profile {
+  ST_DIFF_PROFILE_AUTO = 0,     /* IMPORTED when either trace has an `import` attribute, else SAME */
+  ST_DIFF_PROFILE_SAME = 1,     /* two runs of this engine: diff:1e-6, jaccard:1, exact */
+  ST_DIFF_PROFILE_IMPORTED = 2, /* a bf16/fp8 engine's dump against an fp32 reference */
+} st_diff_profile;
+
+/* "same-engine", "imported". */
+const char *st_diff_profile_name(st_diff_profile p);
+/* The profile's defaults as text ("indexer.scores=diff:0.03, ..., *=diff:1e-06"), for output. */
+void st_diff_profile_rules(st_diff_profile p, char *buf, size_t size);
+
 typedef struct st_diff_rules {
   st_diff_rule *v;
   int n, cap;
@@ -94,9 +120,9 @@ const char *st_diff_metric_name(st_diff_metric m);
 int st_diff_metric_applies(st_diff_metric m, st_diff_kind k);
 st_diff_kind st_diff_tap_kind(const st_trace_tap *tap);
 /* The rule for a tap: the first of rules (NULL = none) that matches name or suffix and applies
-** to kind, else the built-in default for kind. */
+** to kind, else the profile's built-in default for it (AUTO counts as SAME here). */
 st_diff_rule st_diff_rule_for(const st_diff_rules *rules, const char *name, const char *suffix,
-                              st_diff_kind kind);
+                              st_diff_kind kind, st_diff_profile profile);
 
 typedef enum st_diff_verdict {
   ST_DIFF_OK = 0,
@@ -107,11 +133,14 @@ typedef enum st_diff_verdict {
   ST_DIFF_NOT_COMPARED = 5,  /* after the layer of the first divergence (without `all`) */
   ST_DIFF_NO_COMMON = 6,     /* no token position kept by both traces */
   ST_DIFF_UNSUPPORTED = 7,   /* a dtype the reader cannot widen */
+  ST_DIFF_TIE = 8,           /* top-k sets differ, but only by boundary ties (diff.h "Ties") */
 } st_diff_verdict;
 
 /* "ok", "DIVERGES", "only in A", "only in B", "ignored", "not compared", "no common positions",
-** "unsupported dtype". */
+** "unsupported dtype", "ties only". */
 const char *st_diff_verdict_name(st_diff_verdict v);
+/* 1 for the verdicts that come from comparing values (ok, DIVERGES, ties only). */
+int st_diff_verdict_compared(st_diff_verdict v);
 
 /* The comparison of one tap. Positions are token positions (compressed rows for row taps). */
 typedef struct st_diff_tap_result {
@@ -145,6 +174,12 @@ typedef struct st_diff_tap_result {
   /* Index sets at the worst row: members only in A, only in B (the first few, ascending). */
   int32_t worst_only_a[ST_DIFF_SET_DETAIL], worst_only_b[ST_DIFF_SET_DETAIL];
   int n_worst_only_a, n_worst_only_b;
+  /* Ties (indexer.topk): rows whose sets differ only by boundary ties; the first of them, its
+  ** boundary score and whose scores judged it ('A' or 'B'; 0 when no tie). When nothing diverges,
+  ** worst_position and worst_only_a/b show that first tie. */
+  int64_t tie_rows, first_tie_position;
+  float tie_boundary;
+  char tie_judged_by;
   /* logits only (has_logits): per-row KL(softmax a || softmax b) and greedy agreement. */
   int has_logits;
   double kl_mean, kl_max;
@@ -164,6 +199,7 @@ typedef struct st_diff_options {
   const st_diff_rules *rules;   /* NULL: the defaults */
   int all;                      /* 1: compare every tap, do not stop after the first divergence */
   size_t block_bytes;           /* read buffer per trace; 0 = 32 MiB */
+  st_diff_profile profile;      /* built-in defaults; 0 = AUTO */
 } st_diff_options;
 
 typedef struct st_diff_report {
@@ -177,6 +213,8 @@ typedef struct st_diff_report {
   ** tap diverges but the generated tokens (or their count) do. */
   int tokens_first;
   int diverges;             /* 1 when anything diverges (a tap or the tokens) */
+  st_diff_profile profile;  /* the built-in defaults used (never AUTO) */
+  char imported;            /* AUTO chose IMPORTED because of this trace ('A' or 'B'); 0 otherwise */
 } st_diff_report;
 
 /* How many taps of t a --tap glob selects (by full name or suffix, as st_diff_traces does). */

@@ -148,6 +148,35 @@ st_set_counts st_index_set_counts(const int32_t *a, int64_t width_a, const int32
   return c;
 }
 
+int st_topk_differs_by_ties(const float *scores, int64_t n_scores, const int32_t *chosen,
+                            int64_t width_chosen, const int32_t *other, int64_t width_other,
+                            int32_t *scratch, float *boundary) {
+  int32_t *sa = scratch, *sb = scratch + width_chosen;
+  int64_t na = sorted_set(chosen, width_chosen, sa), nb = sorted_set(other, width_other, sb);
+  if (na != nb || na == 0) return 0;
+  float lowest = INFINITY;
+  for (int64_t i = 0; i < na; i++) {
+    if (sa[i] >= n_scores) return 0; /* a row the scores do not cover */
+    if (scores[sa[i]] < lowest || isnan(scores[sa[i]])) lowest = scores[sa[i]];
+  }
+  if (!isfinite(lowest)) return 0;
+  int64_t swapped = 0;
+  for (int64_t i = 0, j = 0; i < na || j < nb;) {
+    int32_t row;
+    if (j >= nb || (i < na && sa[i] < sb[j])) row = sa[i++];
+    else if (i >= na || sb[j] < sa[i]) row = sb[j++];
+    else {
+      i++, j++;
+      continue;
+    }
+    if (row >= n_scores || scores[row] != lowest) return 0; /* NaN != anything: never a tie */
+    swapped++;
+  }
+  if (swapped == 0) return 0;
+  *boundary = lowest;
+  return 1;
+}
+
 double st_set_jaccard(st_set_counts c) {
   int64_t uni = c.n_a + c.n_b - c.n_common;
   return uni == 0 ? 1.0 : (double)c.n_common / (double)uni;

@@ -112,6 +112,18 @@ void st_index_set_compare_add(st_index_set_compare *c, const int32_t *a, int64_t
 double st_index_set_mean_jaccard(const st_index_set_compare *c); /* 1 when no rows */
 double st_index_set_mean_overlap(const st_index_set_compare *c); /* 1 when no rows */
 
+/* Top-k ties (diff.h "Ties"). Whether two top-k sets of one position differ only by rows whose
+** score ties the selection boundary, judged in one trace's scores: scores[0..n_scores) is that
+** trace's indexer.scores row (compressed-row ids index it), chosen[0..width_chosen) the set that
+** trace selected, other[0..width_other) the other trace's set (negative = none, any order). Returns
+** 1 when the sets differ, hold as many rows each, the boundary (the lowest score in chosen, i.e.
+** the k-th score) is finite, and every row of either set difference has exactly the boundary score
+** (*boundary is set to it); 0 otherwise, equal sets included. scratch holds width_chosen +
+** width_other int32 values. The one function that decides "tie, not divergence". */
+int st_topk_differs_by_ties(const float *scores, int64_t n_scores, const int32_t *chosen,
+                            int64_t width_chosen, const int32_t *other, int64_t width_other,
+                            int32_t *scratch, float *boundary);
+
 /* ---------------------------------------------------------------- needle ranks */
 
 typedef struct st_needle_rank {

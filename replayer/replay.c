@@ -96,7 +96,7 @@ st_status st_settings_from_json(const char *text, st_settings *out) {
   json_t *value;
   st_status rc = ST_OK;
   json_object_foreach(root, key, value) {
-    char kv[256];
+    char kv[ST_MAX_LAYERS + 256];
     if (json_is_string(value)) snprintf(kv, sizeof kv, "%s=%s", key, json_string_value(value));
     else if (json_is_integer(value)) snprintf(kv, sizeof kv, "%s=%lld", key, (long long)json_integer_value(value));
     else if (json_is_real(value)) snprintf(kv, sizeof kv, "%s=%.17g", key, json_real_value(value));
@@ -176,10 +176,12 @@ static st_status build_cells(const st_replay_request *req, const st_settings *ba
 static int same_settings(const st_settings *a, const st_settings *b) {
   return a->precision == b->precision && a->index_k == b->index_k && a->index_q == b->index_q &&
          a->rotate == b->rotate && a->topk == b->topk && a->index_rope_neox == b->index_rope_neox &&
-         a->compress_rope_theta == b->compress_rope_theta && a->yarn == b->yarn;
+         a->compress_rope_theta == b->compress_rope_theta && a->yarn == b->yarn &&
+         a->index_topk_reuse == b->index_topk_reuse &&
+         !strcmp(a->index_topk_pattern, b->index_topk_pattern);
 }
 
-/* Everything that shapes the indexer scores (not the top-k size). */
+/* Everything that shapes the indexer scores (not the top-k size, nor whether it is reused). */
 static int same_scores(const st_settings *a, const st_settings *b) {
   return a->index_k == b->index_k && a->index_q == b->index_q && a->rotate == b->rotate &&
          a->index_rope_neox == b->index_rope_neox && a->compress_rope_theta == b->compress_rope_theta &&
@@ -284,6 +286,27 @@ typedef struct indexer_inputs {
   int heads, dim, ratio;
 } indexer_inputs;
 
+/* The widest recorded top-k a cell of replay_indexer reuses (index_topk_reuse: the layer selects
+** with the top-k of the CSA layer before it, read by row, so that tap must hold the same
+** positions); 1 when no cell reuses. */
+static st_status reused_topk_width(const st_replay_request *req, const st_config *cfg, const cell_spec *specs,
+                                   int n_cells, const indexer_inputs *in, int64_t *width) {
+  *width = 1;
+  for (int c = 0; c < n_cells; c++) {
+    int src = st_settings_topk_source(&specs[c].settings, cfg, req->layer);
+    if (src == req->layer) continue;
+    const st_trace_tap *tap = NULL;
+    st_status rc = need_tap(in->trace, req->trace_path, ST_TAP_INDEXER_TOPK, src, &tap);
+    if (rc) return st_fail_context(rc, "cell %s: layer %d reuses layer %d's top-k: ", specs[c].label, req->layer, src);
+    if (tap->shape[0] != in->n)
+      return st_fail(ST_EFORMAT, "%s: %s holds %lld positions, layer %d's indexer.q %lld: a cell that "
+                     "reuses it needs the same positions", req->trace_path, tap->name,
+                     (long long)tap->shape[0], req->layer, (long long)in->n);
+    *width = ST_MAX(*width, tap->shape[1]);
+  }
+  return ST_OK;
+}
+
 static st_status replay_indexer(const st_backend *be, const st_replay_request *req, const st_config *cfg,
                                 const st_settings *recorded, cell_spec *specs, int n_cells,
                                 indexer_inputs *in, st_replay_report *rep) {
@@ -291,6 +314,8 @@ static st_status replay_indexer(const st_backend *be, const st_replay_request *r
   int hI = in->heads, dI = in->dim;
   int64_t R = in->rows, n = in->n;
   const int block = 128;
+  int64_t reuse_width;
+  if ((rc = reused_topk_width(req, cfg, specs, n_cells, in, &reuse_width))) return rc;
   /* The trace's tensors are read into host buffers; every op runs on copies of them in backend
   ** memory (uploaded, results downloaded), so the stage runs on any backend. */
   float *k = malloc(sizeof(float) * (size_t)(R ? R : 1) * dI);
@@ -312,8 +337,9 @@ static st_status replay_indexer(const st_backend *be, const st_replay_request *r
     if (kk > max_topk) max_topk = kk;
   }
   int64_t topk_cap = max_topk < R ? max_topk : (R > 0 ? R : 1);
-  int32_t *topk = malloc(sizeof(int32_t) * (size_t)block * topk_cap);
-  int32_t *set_scratch = malloc(sizeof(int32_t) * (size_t)(topk_cap + rec_topk_width + 2));
+  int32_t *topk_rows = malloc(sizeof(int32_t) * (size_t)block * topk_cap);
+  int32_t *reused = malloc(sizeof(int32_t) * (size_t)block * (size_t)reuse_width);
+  int32_t *set_scratch = malloc(sizeof(int32_t) * (size_t)(ST_MAX(topk_cap, reuse_width) + rec_topk_width + 2));
   st_backend_limits lim = {.max_tokens = block, .max_rows = R > 0 ? R : 1, .max_topk = (int)topk_cap,
                            .max_dim = hI * dI};
   int visible[128];
@@ -342,7 +368,7 @@ static st_status replay_indexer(const st_backend *be, const st_replay_request *r
       (rc = st_backend_alloc(be, visible_bytes, (void **)&d_visible)) ||
       (rc = st_backend_alloc(be, scratch_bytes ? scratch_bytes : 1, &d_scratch)))
     goto out;
-  if (!k || !k_used || !q || !q_used || !w || !scores || !topk || !set_scratch ||
+  if (!k || !k_used || !q || !q_used || !w || !scores || !topk_rows || !reused || !set_scratch ||
       !k_positions || !done || !score_cmp || !topk_cmp || !bits_differ ||
       (in->scores && !rec_scores) || (in->topk && !rec_topk) || (in->k_used && !rec_k_used) ||
       (in->q_used && !rec_q_used)) {
@@ -411,10 +437,20 @@ static st_status replay_indexer(const st_backend *be, const st_replay_request *r
         int c = group[g];
         st_replay_cell *cell = &rep->cells[c];
         int kk = st_settings_topk(&specs[c].settings, cfg);
-        int width = st_indexer_topk_of(be, kk, d_scores, d_topk, nb, (int)R, d_visible, d_scratch);
-        if (R > 0 && (rc = st_backend_download(be, topk, d_topk, sizeof(int32_t) * (size_t)nb * width)))
-          goto out;
-        if (R == 0) for (int i = 0; i < nb; i++) topk[i] = -1;
+        int src = st_settings_topk_source(&specs[c].settings, cfg, req->layer);
+        int32_t *topk = topk_rows; /* this cell's top-k rows [nb, width] */
+        int width;
+        if (src != req->layer) {
+          const st_trace_tap *src_tap = st_trace_find_tap_id(in->trace, ST_TAP_INDEXER_TOPK, src);
+          width = (int)src_tap->shape[1];
+          if ((rc = st_trace_read_i32(in->trace, src_tap, p0, nb, reused))) goto out;
+          topk = reused;
+        } else {
+          width = st_indexer_topk_of(be, kk, d_scores, d_topk, nb, (int)R, d_visible, d_scratch);
+          if (R > 0 && (rc = st_backend_download(be, topk, d_topk, sizeof(int32_t) * (size_t)nb * width)))
+            goto out;
+          if (R == 0) for (int i = 0; i < nb; i++) topk[i] = -1;
+        }
         int exact_cell = same_settings(&specs[c].settings, recorded);
         if (rec_scores && rec_score_width == score_width) {
           st_tensor_compare_add(&score_cmp[c], scores, rec_scores, (int64_t)nb * score_width);
@@ -474,13 +510,44 @@ out:
     for (size_t b = 0; b < sizeof device / sizeof device[0]; b++) st_backend_free(be, device[b]);
   }
   free(k); free(k_used); free(rec_k_used); free(q); free(q_used); free(rec_q_used); free(w);
-  free(scores); free(rec_scores); free(rec_topk); free(topk); free(set_scratch);
+  free(scores); free(rec_scores); free(rec_topk); free(topk_rows); free(reused); free(set_scratch);
   free(k_positions); free(done); free(score_cmp); free(topk_cmp); free(bits_differ);
   return rc;
 }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Model stages: attention, layer, rest                                                         */
+
+/* The recorded top-k a model-stage replay of layers N..last must give the session: that of the
+** CSA layer before N which one of them reuses (index_topk_reuse; layer N under the cell's settings,
+** the others under the recorded ones), read whole [T, width]. *out NULL when none reuses. */
+static st_status reused_topk_input(st_trace *t, const char *trace_path, const st_config *cfg,
+                                   const st_settings *recorded, const st_settings *cell, int N,
+                                   int last, int64_t T, int32_t **out, int *width, int *layer) {
+  *out = NULL;
+  *width = 0;
+  *layer = -1;
+  for (int l = N; l <= last; l++) {
+    int src = st_settings_topk_source(l == N ? cell : recorded, cfg, l);
+    if (src >= 0 && src < N) *layer = src;
+  }
+  if (*layer < 0) return ST_OK;
+  const st_trace_tap *tap;
+  st_status rc = need_tap(t, trace_path, ST_TAP_INDEXER_TOPK, *layer, &tap);
+  if (rc) return st_fail_context(rc, "layer %d reuses layer %d's top-k: ", N, *layer);
+  if (tap->has_positions || tap->shape[0] < T)
+    return st_fail(ST_EINVAL, "%s recorded %s at a subset of positions; a replay that reuses it needs "
+                   "every position (record with --positions all)", trace_path, tap->name);
+  *out = malloc(sizeof(int32_t) * (size_t)T * (size_t)(tap->shape[1] ? tap->shape[1] : 1));
+  if (!*out) return st_fail(ST_ENOMEM, "%s: %lld rows", tap->name, (long long)T);
+  if ((rc = st_trace_read_i32(t, tap, 0, T, *out))) {
+    free(*out);
+    *out = NULL;
+    return rc;
+  }
+  *width = (int)tap->shape[1];
+  return ST_OK;
+}
 
 /* Keeps the layer-N taps a model-stage replay compares (in memory, one buffer per tap). */
 typedef struct keep_sink {
@@ -622,12 +689,20 @@ static st_status replay_model(const st_backend *be, const st_replay_request *req
     taps.sink = &sink;
     st_session_options opt = {.max_tokens = T, .settings = *recorded, .taps = &taps,
                               .alt_layers = alt, .alt_settings = specs[c].settings, .backend = be};
+    int32_t *topk_in = NULL;
+    if ((rc = reused_topk_input(t, req->trace_path, cfg, recorded, &specs[c].settings, N, last, T,
+                                &topk_in, &opt.topk_in_width, &opt.topk_in_layer))) {
+      st_taps_free(&taps);
+      break;
+    }
+    opt.topk_in = topk_in;
     st_session *s = NULL;
     keep.attn_rows = keep.out_rows = keep.scores_rows = keep.topk_rows = 0;
     rc = st_session_create(model, &opt, &s);
     if (!rc) rc = st_session_forward_layers(s, tokens, (int)T, X_in, N, last, NULL, NULL, logits);
     st_session_free(s);
     st_taps_free(&taps);
+    free(topk_in);
     if (rc) break;
     int bits_differ = 0;
     if (rec_out) compare_output(cell, t, rec_out, req->stage == ST_REPLAY_ATTENTION ? keep.attn_out : keep.output,

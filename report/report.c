@@ -674,7 +674,7 @@ static st_status section_compare(report_ctx *c, report_run *a, report_run *b) {
   int nf = 0, nj = 0;
   for (int i = 0; !rc && i < rep.n_taps; i++) {
     const st_diff_tap_result *t = &rep.taps[i];
-    int compared = t->verdict == ST_DIFF_OK || t->verdict == ST_DIFF_DIVERGES;
+    int compared = st_diff_verdict_compared(t->verdict);
     if (compared && t->kind == ST_DIFF_KIND_FLOAT) {
       names[nf] = t->name;
       values[nf] = st_tensor_difference(&t->tensor);
@@ -708,7 +708,7 @@ static st_status section_compare(report_ctx *c, report_run *a, report_run *b) {
     for (int i = 0; i < rep.n_taps; i++) {
       const st_diff_tap_result *t = &rep.taps[i];
       char value[32] = "-", threshold[32] = "-", rows[32], worst[32] = "-";
-      int compared = t->verdict == ST_DIFF_OK || t->verdict == ST_DIFF_DIVERGES;
+      int compared = st_diff_verdict_compared(t->verdict);
       if (compared) {
         snprintf(value, sizeof value, "%.6g", t->value);
         snprintf(threshold, sizeof threshold, "%.6g", t->threshold);

@@ -361,6 +361,98 @@ static void test_sets_edge_cases(void **state) {
   assert_true(st_index_set_mean_jaccard(&c) == 1.0 && c.min_jaccard == 1.0 && c.min_jaccard_row == -1);
 }
 
+/* ------------------------------------------------------------------ top-k ties */
+
+/* 1 when c[0..k) (distinct rows) is a valid top-k of scores[0..n): every member scores at least
+** as high as every non-member. The reference for st_topk_differs_by_ties: two sets differ only
+** by boundary ties exactly when both are valid top-k selections of the same scores. */
+static int valid_topk(const float *scores, int n, const int32_t *c, int k) {
+  unsigned char in[64] = {0};
+  for (int i = 0; i < k; i++) in[c[i]] = 1;
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < n; j++)
+      if (in[i] && !in[j] && scores[i] < scores[j]) return 0;
+  return 1;
+}
+
+/* The k highest of scores[0..n), ties broken by lowest index (low_first) or highest index. */
+static void topk_by(const float *scores, int n, int k, int low_first, int32_t *out) {
+  unsigned char used[64] = {0};
+  for (int m = 0; m < k; m++) {
+    int best = -1;
+    for (int i = 0; i < n; i++) {
+      if (used[i]) continue;
+      if (best < 0 || scores[i] > scores[best] || (scores[i] == scores[best] && !low_first)) best = i;
+    }
+    used[best] = 1;
+    out[m] = best;
+  }
+}
+
+static void test_topk_ties_against_bruteforce(void **state) {
+  (void)state;
+  enum { MAXR = 40 };
+  float scores[MAXR];
+  int32_t a[MAXR], b[MAXR], c[MAXR], scratch[2 * MAXR];
+  int ties_seen = 0, valid_others = 0, invalid_others = 0;
+  for (int trial = 0; trial < 3000; trial++) {
+    int n = 1 + (int)below(MAXR), k = 1 + (int)below(n), levels = 1 + (int)below(6);
+    for (int i = 0; i < n; i++) scores[i] = (float)below(levels) * 0.25f - 0.5f; /* many ties */
+    topk_by(scores, n, k, 1, a);
+    topk_by(scores, n, k, 0, b);
+    int differ = 0;
+    st_set_counts ab = st_index_set_counts(a, k, b, k, scratch);
+    differ = ab.n_common != k;
+    float boundary = 12345;
+    /* lowest-index against highest-index tie breaking: both valid, so a tie whenever they differ */
+    assert_int_equal(st_topk_differs_by_ties(scores, n, a, k, b, k, scratch, &boundary), differ);
+    assert_int_equal(st_topk_differs_by_ties(scores, n, b, k, a, k, scratch, &boundary), differ);
+    if (differ) {
+      float kth = INFINITY;
+      for (int i = 0; i < k; i++) kth = fminf(kth, scores[a[i]]);
+      assert_true(boundary == kth);
+      ties_seen++;
+    }
+    /* any k distinct rows: a tie exactly when it is another valid top-k that differs from a */
+    for (int i = 0; i < n; i++) c[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+      int j = (int)below(i + 1);
+      int32_t t = c[i];
+      c[i] = c[j], c[j] = t;
+    }
+    st_set_counts ac = st_index_set_counts(a, k, c, k, scratch);
+    int want = valid_topk(scores, n, c, k) && ac.n_common != k;
+    valid_others += want;
+    invalid_others += !valid_topk(scores, n, c, k);
+    assert_int_equal(st_topk_differs_by_ties(scores, n, a, k, c, k, scratch, &boundary), want);
+  }
+  assert_true(ties_seen > 100 && valid_others > 50 && invalid_others > 100); /* both sides exercised */
+}
+
+static void test_topk_ties_edge_cases(void **state) {
+  (void)state;
+  int32_t scratch[16];
+  float b = 0;
+  float s[6] = {3, 1, 2, 2, -INFINITY, NAN};
+  int32_t k2[2] = {0, 2}, k2b[2] = {3, 0}, k2c[2] = {0, 1}, k3[3] = {0, 2, 3};
+  assert_int_equal(st_topk_differs_by_ties(s, 6, k2, 2, k2b, 2, scratch, &b), 1); /* 2 vs 3 at 2 */
+  assert_true(b == 2);
+  assert_int_equal(st_topk_differs_by_ties(s, 6, k2, 2, k2, 2, scratch, &b), 0);  /* equal sets */
+  assert_int_equal(st_topk_differs_by_ties(s, 6, k2, 2, k2c, 2, scratch, &b), 0); /* 1 < 2: not a tie */
+  assert_int_equal(st_topk_differs_by_ties(s, 6, k2, 2, k3, 3, scratch, &b), 0);  /* sizes differ */
+  int32_t pad_a[3] = {0, 2, -1}, pad_b[2] = {3, 0}; /* -1 padding is no member */
+  assert_int_equal(st_topk_differs_by_ties(s, 6, pad_a, 3, pad_b, 2, scratch, &b), 1);
+  int32_t out[2] = {0, 9}; /* a row the scores row does not cover */
+  assert_int_equal(st_topk_differs_by_ties(s, 6, k2, 2, out, 2, scratch, &b), 0);
+  int32_t inf_a[2] = {0, 4}, inf_b[2] = {0, 1}; /* boundary -inf: rows not visible, never a tie */
+  float t[5] = {3, -INFINITY, 0, 0, -INFINITY};
+  assert_int_equal(st_topk_differs_by_ties(t, 5, inf_a, 2, inf_b, 2, scratch, &b), 0);
+  int32_t nan_a[2] = {0, 5}, nan_b[2] = {0, 2}; /* NaN never ties */
+  assert_int_equal(st_topk_differs_by_ties(s, 6, nan_a, 2, nan_b, 2, scratch, &b), 0);
+  int32_t e[1] = {-1};
+  assert_int_equal(st_topk_differs_by_ties(s, 6, e, 1, e, 1, scratch, &b), 0); /* both empty */
+}
+
 /* ------------------------------------------------------------------ needle ranks */
 
 static void test_needle_rank_against_bruteforce(void **state) {
@@ -506,6 +598,8 @@ int main(void) {
     cmocka_unit_test(test_unravel_index),
     cmocka_unit_test(test_sets_random_against_bruteforce),
     cmocka_unit_test(test_sets_edge_cases),
+    cmocka_unit_test(test_topk_ties_against_bruteforce),
+    cmocka_unit_test(test_topk_ties_edge_cases),
     cmocka_unit_test(test_needle_rank_against_bruteforce),
     cmocka_unit_test(test_needle_rank_edge_cases),
     cmocka_unit_test(test_logits_against_bruteforce),

@@ -13,6 +13,7 @@
 #include "import.h"
 
 #include <dirent.h>
+#include <sys/stat.h>
 #include <fnmatch.h>
 #include <jansson.h>
 #include <libgen.h>
@@ -22,6 +23,7 @@
 #include <string.h>
 
 #include "engine/config.h"
+#include "engine/indexer.h"
 #include "engine/settings.h"
 #include "recorder/recorder.h"
 #include "schemas/catalogue.h"
@@ -47,6 +49,7 @@ typedef struct dump_file {
   char *path, *name;
   int step, rank, layer; /* layer -1: none */
   long dump_index;
+  int in_dict;           /* sglang-pass: name is a key of the file's dict (one file, many tensors) */
 } dump_file;
 
 typedef struct tap_seen {
@@ -69,6 +72,8 @@ typedef struct importer {
   int32_t *tokens;  /* by position */
   int64_t n_tokens_cap, n_tokens, n_prompt;
   st_import_result *res;
+  st_torchsave *cached;     /* sglang-pass: the Pass file open last, shared by its entries */
+  char *cached_path;
 } importer;
 
 const char *st_import_builtin_map(const char *format) {
@@ -306,6 +311,34 @@ static int64_t meta_int(const st_py *meta, const char *key, int64_t fallback) {
   return v && v->kind == ST_PY_INT ? v->i : fallback;
 }
 
+/* Opens the file of a dump (a Pass file stays open for its other entries: close_dump keeps it). */
+static st_status open_dump(importer *im, const dump_file *f, st_torchsave **ts) {
+  if (f->in_dict && im->cached && !strcmp(im->cached_path, f->path)) {
+    *ts = im->cached;
+    return ST_OK;
+  }
+  st_status rc = st_torchsave_open(f->path, ts);
+  if (rc || !f->in_dict) return rc;
+  st_torchsave_close(im->cached);
+  free(im->cached_path);
+  im->cached = *ts;
+  im->cached_path = strdup(f->path);
+  if (!im->cached_path) { im->cached = NULL; st_torchsave_close(*ts); return st_fail(ST_ENOMEM, "%s", f->path); }
+  return ST_OK;
+}
+
+static void close_dump(importer *im, st_torchsave *ts) {
+  if (ts != im->cached) st_torchsave_close(ts);
+}
+
+/* The value a dump names: the file's root, or its entry f->name (sglang-pass). */
+static const st_py *dump_root(st_torchsave *ts, const dump_file *f) {
+  const st_py *root = st_torchsave_root(ts);
+  if (!f->in_dict) return root;
+  const st_py *v = st_py_dict_get(root, f->name);
+  return v ? v : root; /* cannot happen: the name was read from this dict */
+}
+
 /* Reads a whole tensor as int64 values (the alignment inputs). */
 static st_status read_ints(st_torchsave *ts, const st_torch_tensor *t, const char *path, int64_t **out, int64_t *n) {
   *out = NULL;
@@ -378,9 +411,40 @@ static int cmp_i32(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* One mapped tensor of a step -> its tap. */
+/* A source tensor in memory: its element type (torch's names: "float32", "int64", ...), shape and
+** row-major bytes, whatever file format it came from. */
+typedef struct raw_tensor {
+  const char *dtype;
+  size_t elem_size;
+  int ndim;
+  int64_t shape[MAX_AXES];
+  int64_t numel;
+  const uint8_t *data; /* numel * elem_size bytes */
+} raw_tensor;
+
+static st_status import_values(importer *im, const dump_file *f, const map_line *m, int layer,
+                               const raw_tensor *t, const st_py *meta, const step_align *al);
+
+/* One mapped tensor of a step (a torch.save file) -> its tap. */
 static st_status import_tensor(importer *im, const dump_file *f, const map_line *m, int layer, st_torchsave *ts,
-                               const st_torch_tensor *t, const st_py *meta, const step_align *al) {
+                               const st_torch_tensor *tt, const st_py *meta, const step_align *al) {
+  if (tt->ndim > MAX_AXES)
+    return st_fail(ST_EFORMAT, "%s: tensor %s has %d axes (at most %d)", f->path, f->name, tt->ndim, MAX_AXES);
+  raw_tensor t = {.dtype = tt->dtype, .elem_size = tt->elem_size, .ndim = tt->ndim, .numel = tt->numel};
+  for (int a = 0; a < tt->ndim; a++) t.shape[a] = tt->shape[a];
+  uint8_t *raw = malloc((size_t)tt->numel * tt->elem_size + 1);
+  if (!raw) return st_fail(ST_ENOMEM, "tensor %s", f->name);
+  st_status rc = st_torchsave_read(ts, tt, raw, (size_t)tt->numel * tt->elem_size);
+  t.data = raw;
+  if (!rc) rc = import_values(im, f, m, layer, &t, meta, al);
+  free(raw);
+  return rc;
+}
+
+/* One mapped tensor's values -> its tap: layout checked against the model, converted to the tap's
+** element type, top-k rows made sets, token rows placed at their positions. */
+static st_status import_values(importer *im, const dump_file *f, const map_line *m, int layer,
+                               const raw_tensor *t, const st_py *meta, const step_align *al) {
   st_tap_id tap = (st_tap_id)m->tap;
   const st_tap_info *info = &st_tap_catalogue[tap];
   if (info->scope == ST_TAP_SCOPE_LAYER && (layer < 0 || layer >= im->cfg.num_hidden_layers))
@@ -421,30 +485,27 @@ static st_status import_tensor(importer *im, const dump_file *f, const map_line 
                    im->opt->map_path ? im->opt->map_path : "the built-in map", m->line);
   }
   size_t n = (size_t)t->numel;
-  uint8_t *raw = malloc(n * t->elem_size + 1);
-  if (!raw) return st_fail(ST_ENOMEM, "tensor %s", f->name);
-  st_status rc = st_torchsave_read(ts, t, raw, n * t->elem_size);
-  if (rc) { free(raw); return rc; }
+  const uint8_t *raw = t->data;
+  st_status rc = ST_OK;
   /* the tap's element type: f32 for float taps, int32 for integer ones (taps.def) */
   int int_tap = strstr(info->shape, " i32") != NULL;
   void *conv = malloc(n * 4 + 4);
-  if (!conv) { free(raw); return st_fail(ST_ENOMEM, "tensor %s", f->name); }
+  if (!conv) return st_fail(ST_ENOMEM, "tensor %s", f->name);
   if (int_tap) {
-    if (elem_is_float(t->dtype)) { free(raw); free(conv); return st_fail(ST_EFORMAT, "%s: tensor %s is %s; tap %s holds integers", f->path, f->name, t->dtype, info->suffix); }
+    if (elem_is_float(t->dtype)) { free(conv); return st_fail(ST_EFORMAT, "%s: tensor %s is %s; tap %s holds integers", f->path, f->name, t->dtype, info->suffix); }
     int32_t *o = conv;
     for (size_t i = 0; i < n; i++) {
       int64_t v = elem_i(raw + i * t->elem_size, t->dtype, t->elem_size);
-      if (v < INT32_MIN || v > INT32_MAX) { free(raw); free(conv); return st_fail(ST_EFORMAT, "%s: tensor %s value %lld does not fit int32", f->path, f->name, (long long)v); }
+      if (v < INT32_MIN || v > INT32_MAX) { free(conv); return st_fail(ST_EFORMAT, "%s: tensor %s value %lld does not fit int32", f->path, f->name, (long long)v); }
       o[i] = (int32_t)v;
     }
     if (strcmp(t->dtype, "int32")) note(im, tap, layer, "converted from %s", t->dtype);
   } else {
-    if (!elem_is_float(t->dtype)) { free(raw); free(conv); return st_fail(ST_EFORMAT, "%s: tensor %s is %s; tap %s holds floats", f->path, f->name, t->dtype, info->suffix); }
+    if (!elem_is_float(t->dtype)) { free(conv); return st_fail(ST_EFORMAT, "%s: tensor %s is %s; tap %s holds floats", f->path, f->name, t->dtype, info->suffix); }
     float *o = conv;
     for (size_t i = 0; i < n; i++) o[i] = (float)elem_f(raw + i * t->elem_size, t->dtype);
     if (strcmp(t->dtype, "float32")) note(im, tap, layer, "converted from %s (exactly; the values keep %s precision)", t->dtype, t->dtype);
   }
-  free(raw);
   size_t row_elems = n / (size_t)(shape[0] ? shape[0] : 1);
   if (m->topk && row_elems) { /* each row: the selected rows as a set, ascending, -1 after */
     int32_t *o = conv;
@@ -527,14 +588,14 @@ static st_status import_step(importer *im, int from, int to) {
     const map_line *m = map_find(im, f->name, &layer);
     if (!m || m->tap >= 0 || m->tap == ALIGN_RIDS) continue;
     st_torchsave *ts = NULL;
-    if ((rc = st_torchsave_open(f->path, &ts))) break;
+    if ((rc = open_dump(im, f, &ts))) break;
     const st_py *meta;
-    const st_torch_tensor *t = value_tensor(st_torchsave_root(ts), &meta);
+    const st_torch_tensor *t = value_tensor(dump_root(ts, f), &meta);
     if (!t) rc = st_fail(ST_EFORMAT, "%s: %s is not a tensor", f->path, f->name);
     else if (m->tap == ALIGN_POSITIONS) { free(al.positions); rc = read_ints(ts, t, f->path, &al.positions, &al.n_positions); al.has_positions = !rc; }
     else if (m->tap == ALIGN_SEQ_LENS) { free(seq); rc = read_ints(ts, t, f->path, &seq, &n_seq); }
     else if (m->tap == ALIGN_TOKENS) { free(ids); rc = read_ints(ts, t, f->path, &ids, &n_ids); }
-    st_torchsave_close(ts);
+    close_dump(im, ts);
   }
   if (!rc) {
     int64_t total = ids ? n_ids : al.n_positions;
@@ -566,9 +627,9 @@ static st_status import_step(importer *im, int from, int to) {
     if (m->tap < 0) continue;
     im->res->n_mapped++;
     st_torchsave *ts = NULL;
-    if ((rc = st_torchsave_open(f->path, &ts))) break;
+    if ((rc = open_dump(im, f, &ts))) break;
     const st_py *meta;
-    const st_torch_tensor *t = value_tensor(st_torchsave_root(ts), &meta);
+    const st_torch_tensor *t = value_tensor(dump_root(ts, f), &meta);
     if (meta && layer < 0) layer = (int)meta_int(meta, "layer_id", -1);
     if (m->csa_layer && layer >= 0) { /* compact CSA-layer id -> the model's layer */
       int k = -1, model_layer = -1;
@@ -577,18 +638,343 @@ static st_status import_step(importer *im, int from, int to) {
       if (model_layer < 0) {
         rc = st_fail(ST_EFORMAT, "%s: tensor %s: CSA layer %d, but the model has %d CSA layers", f->path, f->name,
                      layer, k + 1);
-        st_torchsave_close(ts);
+        close_dump(im, ts);
         break;
       }
       layer = model_layer;
     }
     if (!t) rc = st_fail(ST_EFORMAT, "%s: %s is not a tensor (nor {\"value\": tensor, ...})", f->path, f->name);
     else rc = import_tensor(im, f, m, layer, ts, t, meta, &al);
-    st_torchsave_close(ts);
+    close_dump(im, ts);
   }
   free(al.positions);
   free(seq);
   free(ids);
+  return rc;
+}
+
+/* sglang-pass (--debug-tensor-dump-output-folder; sglang's debug_utils/tensor_dump_forward_hook.py):
+** DIR/TP{t}_PP{p}_Rank{r}_pid{pid}/Pass{N:05d}.pt, one per forward pass, each a dict of every leaf
+** module's output by module name, plus model.forward_batch_info.{input_ids,seq_lens,positions}.
+** Each entry becomes a dump of step N (in_dict); tensor-parallel rank 0 of every pipeline stage
+** is read, the other ranks noted. DIR may also be one rank's directory. */
+static st_status add_pass_file(importer *im, const char *path, int pass, int *cap) {
+  st_torchsave *ts = NULL;
+  st_status rc = st_torchsave_open(path, &ts);
+  if (rc) return rc;
+  const st_py *root = st_torchsave_root(ts);
+  if (root->kind != ST_PY_DICT) {
+    st_torchsave_close(ts);
+    return st_fail(ST_EFORMAT, "%s: a Pass file holds a dict of module outputs; this one holds no dict", path);
+  }
+  for (size_t k = 0; k + 1 < root->n && !rc; k += 2) {
+    const st_py *key = root->items[k];
+    if (key->kind != ST_PY_STR) continue;
+    if (im->n_files == *cap) {
+      *cap = *cap ? *cap * 2 : 256;
+      dump_file *grown = realloc(im->files, (size_t)*cap * sizeof *grown);
+      if (!grown) { rc = st_fail(ST_ENOMEM, "file list"); break; }
+      im->files = grown;
+    }
+    dump_file f = {.path = strdup(path), .name = strdup(key->s), .step = pass, .rank = 0, .layer = -1,
+                   .dump_index = (long)(k / 2), .in_dict = 1};
+    if (!f.path || !f.name) { free(f.path); free(f.name); rc = st_fail(ST_ENOMEM, "file list"); break; }
+    im->files[im->n_files++] = f;
+  }
+  st_torchsave_close(ts);
+  return rc;
+}
+
+static st_status list_pass_files(importer *im, const char *dir) {
+  int cap = 0, other_ranks = 0, n_pass = 0;
+  st_status rc = ST_OK;
+  char rank_dirs[16][4096];
+  int n_dirs = 0;
+  DIR *d = opendir(dir);
+  if (!d) return st_fail(ST_EIO, "open directory %s", dir);
+  struct dirent *e;
+  int has_pass = 0;
+  while ((e = readdir(d))) {
+    int tp, pp, rank, pid, n;
+    if (!strncmp(e->d_name, "Pass", 4)) has_pass = 1;
+    else if (sscanf(e->d_name, "TP%d_PP%d_Rank%d_pid%d%n", &tp, &pp, &rank, &pid, &n) == 4 && !e->d_name[n]) {
+      if (tp != 0) other_ranks++;
+      else if (n_dirs < 16) snprintf(rank_dirs[n_dirs++], sizeof rank_dirs[0], "%s/%s", dir, e->d_name);
+      else return closedir(d), st_fail(ST_ETOOBIG, "%s: more than 16 pipeline stages", dir);
+    }
+  }
+  closedir(d);
+  if (has_pass) snprintf(rank_dirs[n_dirs++], sizeof rank_dirs[0], "%s", dir);
+  for (int r = 0; r < n_dirs && !rc; r++) {
+    if (!(d = opendir(rank_dirs[r]))) return st_fail(ST_EIO, "open directory %s", rank_dirs[r]);
+    while ((e = readdir(d)) && !rc) {
+      int pass, n;
+      if (sscanf(e->d_name, "Pass%d.pt%n", &pass, &n) != 1 || e->d_name[n] || pass < 0) continue;
+      char path[8192];
+      if (snprintf(path, sizeof path, "%s/%s", rank_dirs[r], e->d_name) >= (int)sizeof path) continue;
+      rc = add_pass_file(im, path, pass, &cap);
+      n_pass++;
+    }
+    closedir(d);
+  }
+  if (rc) return rc;
+  if (!n_pass)
+    return st_fail(ST_ENOTFOUND, "%s holds no Pass*.pt file (sglang --debug-tensor-dump-output-folder writes "
+                   "TP0_PP0_Rank0_pid<pid>/Pass00000.pt, ...)", dir);
+  if (other_ranks)
+    note(im, ST_TAP_INPUT, -1, "%d tensor-parallel ranks other than 0 left out (shards are not concatenated)", other_ranks);
+  qsort(im->files, (size_t)im->n_files, sizeof *im->files, file_cmp);
+  return ST_OK;
+}
+
+/* ------------------------------------------------------------------ antirez/ds4's raw dumps */
+
+/* ds4 (schemas/import/ds4.map) writes PREFIX_NAME-LAYER_posPOS.bin (float32) or .i32 (int32):
+** raw little-endian, no header, POS the first position of the batch. Shapes come from the names
+** and the model: the row width of a tap from config.json (tap_dims), the rows from the size;
+** indexer_scores [n, n_comp] takes n from the other files of its batch. */
+typedef struct ds4_file {
+  char *path;
+  dump_file df;           /* path and name for messages, the layer */
+  const map_line *m;
+  int64_t pos, bytes, rows;
+  int is_i32;
+} ds4_file;
+
+typedef struct ds4_set {
+  ds4_file *v;
+  int n, cap;
+} ds4_set;
+
+static void ds4_set_free(ds4_set *s) {
+  for (int i = 0; i < s->n; i++) { free(s->v[i].path); free(s->v[i].df.name); }
+  free(s->v);
+}
+
+/* Splits a file name: PREFIX_NAME-LAYER_posPOS.EXT. prefix: the part before NAME ("run_"), or
+** NULL when only the map's names can tell where NAME starts. Returns the map line or NULL. */
+static const map_line *ds4_parse_name(importer *im, const char *base, const char *prefix, ds4_file *f,
+                                      char *name, size_t name_size) {
+  size_t n = strlen(base);
+  if (n < 5 || (strcmp(base + n - 4, ".bin") && strcmp(base + n - 4, ".i32"))) return NULL;
+  f->is_i32 = !strcmp(base + n - 4, ".i32");
+  char stem[1024];
+  if (n - 4 >= sizeof stem) return NULL;
+  memcpy(stem, base, n - 4);
+  stem[n - 4] = 0;
+  char *pos = strstr(stem, "_pos"), *next;
+  while (pos && (next = strstr(pos + 1, "_pos"))) pos = next;
+  if (!pos || !pos[4]) return NULL;
+  char *end;
+  long long p = strtoll(pos + 4, &end, 10);
+  if (*end || p < 0 || p > ((long long)1 << 40)) return NULL;
+  *pos = 0;
+  char *dash = strrchr(stem, '-');
+  if (!dash || !dash[1]) return NULL;
+  long layer = strtol(dash + 1, &end, 10);
+  if (*end || layer < 0 || layer > 65535) return NULL;
+  *dash = 0;
+  f->pos = p;
+  f->df.layer = (int)layer;
+  const char *nm = NULL;
+  if (prefix) {
+    if (strncmp(stem, prefix, strlen(prefix))) return NULL;
+    nm = stem + strlen(prefix);
+  } else { /* the longest map name that ends the stem after a '_' (or is all of it) */
+    size_t best = 0, ls = strlen(stem);
+    for (int i = 0; i < im->n_map; i++) {
+      size_t lm = strlen(im->map[i].name);
+      if (lm > best && lm <= ls && !strcmp(stem + ls - lm, im->map[i].name) && (lm == ls || stem[ls - lm - 1] == '_')) {
+        best = lm;
+        nm = stem + ls - lm;
+      }
+    }
+    if (!nm) nm = stem;
+  }
+  snprintf(name, name_size, "%s", nm);
+  int l = -1;
+  return map_find(im, nm, &l);
+}
+
+static int ds4_cmp(const void *a, const void *b) {
+  const ds4_file *x = a, *y = b;
+  if (x->pos != y->pos) return x->pos < y->pos ? -1 : 1;
+  if (x->df.layer != y->df.layer) return x->df.layer < y->df.layer ? -1 : 1;
+  return strcmp(x->path, y->path);
+}
+
+/* The dump files of src: a directory (every .bin/.i32 in it) or a prefix (DIR/PREFIX: the files
+** DIR/PREFIX_*), as DS4_METAL_GRAPH_DUMP_PREFIX was set. */
+static st_status ds4_list(importer *im, const char *src, ds4_set *set) {
+  char dir[4096], prefix[1024] = "";
+  struct stat sb;
+  int is_dir = stat(src, &sb) == 0 && S_ISDIR(sb.st_mode);
+  if (is_dir) {
+    snprintf(dir, sizeof dir, "%s", src);
+  } else {
+    const char *slash = strrchr(src, '/');
+    if (slash) snprintf(dir, sizeof dir, "%.*s", (int)(slash - src), src);
+    else snprintf(dir, sizeof dir, ".");
+    if (!dir[0]) snprintf(dir, sizeof dir, "/");
+    snprintf(prefix, sizeof prefix, "%s_", slash ? slash + 1 : src);
+  }
+  DIR *d = opendir(dir);
+  if (!d) return st_fail(ST_EIO, "open directory %s (ds4: a dump directory or the DS4_METAL_GRAPH_DUMP_PREFIX path)", dir);
+  struct dirent *e;
+  st_status rc = ST_OK;
+  while ((e = readdir(d)) && !rc) {
+    if (e->d_name[0] == '.') continue;
+    if (!is_dir && strncmp(e->d_name, prefix, strlen(prefix))) continue;
+    size_t len = strlen(e->d_name);
+    if (len < 5 || (strcmp(e->d_name + len - 4, ".bin") && strcmp(e->d_name + len - 4, ".i32"))) continue;
+    ds4_file f = {0};
+    char name[256] = "";
+    const map_line *m = ds4_parse_name(im, e->d_name, is_dir ? NULL : prefix, &f, name, sizeof name);
+    if (!m || m->tap < 0) { /* another tensor, or a name not of the PREFIX_NAME-LAYER_posPOS form */
+      im->res->n_unmapped++;
+      if (json_array_size(im->unmapped) < 64) json_array_append_new(im->unmapped, json_string(name[0] ? name : e->d_name));
+      continue;
+    }
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) continue;
+    if (stat(path, &sb)) { rc = st_fail(ST_EIO, "stat %s", path); break; }
+    f.bytes = (int64_t)sb.st_size;
+    f.m = m;
+    f.rows = -1;
+    f.path = strdup(path);
+    f.df.name = strdup(name);
+    if (!f.path || !f.df.name) { free(f.path); free(f.df.name); rc = st_fail(ST_ENOMEM, "file list"); break; }
+    f.df.path = f.path;
+    if (set->n == set->cap) {
+      int cap = set->cap ? set->cap * 2 : 64;
+      ds4_file *grown = realloc(set->v, (size_t)cap * sizeof *grown);
+      if (!grown) { free(f.path); free(f.df.name); rc = st_fail(ST_ENOMEM, "file list"); break; }
+      set->v = grown;
+      set->cap = cap;
+    }
+    set->v[set->n++] = f;
+  }
+  closedir(d);
+  if (rc) return rc;
+  if (!set->n)
+    return st_fail(ST_ENOTFOUND, "%s holds no ds4 dump of a mapped tensor (%sNAME-LAYER_posPOS.bin or .i32)",
+                   is_dir ? dir : src, is_dir ? "PREFIX_" : "");
+  qsort(set->v, (size_t)set->n, sizeof *set->v, ds4_cmp);
+  im->res->n_files = set->n + im->res->n_unmapped;
+  return ST_OK;
+}
+
+/* Elements of one row of tap, from the model (0: a width the file must tell, indexer.scores). */
+static int64_t ds4_row_elements(const importer *im, st_tap_id tap) {
+  int64_t d[MAX_AXES], e = 1;
+  int n = tap_dims(&im->cfg, tap, d);
+  for (int a = 0; a < n; a++) {
+    if (d[a] < 0) return tap == ST_TAP_INDEXER_TOPK ? im->cfg.index_topk : 0;
+    e *= d[a];
+  }
+  return e;
+}
+
+/* Rows of every file: from its size for taps of a known width (every file of one batch must
+** agree), then indexer.scores from its batch; sizes that fit no whole row are errors. */
+static st_status ds4_rows(importer *im, ds4_set *set) {
+  for (int i = 0; i < set->n; i++) {
+    ds4_file *f = &set->v[i];
+    st_tap_id tap = (st_tap_id)f->m->tap;
+    int64_t row = ds4_row_elements(im, tap);
+    if (f->bytes == 0 || f->bytes % 4)
+      return st_fail(ST_EFORMAT, "%s: %lld bytes, not a whole number of 4-byte %s values (truncated?)", f->path,
+                     (long long)f->bytes, f->is_i32 ? "int32" : "float32");
+    if (!row) continue;
+    if ((f->bytes / 4) % row)
+      return st_fail(ST_EFORMAT, "%s: %lld values, not a whole number of rows of %lld (tap %s of the model in %s: "
+                     "a truncated file or another model)", f->path, (long long)(f->bytes / 4), (long long)row,
+                     st_tap_catalogue[tap].suffix, im->opt->model_dir);
+    f->rows = f->bytes / 4 / row;
+    for (int j = 0; j < i; j++)
+      if (set->v[j].pos == f->pos && set->v[j].rows >= 0 && set->v[j].rows != f->rows)
+        return st_fail(ST_EFORMAT, "%s holds %lld rows, %s of the same batch (position %lld) %lld: the files "
+                       "disagree (truncated?)", f->path, (long long)f->rows, set->v[j].path, (long long)f->pos,
+                       (long long)set->v[j].rows);
+  }
+  for (int i = 0; i < set->n; i++) {
+    ds4_file *f = &set->v[i];
+    if (f->rows >= 0) continue;
+    int64_t values = f->bytes / 4;
+    int64_t m = f->df.layer < im->cfg.num_hidden_layers ? im->cfg.compress_ratio[f->df.layer] : 0;
+    for (int j = 0; j < set->n && f->rows < 0; j++)
+      if (set->v[j].pos == f->pos && set->v[j].rows > 0) f->rows = set->v[j].rows;
+    if (f->rows < 0 && m > 0) /* alone in its batch: n * n_comp with n_comp = (pos + n) / m rows */
+      for (int64_t n = 1; n <= values && f->rows < 0; n++)
+        if (n * ((f->pos + n) / m) == values) f->rows = n;
+    if (f->rows <= 0 || values % f->rows)
+      return st_fail(ST_EFORMAT, "%s: %lld values do not make %s rows of compressed-row scores for its batch at "
+                     "position %lld (truncated, or the batch's other files are missing)", f->path, (long long)values,
+                     f->rows > 0 ? "whole" : "any number of", (long long)f->pos);
+  }
+  return ST_OK;
+}
+
+/* Every file -> its tap, in position order. Scores of rows not yet visible at a position become
+** -inf and top-k entries naming them are dropped, as the reference writes them (noted). */
+static st_status ds4_import(importer *im, ds4_set *set) {
+  st_status rc = ds4_rows(im, set);
+  for (int i = 0; i < set->n && !rc; i++) {
+    ds4_file *f = &set->v[i];
+    st_tap_id tap = (st_tap_id)f->m->tap;
+    int layer = f->df.layer;
+    if (layer >= im->cfg.num_hidden_layers)
+      return st_fail(ST_EFORMAT, "%s: layer %d, but the model in %s has layers 0..%d", f->path, layer,
+                     im->opt->model_dir, im->cfg.num_hidden_layers - 1);
+    if (f->pos + f->rows > im->n_tokens)
+      return st_fail(ST_EFORMAT, "%s: positions %lld..%lld, past the %lld tokens of --prompt-tokens", f->path,
+                     (long long)f->pos, (long long)(f->pos + f->rows - 1), (long long)im->n_tokens);
+    int64_t width = f->bytes / 4 / f->rows;
+    uint8_t *data = malloc((size_t)f->bytes + 1);
+    if (!data) return st_fail(ST_ENOMEM, "%s", f->path);
+    FILE *fp = fopen(f->path, "rb");
+    size_t got = fp ? fread(data, 1, (size_t)f->bytes, fp) : 0;
+    if (fp) fclose(fp);
+    if (got != (size_t)f->bytes) {
+      free(data);
+      return st_fail(ST_EIO, "read %s (%zu of %lld bytes)", f->path, got, (long long)f->bytes);
+    }
+    int m = im->cfg.compress_ratio[layer];
+    int64_t hidden = 0, dropped = 0;
+    for (int64_t r = 0; r < f->rows && m > 0 && (tap == ST_TAP_INDEXER_SCORES || tap == ST_TAP_INDEXER_TOPK); r++) {
+      int visible = st_visible_rows(f->pos + r, m, width);
+      if (tap == ST_TAP_INDEXER_SCORES && !f->is_i32) {
+        float *row = (float *)data + r * width;
+        for (int64_t j = visible; j < width; j++) {
+          hidden += isfinite(row[j]) != 0;
+          row[j] = -INFINITY;
+        }
+      } else if (f->is_i32) {
+        int32_t *row = (int32_t *)data + r * width;
+        int v = st_visible_rows(f->pos + r, m, INT32_MAX);
+        for (int64_t j = 0; j < width; j++)
+          if (row[j] >= v) row[j] = -1, dropped++;
+      }
+    }
+    if (hidden) note(im, tap, layer, "finite scores of rows not yet visible at their position set to -inf (%lld in %s)",
+                     (long long)hidden, f->df.name);
+    if (dropped) note(im, tap, layer, "selected rows not yet visible at their position dropped (%lld)", (long long)dropped);
+    raw_tensor t = {.dtype = f->is_i32 ? "int32" : "float32", .elem_size = 4, .ndim = 2,
+                    .shape = {f->rows, width}, .numel = f->bytes / 4, .data = data};
+    if (f->m->n_axes != 2) rc = st_fail(ST_EFORMAT, "%s line %d: ds4 dumps are 2-D ([rows, width]); the layout names %d axes",
+                                        im->opt->map_path ? im->opt->map_path : "ds4.map", f->m->line, f->m->n_axes);
+    int64_t *positions = malloc(sizeof(int64_t) * (size_t)f->rows);
+    if (!rc && !positions) rc = st_fail(ST_ENOMEM, "positions");
+    for (int64_t r = 0; !rc && r < f->rows; r++) positions[r] = f->pos + r;
+    step_align al = {.positions = positions, .n_positions = f->rows, .row0 = 0, .rows = f->rows, .has_positions = 1};
+    if (!rc) {
+      im->res->n_mapped++;
+      rc = import_values(im, &f->df, f->m, layer, &t, NULL, &al);
+    }
+    if (f->rows > 1 && f->pos + f->rows > im->n_prompt) im->n_prompt = f->pos + f->rows; /* a prefill batch */
+    free(positions);
+    free(data);
+  }
   return rc;
 }
 
@@ -621,16 +1007,30 @@ st_status st_import_run(const st_import_options *opt, st_import_result *res) {
   im->unmapped = json_array();
   st_status rc = ST_OK;
   char *map_text = NULL, *config_text = NULL, *import_json = NULL, *model_copy = NULL;
+  int ds4 = !strcmp(opt->format, "ds4");
+  ds4_set ds4_files = {0};
   char config_path[4096], settings_json[2048];
   const char *builtin = st_import_builtin_map(opt->format);
-  if (!builtin) { rc = st_fail(ST_EINVAL, "unknown import format '%s' (sglang-dumper, hf)", opt->format); goto out; }
+  if (!builtin) { rc = st_fail(ST_EINVAL, "unknown import format '%s' (sglang-dumper, sglang-pass, hf, ds4)", opt->format); goto out; }
   if (opt->map_path && !(map_text = st_read_text_file(opt->map_path))) { rc = st_fail(ST_EIO, "read %s", opt->map_path); goto out; }
   if ((rc = parse_map(im, map_text ? map_text : builtin, opt->map_path ? opt->map_path : "the built-in map"))) goto out;
   snprintf(config_path, sizeof config_path, "%s/config.json", opt->model_dir);
   if ((rc = st_config_load(config_path, &im->cfg))) goto out;
   config_text = st_read_text_file(config_path);
-  if ((rc = list_files(im, opt->source_dir, 0))) goto out;
-  res->n_files = im->n_files;
+  if (ds4) {
+    if (!opt->tokens || opt->n_tokens <= 0) { rc = st_fail(ST_EINVAL, "ds4 dumps hold no token ids: --prompt-tokens FILE gives them"); goto out; }
+    if ((rc = ds4_list(im, opt->source_dir, &ds4_files))) goto out;
+    im->tokens = malloc(sizeof(int32_t) * (size_t)opt->n_tokens);
+    if (!im->tokens) { rc = st_fail(ST_ENOMEM, "tokens"); goto out; }
+    memcpy(im->tokens, opt->tokens, sizeof(int32_t) * (size_t)opt->n_tokens);
+    im->n_tokens = im->n_tokens_cap = opt->n_tokens;
+  } else if (!strcmp(opt->format, "sglang-pass")) {
+    if ((rc = list_pass_files(im, opt->source_dir))) goto out;
+    res->n_files = im->n_files;
+  } else {
+    if ((rc = list_files(im, opt->source_dir, 0))) goto out;
+    res->n_files = im->n_files;
+  }
 
   st_settings settings;
   st_settings_default(&settings);
@@ -652,13 +1052,16 @@ st_status st_import_run(const st_import_options *opt, st_import_result *res) {
   json_object_set_new(imp, "format", json_string(opt->format));
   json_object_set_new(imp, "source_dir", json_string(opt->source_dir));
   json_object_set_new(imp, "map", json_string(opt->map_path ? opt->map_path : "built-in"));
-  json_object_set_new(imp, "source", source_info(im));
+  json_object_set_new(imp, "source", ds4 ? json_pack("{s:s}", "source_engine", "antirez/ds4")
+                                    : !strcmp(opt->format, "sglang-pass") ? json_pack("{s:s}", "source_engine", "sglang")
+                                    : source_info(im));
   import_json = json_dumps(imp, JSON_COMPACT);
   json_decref(imp);
   meta.import_json = import_json;
   if ((rc = st_recorder_open(opt->out_path, opt->store_dir, &meta, 0, &im->rec))) goto out;
   im->sink = st_recorder_sink(im->rec);
 
+  if (ds4) rc = ds4_import(im, &ds4_files);
   for (int i = 0; i < im->n_files && !rc;) {
     int j = i;
     while (j < im->n_files && im->files[j].step == im->files[i].step) j++;
@@ -675,6 +1078,7 @@ st_status st_import_run(const st_import_options *opt, st_import_result *res) {
     }
     i = j;
   }
+  if (!rc && ds4 && !im->res->n_mapped) rc = st_fail(ST_EFORMAT, "%s: no ds4 dump of a mapped tensor", opt->source_dir);
   if (!rc && !im->n_tokens) rc = st_fail(ST_EFORMAT, "%s: no input_ids dump (@tokens in the map): the trace needs its tokens", opt->source_dir);
   for (int64_t p = 0; !rc && p < im->n_tokens; p++)
     if (im->tokens[p] < 0) rc = st_fail(ST_EFORMAT, "%s: no token id for position %lld (a step is missing)", opt->source_dir, (long long)p);
@@ -695,6 +1099,9 @@ st_status st_import_run(const st_import_options *opt, st_import_result *res) {
   }
   res->n_tokens = im->n_tokens;
 out:
+  ds4_set_free(&ds4_files);
+  st_torchsave_close(im->cached);
+  free(im->cached_path);
   if (im->rec) st_recorder_abort(im->rec);
   for (int i = 0; i < im->n_files; i++) { free(im->files[i].path); free(im->files[i].name); }
   free(im->files);

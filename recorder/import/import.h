@@ -11,15 +11,20 @@
 ** sets of compressed-row ids, element types (bf16/fp16/fp64/fp8 to f32, int64 to int32) — and
 ** records what it could not align, per tap, in the trace's `import` attribute, which `inspect`
 ** shows. The trace is written by the recorder and indexed like any run, so inspect, diff, query,
-** replay and bisect read it unchanged.
+** replay and bisect read it unchanged. Two more sources go through the same path: sglang-pass, a
+** --debug-tensor-dump-output-folder directory whose Pass*.pt dicts hold many named tensors each,
+** and ds4, antirez/ds4's raw float32/int32 files named PREFIX_NAME-LAYER_posPOS (shapes from the
+** names and config.json, token ids from st_import_options.tokens).
 */
 #ifndef ST_IMPORT_H
 #define ST_IMPORT_H
 
+#include <stdint.h>
+
 #include "common/base.h"
 
 typedef struct st_import_options {
-  const char *format;       /* "sglang-dumper" or "hf" */
+  const char *format;       /* "sglang-dumper", "sglang-pass", "hf" or "ds4" */
   const char *source_dir;   /* the dump directory */
   const char *model_dir;    /* the checkpoint the source ran (config.json: layers, shapes) */
   const char *out_path;     /* the trace to write */
@@ -28,6 +33,8 @@ typedef struct st_import_options {
   const char *command_line; /* for provenance */
   int request;              /* which request of a multi-request step (index into seq_lens) */
   int force;                /* overwrite the trace file and its index row */
+  const int32_t *tokens;    /* ds4: the token ids the run processed (its dumps hold none) */
+  int64_t n_tokens;
 } st_import_options;
 
 typedef struct st_import_result {
