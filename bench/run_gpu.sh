@@ -2,7 +2,7 @@
 # The GPU benchmark table of bench/gpu-results.md, in one device call (tools/gpu_bundle.sh here,
 # carry .bundle): the checks first, then every figure side by side on the same GPU.
 #
-#   bench/run_gpu.sh OUT
+#   bench/run_gpu.sh OUT [STEP...]     steps: checks peaks prefill recording peer demo (default all)
 #
 # 1. test_backend_ops, test_engine on cuda, test_digests --backend cuda (against the committed
 #    digests, 5 runs bit for bit)
@@ -12,20 +12,29 @@
 #    (reference) with decode, then 32k with layers.*.indexer.* recorded at the last 64 positions
 # 4. bench/peer_flash_transformers.py at 8k (DeepseekV4ForCausalLM, bf16; 16k runs out of memory)
 # 5. tools/demo.sh with every run on cuda, when time is left
-# Each step's output is in OUT; the summary lines go to stdout.
+# Each step's output is in OUT (packed into OUT/results.tgz at the end, as the device tool brings
+# back only a few files); the summary lines go to stdout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: bench/run_gpu.sh OUT}
+out=${1:?usage: bench/run_gpu.sh OUT [STEP...]}
+shift
+steps=" ${*:-checks peaks prefill recording peer demo} "
+want() { [[ $steps == *" $1 "* ]]; }
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$PWD/.bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 bin=$PWD/.bundle/bin flash=${FLASH_DIR:-/dev/shm/flash2}
 SECONDS=0
 step() { echo "== $1 ($SECONDS s)"; }
 [ -f "$flash/model.safetensors" ] || python3 tools/make_flash_layer.py "$flash" --layers 2 >"$out/flash_gen.txt" 2>&1
-step checks
-tools/gpu_check.sh "$out" ops engine digests 2>&1 | grep -E "FAIL|summary|== |logits|greedy|same bits|digests"
-step peaks
-timeout 120 python3 bench/peak_torch.py 8192,16384 2>&1 | tee "$out/peaks.txt" | grep -v Warning
+if want checks; then
+  step checks
+  tools/gpu_check.sh "$out" ops engine digests 2>&1 | grep -E "FAIL|summary|== |logits|greedy|same bits|digests"
+fi
+if want peaks; then
+  step peaks
+  timeout 120 python3 bench/peak_torch.py 8192,16384 2>&1 | tee "$out/peaks.txt" | grep -v Warning
+fi
+if want prefill; then
 step prefill
 for p in reference exact; do
   ST_PROFILE=1 timeout 90 "$bin/bench_prefill" "$flash" 8192 --backend cuda --set precision=$p >"$out/prefill8k_$p.txt" 2>&1
@@ -34,15 +43,21 @@ done
 ST_PROFILE=1 timeout 200 "$bin/bench_prefill" "$flash" 32768,131072 --backend cuda --set precision=reference \
   --decode 8 >"$out/prefill_long.txt" 2>&1
 grep -E "^\| [0-9]" "$out/prefill_long.txt" | sort -u
+fi
+if want recording; then
 step recording
 timeout 120 "$bin/bench_prefill" "$flash" 32768 --backend cuda --set precision=reference \
   --tap 'layers.*.indexer.*' --positions 32704: --store /tmp/st-bench >"$out/prefill_taps.txt" 2>&1
 grep -E "^\| [0-9]" "$out/prefill_taps.txt"
+fi
+if want peer; then
 step peer
 PYTHONUNBUFFERED=1 timeout 120 python3 bench/peer_flash_transformers.py "$flash" 8k >"$out/peer.txt" 2>&1
 grep -E "^\||transformers" "$out/peer.txt"
-if [ $SECONDS -lt 420 ]; then
+fi
+if want demo && [ $SECONDS -lt 420 ]; then
   step demo
   tools/gpu_check.sh "$out" demo 2>&1 | tail -12
 fi
 step done
+(cd "$out" && tar czf ../results.tgz . && mv ../results.tgz results.tgz && find . -type f ! -name results.tgz -delete)
