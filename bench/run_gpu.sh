@@ -2,7 +2,8 @@
 # The GPU benchmark table of bench/gpu-results.md, in one device call (tools/gpu_bundle.sh here,
 # carry .bundle): the checks first, then every figure side by side on the same GPU.
 #
-#   bench/run_gpu.sh OUT [STEP...]     steps: checks peaks prefill recording peer demo (default all)
+#   bench/run_gpu.sh OUT [STEP...]     steps: checks peaks prefill recording peer demo ncu
+#                                       (default all but ncu)
 #
 # 1. test_backend_ops, test_engine on cuda, test_digests --backend cuda (against the committed
 #    digests, 5 runs bit for bit)
@@ -12,6 +13,8 @@
 #    (reference) with decode, then 32k with layers.*.indexer.* recorded at the last 64 positions
 # 4. bench/peer_flash_transformers.py at 8k (DeepseekV4ForCausalLM, bf16; 16k runs out of memory)
 # 5. tools/demo.sh with every run on cuda, when time is left
+# ncu: Nsight Compute's speed-of-light, occupancy and warp-stall sections for the first launch of
+#    the indexer scores, the sparse attention, the MoE GEMM and a dense GEMM at 8k (reference)
 # Each step's output is in OUT (packed into OUT/results.tgz at the end, as the device tool brings
 # back only a few files); the summary lines go to stdout.
 set -uo pipefail
@@ -19,6 +22,7 @@ cd "$(dirname "$0")/.."
 out=${1:?usage: bench/run_gpu.sh OUT [STEP...]}
 shift
 steps=" ${*:-checks peaks prefill recording peer demo} "
+checks=${CHECKS:-ops engine digests}
 want() { [[ $steps == *" $1 "* ]]; }
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$PWD/.bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -28,7 +32,7 @@ step() { echo "== $1 ($SECONDS s)"; }
 [ -f "$flash/model.safetensors" ] || python3 tools/make_flash_layer.py "$flash" --layers 2 >"$out/flash_gen.txt" 2>&1
 if want checks; then
   step checks
-  tools/gpu_check.sh "$out" ops engine digests 2>&1 | grep -E "FAIL|summary|== |logits|greedy|same bits|digests"
+  tools/gpu_check.sh "$out" $checks 2>&1 | grep -E "FAIL|summary|== |logits|greedy|same bits|digests"
 fi
 if want peaks; then
   step peaks
@@ -54,6 +58,18 @@ if want peer; then
 step peer
 PYTHONUNBUFFERED=1 timeout 120 python3 bench/peer_flash_transformers.py "$flash" 8k >"$out/peer.txt" 2>&1
 grep -E "^\||transformers" "$out/peer.txt"
+fi
+if want ncu; then
+  step ncu
+  sections=(--section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats)
+  timeout 150 ncu --clock-control none --target-processes all "${sections[@]}" --launch-count 3 \
+    -k 'regex:^(k_gemm_moe|k_sparse_attention_tc|k_indexer_scores_tc)$' \
+    "$bin/bench_prefill" "$flash" 8192 --backend cuda --set precision=reference >"$out/ncu.txt" 2>&1
+  timeout 100 ncu --clock-control none --target-processes all "${sections[@]}" --launch-skip 12 \
+    --launch-count 1 -k 'regex:^k_gemm$' \
+    "$bin/bench_prefill" "$flash" 8192 --backend cuda --set precision=reference >"$out/ncu_gemm.txt" 2>&1
+  grep -hE "^  [a-z_]+<?|  k_|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots Busy|Stall|One or More" \
+    "$out/ncu.txt" "$out/ncu_gemm.txt" | head -80
 fi
 if want demo && [ $SECONDS -lt 420 ]; then
   step demo

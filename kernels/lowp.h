@@ -256,26 +256,41 @@ static inline ST_HD float st_ue8m0_round_up_scale(float amax, float qmax) {
 ** qmax = 448 for e4m3fn, 240 for e4m3fnuz (fnuz != 0). A NaN anywhere in a block makes amax and
 ** therefore the whole block NaN (as torch's amax would).
 */
-static inline ST_HD void st_fp8_roundtrip_blocks(float *x, int n, int block, int ue8m0, int fnuz) {
+/* Its parts, for kernels that split a block across threads: the amax starts at 1e-4 and takes
+** each value through st_fp8_amax_step (a NaN makes it NaN for good, so any order of the values,
+** and any tree of st_fp8_amax_merge, gives the same amax); the scale; one value's round trip. */
+static inline ST_HD float st_fp8_amax_step(float amax, float x) {
+  float v = x < 0 ? -x : x;
+  if (v != v) return v;
+  return amax == amax && v > amax ? v : amax;
+}
+static inline ST_HD float st_fp8_amax_merge(float a, float b) {
+  if (a != a) return a;
+  if (b != b) return b;
+  return b > a ? b : a;
+}
+static inline ST_HD float st_fp8_block_scale(float amax, int ue8m0, int fnuz) {
   const float qmax = fnuz ? 240.0f : 448.0f;
+  return ue8m0 ? st_ue8m0_round_up_scale(amax, qmax) : amax / qmax;
+}
+static inline ST_HD float st_fp8_roundtrip_value(float x, float s, int fnuz) {
+  const float qmax = fnuz ? 240.0f : 448.0f;
+  float y = x / s;
+  if (y > qmax) y = qmax;
+  if (y < -qmax) y = -qmax;
+  float d = fnuz ? st_fp8_e4m3fnuz_to_f32(st_f32_to_fp8_e4m3fnuz(y))
+                 : st_fp8_e4m3fn_to_f32(st_f32_to_fp8_e4m3fn(y));
+  return d * s;
+}
+
+static inline ST_HD void st_fp8_roundtrip_blocks(float *x, int n, int block, int ue8m0, int fnuz) {
   if (block <= 0) block = n;
   for (int b0 = 0; b0 < n; b0 += block) {
     int b1 = n - b0 < block ? n : b0 + block;
     float amax = 1e-4f;
-    for (int i = b0; i < b1; i++) {
-      float v = x[i] < 0 ? -x[i] : x[i];
-      if (v != v) amax = v;
-      else if (amax == amax && v > amax) amax = v;
-    }
-    float s = ue8m0 ? st_ue8m0_round_up_scale(amax, qmax) : amax / qmax;
-    for (int i = b0; i < b1; i++) {
-      float y = x[i] / s;
-      if (y > qmax) y = qmax;
-      if (y < -qmax) y = -qmax;
-      float d = fnuz ? st_fp8_e4m3fnuz_to_f32(st_f32_to_fp8_e4m3fnuz(y))
-                     : st_fp8_e4m3fn_to_f32(st_f32_to_fp8_e4m3fn(y));
-      x[i] = d * s;
-    }
+    for (int i = b0; i < b1; i++) amax = st_fp8_amax_step(amax, x[i]);
+    float s = st_fp8_block_scale(amax, ue8m0, fnuz);
+    for (int i = b0; i < b1; i++) x[i] = st_fp8_roundtrip_value(x[i], s, fnuz);
   }
 }
 

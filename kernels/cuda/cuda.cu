@@ -338,8 +338,9 @@ struct tc_tiles {
   uint16_t b[GN][TLD];
 };
 
-/* Writes a staged step into the shared tiles; returns bit 0: a mid piece is non-zero, bit 1: a lo
-** piece is. */
+/* Writes a staged step's hi pieces and decoded weights into the shared tiles; returns bit 0: one
+** of this thread's mid pieces is non-zero, bit 1: a lo piece is (tc_store_rest then writes them,
+** when the block's vote says a step needs them). */
 template <int KIND>
 static __device__ __forceinline__ int tc_store(tc_tiles *t, const tc_stage *st, const float *lut) {
   int tid = threadIdx.x, nz = 0;
@@ -351,16 +352,12 @@ static __device__ __forceinline__ int tc_store(tc_tiles *t, const tc_stage *st, 
                      st_lowp_f32_bits(v[3])};
     if (!((u[0] | u[1] | u[2] | u[3]) & 0xffffu)) { /* bf16 values already: mid and lo are 0 */
       *(uint2 *)&t->a[0][m][kc] = make_uint2(__byte_perm(u[0], u[1], 0x7632), __byte_perm(u[2], u[3], 0x7632));
-      *(uint2 *)&t->a[1][m][kc] = make_uint2(0, 0);
-      *(uint2 *)&t->a[2][m][kc] = make_uint2(0, 0);
       continue;
     }
     uint32_t h[4], md[4], l[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) split3(v[j], &h[j], &md[j], &l[j]);
     *(uint2 *)&t->a[0][m][kc] = make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
-    *(uint2 *)&t->a[1][m][kc] = make_uint2(md[0] | md[1] << 16, md[2] | md[3] << 16);
-    *(uint2 *)&t->a[2][m][kc] = make_uint2(l[0] | l[1] << 16, l[2] | l[3] << 16);
     nz |= (md[0] | md[1] | md[2] | md[3]) & 0x7fffu ? 1 : 0;
     nz |= (l[0] | l[1] | l[2] | l[3]) & 0x7fffu ? 2 : 0;
   }
@@ -392,6 +389,21 @@ static __device__ __forceinline__ int tc_store(tc_tiles *t, const tc_stage *st, 
   return nz;
 }
 
+/* The mid and lo pieces of a staged step (zeros where this thread's values had none). */
+static __device__ __forceinline__ void tc_store_rest(tc_tiles *t, const tc_stage *st, int mid, int lo) {
+  int tid = threadIdx.x;
+#pragma unroll
+  for (int q = 0; q < 4; q++) {
+    int e = tid + 256 * q, m = e >> 3, kc = (e & 7) * 4;
+    const float v[4] = {st->a[q].x, st->a[q].y, st->a[q].z, st->a[q].w};
+    uint32_t h[4], md[4], l[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) split3(v[j], &h[j], &md[j], &l[j]);
+    if (mid) *(uint2 *)&t->a[1][m][kc] = make_uint2(md[0] | md[1] << 16, md[2] | md[3] << 16);
+    if (lo) *(uint2 *)&t->a[2][m][kc] = make_uint2(l[0] | l[1] << 16, l[2] | l[3] << 16);
+  }
+}
+
 /* 256 threads = 8 warps as 2 x 4, each warp 64 rows x 32 outputs: 4 x 4 mma tiles a k16 step. */
 template <int KIND>
 static __device__ __forceinline__ void tc_tile(float *y, int64_t ldy, const gemm_rows &A,
@@ -421,6 +433,10 @@ static __device__ __forceinline__ void tc_tile(float *y, int64_t ldy, const gemm
   for (int k0 = 0; k0 < c; k0 += TK) {
     int nz = tc_store<KIND>(&t, &st, lut);
     int need_mid = __syncthreads_or(nz & 1), need_lo = __syncthreads_or(nz & 2);
+    if (need_mid | need_lo) { /* the block's vote: this step needs them (exact mode) */
+      tc_store_rest(&t, &st, need_mid, need_lo);
+      __syncthreads();
+    }
     if (k0 + TK < c) tc_load<KIND>(&st, arow, w, wrow0, o0, r, k0 + TK);
 #pragma unroll
     for (int ks = 0; ks < TK; ks += 16) {
@@ -641,11 +657,40 @@ static __global__ void k_quantize(float *x, int rows, int64_t stride, int len, i
   }
 }
 
+/* The FP8 round trips a warp per (row, block): lanes take every 32nd value, the amax merges in a
+** butterfly (st_fp8_amax_merge: order-free, so the bits of the one-thread form), each value's round
+** trip is lowp.h's. Coalesced, where one thread per block strides through memory. */
+static __global__ void k_quantize_fp8_warp(float *x, int rows, int64_t stride, int len, int block,
+                                           int blocks_per_row, int ue8m0, int fnuz) {
+  int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  int lane = threadIdx.x & 31;
+  if (w >= (int64_t)rows * blocks_per_row) return; /* a whole warp leaves together */
+  int64_t r = w / blocks_per_row;
+  int b0 = (int)(w % blocks_per_row) * block;
+  int m = len - b0 < block ? len - b0 : block;
+  float *p = x + r * stride + b0;
+  float amax = 1e-4f;
+  for (int i = lane; i < m; i += 32) amax = st_fp8_amax_step(amax, p[i]);
+  for (int o = 16; o > 0; o >>= 1) amax = st_fp8_amax_merge(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  float s = st_fp8_block_scale(amax, ue8m0, fnuz);
+  for (int i = lane; i < m; i += 32) p[i] = st_fp8_roundtrip_value(p[i], s, fnuz);
+}
+
 static void gpu_quantize(void *ctx, float *x, int rows, int64_t stride, int len, int block,
                          st_qformat format, int ue8m0) {
   gpu_ctx *c = (gpu_ctx *)ctx;
   if (rows <= 0 || len <= 0) return;
   if (block <= 0 || block > len) block = len;
+#if !defined(ST_HIP)
+  if ((format == ST_Q_FP8_E4M3FN || format == ST_Q_FP8_E4M3FNUZ) && block >= 32) {
+    int per_row = (len + block - 1) / block;
+    size_t threads = (size_t)rows * per_row * 32;
+    k_quantize_fp8_warp<<<blocks_for(threads, 256), 256, 0, c->stream>>>(
+        x, rows, stride, len, block, per_row, ue8m0, format == ST_Q_FP8_E4M3FNUZ);
+    LAUNCHED(c, "quantize");
+    return;
+  }
+#endif
   if (format == ST_Q_BF16) block = len < 32 ? len : 32; /* per element: any split is the same */
   int per_row = (len + block - 1) / block;
   size_t count = (size_t)rows * per_row;
