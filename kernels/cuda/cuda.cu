@@ -735,6 +735,7 @@ static void gpu_fill(void *ctx, float *x, float value, size_t count) {
 /* mHC                                                                                          */
 
 #define MAX_HC 16
+#define HC_MIX_REGS 24 /* mixes hc_weights sums in registers in one pass: (2 + hc) hc for hc <= 4 */
 
 static __global__ void __launch_bounds__(RT) k_hc_weights(float *pre, float *post, float *comb,
     const float *X, const float *fn, const float *base, const float *scale, int hc, int D,
@@ -744,9 +745,29 @@ static __global__ void __launch_bounds__(RT) k_hc_weights(float *pre, float *pos
   int i = blockIdx.x, flat = hc * D, mixes = (2 + hc) * hc;
   const float *x = X + (int64_t)i * flat;
   float r = 1.0f / sqrtf(block_dot(x, x, flat, sh) / (float)flat + norm_eps);
-  for (int m = 0; m < mixes; m++) {
-    float d = block_dot(x, fn + (int64_t)m * flat, flat, sh);
-    if (threadIdx.x == 0) mix[m] = d * r;
+  if (mixes <= HC_MIX_REGS) {
+    /* every mix in one pass over x: each thread's partial sums run over the same k as
+    ** block_dot's, in the same order, and go through the same tree: the same bits */
+    float part[HC_MIX_REGS];
+#pragma unroll
+    for (int m = 0; m < HC_MIX_REGS; m++) part[m] = 0;
+    for (int k = threadIdx.x; k < flat; k += RT) {
+      float xv = x[k];
+#pragma unroll
+      for (int m = 0; m < HC_MIX_REGS; m++)
+        if (m < mixes) part[m] += xv * fn[(int64_t)m * flat + k];
+    }
+#pragma unroll
+    for (int m = 0; m < HC_MIX_REGS; m++) {
+      if (m >= mixes) break;
+      float d = block_sum(part[m], sh);
+      if (threadIdx.x == 0) mix[m] = d * r;
+    }
+  } else {
+    for (int m = 0; m < mixes; m++) {
+      float d = block_dot(x, fn + (int64_t)m * flat, flat, sh);
+      if (threadIdx.x == 0) mix[m] = d * r;
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0)
