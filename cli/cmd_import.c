@@ -155,11 +155,17 @@ static int cmd_dump(const char *format, int argc, char **argv) {
   if (!out) {
     /* default: STORE/runs/import-FORMAT-<the dump directory's name>.h5 */
     char copy[4096];
-    snprintf(copy, sizeof copy, "%s", opt.source_dir);
+    int fits = snprintf(copy, sizeof copy, "%s", opt.source_dir) < (int)sizeof copy;
     size_t n = strlen(copy);
     while (n > 1 && copy[n - 1] == '/') copy[--n] = 0;
     const char *base = strrchr(copy, '/') ? strrchr(copy, '/') + 1 : copy;
-    snprintf(path, sizeof path, "%s/runs/import-%s-%s.h5", opt.store_dir, format, base);
+    if (!fits || snprintf(path, sizeof path, "%s/runs/import-%s-%s.h5", opt.store_dir, format, base) >=
+                     (int)sizeof path) {
+      st_fail(ST_EINVAL, "the default trace path (%.60s.../runs/import-%s-<dump directory>.h5) is longer "
+              "than %zu bytes: name the trace with --out", opt.store_dir, format, sizeof path - 1);
+      rc = st_cli_report_error(name);
+      goto done;
+    }
     out = path;
   }
   opt.out_path = out;

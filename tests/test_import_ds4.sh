@@ -119,6 +119,13 @@ expect_fail "no --prompt-tokens" 2 "--prompt-tokens FILE is needed: ds4's dumps 
 mkdir -p "$work/empty"; : >"$work/empty/notes.txt"
 expect_fail "a directory without dumps" 1 "holds no ds4 dump of a mapped tensor" import "$work/empty" "${tok[@]}" --out "$work/x.h5"
 expect_fail "a prefix that names no file" 1 "holds no ds4 dump" import "$fixture/nothing" "${tok[@]}" --out "$work/x.h5"
+# the default trace path (STORE/runs/import-ds4-<dir>.h5) past 4095 bytes: refused, nothing made
+long=$work/long # a store path of 4085 bytes: it fits, the trace path under it does not
+for i in $(seq 20); do long=$long/$(printf 'd%.0s' $(seq 200)); done
+long=$long/$(printf 'e%.0s' $(seq $((4085 - ${#long} - 1))))
+expect_fail "a default trace path past 4095 bytes" 1 "longer than 4095 bytes: name the trace with --out" \
+  $st import ds4 "$fixture" --model "$model" "${tok[@]}" --store "$long"
+[ ! -e "$work/long" ] && pass "nothing was created under the long store" || failed "the long store's directories were made"
 
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]
