@@ -657,6 +657,7 @@ static __global__ void k_quantize(float *x, int rows, int64_t stride, int len, i
   }
 }
 
+#if !defined(ST_HIP)
 /* The FP8 round trips a warp per (row, block): lanes take every 32nd value, the amax merges in a
 ** butterfly (st_fp8_amax_merge: order-free, so the bits of the one-thread form), each value's round
 ** trip is lowp.h's. Coalesced, where one thread per block strides through memory. */
@@ -675,6 +676,7 @@ static __global__ void k_quantize_fp8_warp(float *x, int rows, int64_t stride, i
   float s = st_fp8_block_scale(amax, ue8m0, fnuz);
   for (int i = lane; i < m; i += 32) p[i] = st_fp8_roundtrip_value(p[i], s, fnuz);
 }
+#endif
 
 static void gpu_quantize(void *ctx, float *x, int rows, int64_t stride, int len, int block,
                          st_qformat format, int ue8m0) {
@@ -758,11 +760,11 @@ static __global__ void __launch_bounds__(RT) k_hc_weights(float *pre, float *pos
         if (m < mixes) part[m] += xv * fn[(int64_t)m * flat + k];
     }
 #pragma unroll
-    for (int m = 0; m < HC_MIX_REGS; m++) {
-      if (m >= mixes) break;
-      float d = block_sum(part[m], sh);
-      if (threadIdx.x == 0) mix[m] = d * r;
-    }
+    for (int m = 0; m < HC_MIX_REGS; m++)
+      if (m < mixes) { /* uniform: every thread takes the same branch */
+        float d = block_sum(part[m], sh);
+        if (threadIdx.x == 0) mix[m] = d * r;
+      }
   } else {
     for (int m = 0; m < mixes; m++) {
       float d = block_dot(x, fn + (int64_t)m * flat, flat, sh);
