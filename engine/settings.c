@@ -1,6 +1,7 @@
 /* settings.c — parsing, resolving and printing engine settings (schemas/settings.def). */
 #include "settings.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -88,7 +89,8 @@ st_status st_settings_set(st_settings *s, const char *key_value) {
     char *end;
     errno = 0;
     long n = strtol(v, &end, 10);
-    if (*v == 0 || *end || errno || n < 1 || n > INT32_MAX - 1) return bad_value(key, v);
+    /* digits only: strtol would also skip leading blanks and take a sign */
+    if (!isdigit((unsigned char)*v) || *end || errno || n < 1 || n > INT32_MAX - 1) return bad_value(key, v);
     s->topk = (int)n;
     return ST_OK;
   }
@@ -101,7 +103,8 @@ st_status st_settings_set(st_settings *s, const char *key_value) {
     if (!strcmp(v, "config")) { s->compress_rope_theta = 0; return ST_OK; }
     char *end;
     double t = strtod(v, &end);
-    if (*v == 0 || *end || !isfinite(t) || t <= 1.0) return bad_value(key, v);
+    /* a plain number: strtod would also skip leading blanks */
+    if (!(isdigit((unsigned char)*v) || *v == '.') || *end || !isfinite(t) || t <= 1.0) return bad_value(key, v);
     s->compress_rope_theta = t;
     return ST_OK;
   }

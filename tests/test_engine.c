@@ -501,6 +501,14 @@ static void test_settings_parse(void **state) {
   assert_int_equal(st_settings_set(&s, "colour=blue"), ST_EINVAL);
   assert_int_equal(st_settings_set(&s, "topk=0"), ST_EINVAL);
   assert_int_equal(st_settings_set(&s, "topk"), ST_EINVAL);
+  /* numbers are digits only: no leading blank (a tab broke the sweep label's JSON), no sign */
+  assert_int_equal(st_settings_set(&s, "topk=\t4"), ST_EINVAL);
+  assert_int_equal(st_settings_set(&s, "topk= 4"), ST_EINVAL);
+  assert_int_equal(st_settings_set(&s, "topk=+4"), ST_EINVAL);
+  assert_int_equal(st_settings_set(&s, "compress_rope_theta= 40000"), ST_EINVAL);
+  assert_int_equal(st_settings_set(&s, "compress_rope_theta=-40000"), ST_EINVAL);
+  assert_int_equal(st_settings_set(&s, "topk=4"), ST_OK);
+  assert_int_equal(s.topk, 4);
   st_settings r;
   st_settings_default(&r);
   assert_int_equal(st_settings_set(&r, "precision=reference"), ST_OK);
