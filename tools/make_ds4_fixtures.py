@@ -20,24 +20,15 @@ and read back with h5py; the fixture is then exactly our engine's bits in ds4's 
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import h5py
 import numpy as np
 
+from engine_fixture import prompt_ids, read_map, record_run
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def read_map(path):
-    """[(ds4 name, tap suffix)] of schemas/import/ds4.map."""
-    rows = []
-    for line in open(path):
-        line = line.split("#", 1)[0].split()
-        if len(line) >= 3 and not line[1].startswith("@"):
-            rows.append((line[0], line[1]))
-    return rows
 
 
 def csa_ratio(cfg, layer):
@@ -45,15 +36,6 @@ def csa_ratio(cfg, layer):
     if "compress_ratios" in cfg:
         return cfg["compress_ratios"][layer]
     return cfg.get("compress_rates", {}).get("compressed_sparse_attention", cfg.get("compress_rate_csa", 4))
-
-
-def prompt_ids(n, seed):
-    """n token ids from a fixed linear congruential sequence (the tests' own prompts)."""
-    s, out = seed, []
-    for _ in range(n):
-        s = (s * 1103515245 + 12345) % 2147483648
-        out.append(s // 65536 % 256)
-    return out
 
 
 def main():
@@ -69,7 +51,7 @@ def main():
     ap.add_argument("--names", help="comma-separated ds4 names to write (DS4_METAL_GRAPH_DUMP_NAME); default every mapped one")
     a = ap.parse_args()
 
-    mapping = read_map(os.path.join(ROOT, "schemas", "import", "ds4.map"))
+    mapping = read_map(os.path.join(ROOT, "schemas", "import", "ds4.map"), with_alignment=False)
     if a.names:
         wanted = a.names.split(",")
         unknown = [n for n in wanted if n not in dict(mapping)]
@@ -81,16 +63,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     ids = prompt_ids(a.prompt_tokens, a.seed)
     with tempfile.TemporaryDirectory() as work:
-        prompt = os.path.join(work, "prompt.json")
-        json.dump(ids, open(prompt, "w"))
-        trace = os.path.join(work, "run.h5")
-        cmd = [a.sparsetrace, "run", "--model", a.model, "--prompt-tokens", prompt, "--max-new-tokens",
-               str(a.max_new_tokens), "--ignore-eos", "--tap", "layers.*", "--tap", "logits", "--positions", "all",
-               "--trace", trace, "--store", os.path.join(work, "store")]
-        for s in a.set:
-            cmd += ["--set", s]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        f = h5py.File(trace, "r")
+        f = h5py.File(record_run(a.sparsetrace, a.model, ids, a.max_new_tokens, a.set, work), "r")
         tokens = [int(t) for t in f["tokens"][()]]
         n_prompt = int(f["tokens"].attrs["n_prompt"])
         taps = f["taps"]

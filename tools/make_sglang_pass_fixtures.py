@@ -17,23 +17,14 @@ The run is recorded with `sparsetrace run` and read back with h5py; the values a
 import argparse
 import json
 import os
-import subprocess
 import tempfile
 
 import h5py
 import torch
 
+from engine_fixture import prompt_ids, read_map, record_run
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def read_map(path):
-    """[(module name with {L}, tap suffix or @alignment input)] of the map."""
-    rows = []
-    for line in open(path):
-        line = line.split("#", 1)[0].split()
-        if len(line) >= 3:
-            rows.append((line[0], line[1]))
-    return rows
 
 
 def main():
@@ -51,21 +42,9 @@ def main():
 
     mapping = read_map(os.path.join(ROOT, "schemas", "import", "sglang-pass.map"))
     dtype = getattr(torch, a.dtype)
-    s, ids = a.seed, []
-    for _ in range(a.prompt_tokens):
-        s = (s * 1103515245 + 12345) % 2147483648
-        ids.append(s // 65536 % 256)
+    ids = prompt_ids(a.prompt_tokens, a.seed)
     with tempfile.TemporaryDirectory() as work:
-        prompt = os.path.join(work, "prompt.json")
-        json.dump(ids, open(prompt, "w"))
-        trace = os.path.join(work, "run.h5")
-        cmd = [a.sparsetrace, "run", "--model", a.model, "--prompt-tokens", prompt, "--max-new-tokens",
-               str(a.max_new_tokens), "--ignore-eos", "--tap", "layers.*", "--tap", "logits", "--positions", "all",
-               "--trace", trace, "--store", os.path.join(work, "store")]
-        for kv in a.set:
-            cmd += ["--set", kv]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        f = h5py.File(trace, "r")
+        f = h5py.File(record_run(a.sparsetrace, a.model, ids, a.max_new_tokens, a.set, work), "r")
         tokens = [int(t) for t in f["tokens"][()]]
         n_prompt = int(f["tokens"].attrs["n_prompt"])
         taps = f["taps"]
