@@ -56,8 +56,7 @@ grep -E "^\| [0-9]" "$out/prefill_taps.txt"
 fi
 if want peer; then
 step peer
-PYTHONUNBUFFERED=1 timeout 120 python3 bench/peer_flash_transformers.py "$flash" 8k >"$out/peer.txt" 2>&1
-grep -E "^\||transformers" "$out/peer.txt"
+FLASH_DIR=$flash PEER_TOKENS=8k tools/gpu_check.sh "$out" peer 2>&1 | grep -E "^\||transformers|== "
 fi
 if want ncu; then
   step ncu
