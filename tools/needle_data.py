@@ -546,7 +546,7 @@ class Sample:
     __slots__ = ("request", "prompt", "answer", "needle", "label", "kind", "family", "needle_char",
                  "thinking", "followups",
                  # set only by read_jsonl (the C generator's examples come as token ids already)
-                 "ids", "answer_ids", "needle_token", "format")
+                 "ids", "answer_ids", "needle_token", "format", "size", "position", "shape")
 
 
 FOLLOWUPS = ["And the \"{label}\" line? Quote it exactly.",
@@ -706,6 +706,7 @@ def read_jsonl(path, split="train"):
             s.kind, s.family, s.format, s.thinking = e["kind"], "c/" + e["family"], e["format"], e["thinking"]
             s.needle_char, s.followups = None, []
             s.ids, s.answer_ids, s.needle_token = ids, answer_ids, span[0]
+            s.size, s.position, s.shape = e.get("tokens_requested", e.get("tokens")), e.get("position"), e.get("shape")
             out.append(s)
     return out
 

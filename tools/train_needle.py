@@ -90,9 +90,15 @@ STAGES = {
     2: dict(name="narrow", window=(64, 128, 256), lengths=(512, 1536), sparse=False, qat=False, lr=1.5e-3, warmup=30),
     3: dict(name="reach", window=64, lengths=(512, 2048), sparse=False, qat=True, lr=1.5e-3, warmup=30),
     4: dict(name="sparse", window=64, lengths=(512, 2048), sparse=True, qat=True, lr=6e-4, warmup=20),
+    # needle-v5: the fast forward (tools/needle_fast.py), eight times the tokens per step, prompts
+    # of 1k-32k tokens drawn log-uniformly (as many steps at 1-2k as at 16-32k), where the indexer
+    # must find the needle's rows among up to 8k with index_topk 32
+    5: dict(name="long", window=64, lengths=(1024, 32768), log_lengths=True, sparse=True, qat=True, lr=6e-4,
+            warmup=20, fast=True, tokens=262144),
 }
 # Eager attention is S x S per head: memory grows with tokens x S (16384 tokens at S = 2048 took
-# 30 GB; the batch is cut to this many tokens whatever the samples' lengths).
+# 30 GB; the batch is cut to this many tokens whatever the samples' lengths). Stages on the fast
+# forward set their own ("tokens").
 TOKENS_PER_STEP = 32768
 LM_WEIGHT = 0.3      # ordinary language-model loss on the prompt, next to the answer loss
 DISTILL_WEIGHT = 1.0  # KL(attention mass over compressed rows || indexer softmax)
@@ -203,27 +209,35 @@ class Batches:
         self.c_samples = nd.read_jsonl(jsonl) if jsonl else []
 
     def __call__(self, worker):
+        import bisect
         import torch
         tok, _ = load_tokenizer(self.tokdir)
         r = random.Random(f"{self.seed}:{self.stage['name']}:{worker}")
         lo, hi = self.stage["lengths"]
+        per_step = self.stage.get("tokens", TOKENS_PER_STEP)
         pad = tok.token_to_id(nd.PAD)
+        by_size = sorted(((len(c.ids), i) for i, c in enumerate(self.c_samples)))
+        sizes = [x[0] for x in by_size]
         n = 0
         while True:
-            length = r.randrange(lo, hi + 1)
-            batch = max(1, TOKENS_PER_STEP // length)
+            if self.stage.get("log_lengths"):
+                length = int(math.exp(r.uniform(math.log(lo), math.log(hi))))
+            else:
+                length = r.randrange(lo, hi + 1)
+            batch = max(1, per_step // length)
             seqs = []
-            fits = [c for c in self.c_samples if len(c.ids) <= hi] if self.c_samples else []
+            # the C generator's examples of 0.6-1x this batch's length (little padding)
+            a, b = bisect.bisect_left(sizes, int(0.6 * length)), bisect.bisect_right(sizes, length)
             for _ in range(batch):
-                if fits and r.random() < 0.5:
-                    seqs.append(encode_sample(tok, fits[r.randrange(len(fits))]))
+                if b > a and r.random() < 0.5:
+                    seqs.append(encode_sample(tok, self.c_samples[by_size[r.randrange(a, b)][1]]))
                     continue
                 s = nd.make_sample(f"{self.seed}:{worker}:{n}", chars=int(length * self.ratio * r.uniform(0.7, 0.92)),
                                    followups=r.randrange(FOLLOWUPS + 1))
                 n += 1
                 seqs.append(encode_sample(tok, s))
             width = max(len(x[0]) for x in seqs)
-            seqs = seqs[:max(1, TOKENS_PER_STEP // width)]
+            seqs = seqs[:max(1, per_step // width)]
             ids = torch.full((len(seqs), width), pad, dtype=torch.long)
             answer = torch.zeros((len(seqs), width), dtype=torch.bool)   # every answer
             needle = torch.zeros((len(seqs), width), dtype=torch.bool)   # the needle's answer
@@ -247,7 +261,7 @@ def _stream(args):
 
 
 class Loader:
-    def __init__(self, gen, workers=12, depth=24):
+    def __init__(self, gen, workers=min(14, max(2, (os.cpu_count() or 4) - 2)), depth=24):
         ctx = mp.get_context("fork")
         self.q = ctx.Queue(depth)
         self.procs = [ctx.Process(target=_stream, args=((gen, w, self.q),), daemon=True) for w in range(workers)]
@@ -263,6 +277,13 @@ class Loader:
 
 
 # ---------------------------------------------------------------- model, taps, losses
+
+
+def _nf():
+    """tools/needle_fast.py, imported when used: it needs torch, and this file's data and card
+    commands run without it."""
+    import needle_fast
+    return needle_fast
 
 
 def build_model(cfg_dict, vocab, ids, device):
@@ -299,6 +320,7 @@ class Taps:
         import torch
         self.scores, self.topk, self.attn, self.loads = {}, {}, {}, {}
         self.rotate = None  # None, "q", "k", "both"
+        self.faults = {}    # the fast forward's faults (needle_fast.NO_FAULTS names), evaluation only
         self.hooks, self.csa = [], []
         for i, layer in enumerate(model.model.layers):
             comp = layer.self_attn.compressor
@@ -412,10 +434,10 @@ def answer_metrics(logits, ids, answer, dist, window):
     return out
 
 
-def train_step(model, taps, opt, ids, valid, answer, sparse):
+def train_step(model, taps, opt, ids, valid, answer, sparse, fast=False):
     """One optimiser step on one batch: the losses, clipped gradients, the balancing update."""
     import torch
-    logits, lm, ans, kl = forward_losses(model, taps, ids, valid, answer, sparse)
+    logits, lm, ans, kl = forward_losses(model, taps, ids, valid, answer, sparse, fast)
     loss = ans + LM_WEIGHT * lm + DISTILL_WEIGHT * kl
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -425,19 +447,24 @@ def train_step(model, taps, opt, ids, valid, answer, sparse):
     return logits, lm, ans, kl, gn
 
 
-def forward_losses(model, taps, ids, valid, answer, sparse):
+def forward_losses(model, taps, ids, valid, answer, sparse, fast=False):
+    """Logits and the three losses of one batch; fast: through tools/needle_fast.py's forward
+    (the same function, shown equal by `parity`), whose distillation skips padding."""
     import torch
     import torch.nn.functional as F
     taps.clear()
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        logits = model(input_ids=ids).logits
+        if fast:
+            logits, distill = _nf().forward(model, ids, taps.faults)
+        else:
+            logits = model(input_ids=ids).logits
     logits = logits.float()
     tgt = ids[:, 1:]
     ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none").view_as(tgt)
     v, a = valid[:, :-1].float(), answer[:, :-1].float()
     lm = (ce * v).sum() / v.sum()
     ans = (ce * a).sum() / a.sum()
-    kl = taps.distill_loss(ids.shape[1], sparse)
+    kl = _nf().distill_loss(distill, valid) if fast else taps.distill_loss(ids.shape[1], sparse)
     return logits, lm, ans, kl
 
 
@@ -608,30 +635,48 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
         qat(model, True)
     taps = Taps(model)
     model.train()
-    log({"event": "stage", "stage": stage_no, **st, "params": n_params, "tokens_per_step": TOKENS_PER_STEP})
+    per_step = st.get("tokens", TOKENS_PER_STEP)
+    log({"event": "stage", "stage": stage_no, **st, "params": n_params, "tokens_per_step": per_step})
     stop_at = t0 + budget - max(eval_seconds, 30)
     step0, tokens, agg = step, 0, {}
-    last = time.time()
+    last, flops, waited, agg_tokens = time.time(), 0.0, 0.0, 0
     try:
         while time.time() < stop_at:
-            ids, valid, answer, needle, dist = (x.to(dev, non_blocking=True) for x in loader.next())
+            tw = time.time()
+            batch = loader.next()
+            waited += time.time() - tw  # the GPU idle for data: should stay near 0
+            real = int(batch[1].sum()) + batch[1].shape[0]  # tokens that are not padding
+            ids, valid, answer, needle, dist = (x.to(dev, non_blocking=True) for x in batch)
             window = pick.choice(windows)
             set_mode(model, window=window)
             warm = min(1.0, (step - step0 + 1) / st["warmup"])
             for g in opt.param_groups:
                 g["lr"] = st["lr"] * warm
-            logits, lm, ans, kl, gn = train_step(model, taps, opt, ids, valid, answer, st["sparse"])
+            try:
+                logits, lm, ans, kl, gn = train_step(model, taps, opt, ids, valid, answer, st["sparse"],
+                                                     st.get("fast", False))
+            except torch.OutOfMemoryError:
+                opt.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                log({"event": "out of memory", "step": step, "batch": list(ids.shape)})
+                continue
             step += 1
-            tokens += ids.numel()
+            tokens += real
+            flops += _nf().model_flops(model, ids.numel(), ids.shape[1], window,
+                                       model.config.index_topk if st["sparse"] else 1 << 30)
+            agg_tokens += real
             m = answer_metrics(logits.detach(), ids, needle, dist, window)
             for k, v in dict(m, lm=lm.item(), ans=ans.item(), kl=float(kl), gnorm=gn.item()).items():
                 agg.setdefault(k, []).append(v)
             if step % 50 == 0 or step - step0 == 5:
+                torch.cuda.synchronize()
                 now = time.time()
+                n_agg = len(agg["lm"])
                 log({"step": step, **{k: round(sum(v) / len(v), 4) for k, v in agg.items()},
-                     "len": ids.shape[1], "window": window, "s_per_step": round((now - last) / len(agg["lm"]), 3),
-                     "mem_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1)})
-                agg, last = {}, now
+                     "len": ids.shape[1], "window": window, "s_per_step": round((now - last) / n_agg, 3),
+                     "tok_per_s": round(agg_tokens / (now - last)), "tflops": round(flops / (now - last) / 1e12, 2),
+                     "data_wait_s": round(waited, 2), "mem_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1)})
+                agg, last, flops, waited, agg_tokens = {}, now, 0.0, 0.0, 0
     finally:
         loader.close()
     set_mode(model, window=min(windows))  # saved and evaluated with the narrowest window
@@ -656,7 +701,13 @@ MODES = {
     "k-rot": dict(topk=None, rotate="k"),         # its mirror
     "topk-4": dict(topk=4, rotate=None),          # too small a top-k
     "no-rows": dict(topk=0, rotate=None),         # CSA rows cut off: window and HCA only
+    # the fast forward only (tools/needle_fast.py faults; the harness's settings of the same names)
+    "fnuz-k": dict(topk=None, rotate=None, faults={"index_k": "fp8_e4m3fn_as_fnuz"}),  # F2
+    "neox": dict(topk=None, rotate=None, faults={"index_rope": "neox"}),               # index_rope=neox
+    "theta-40k": dict(topk=None, rotate=None, faults={"compress_rope_theta": 40000.0}),
+    "topk-1": dict(topk=1, rotate=None),
 }
+FAST_ONLY_MODES = [m for m, spec in MODES.items() if "faults" in spec]
 
 
 def eval_cases(tok, info, lengths, positions, seeds, family, kind):
@@ -677,18 +728,42 @@ def eval_cases(tok, info, lengths, positions, seeds, family, kind):
     return cases
 
 
+def jsonl_cases(path, split):
+    """Evaluation cases from `sparsetrace needle make --batch` output (needle_data.read_jsonl):
+    the harness's own prompts, with the engine's ids. L is the requested size, position the
+    needle's fraction."""
+    cases = []
+    for i, s in enumerate(nd.read_jsonl(path, split)):
+        seq = list(s.ids) + list(s.answer_ids)  # evaluate() appends EOS
+        # positions drawn uniformly: binned by quarter (0.25 holds (0, 0.25], ...)
+        cases.append(dict(L=s.size, position=max(0.25, math.ceil(s.position * 4) / 4), seed=i, seq=seq, a0=len(s.ids),
+                          needle_tok=s.needle_token, needle=s.needle, kind=s.kind, family=s.family,
+                          format=s.format, shape=s.shape, eos=True))
+    return cases
+
+
 def evaluate(model, taps, tok, info, lengths, positions, seeds, modes, family=nd.HELDOUT_FAMILY,
-             kind=nd.HELDOUT_KIND, deadline=None):
+             kind=nd.HELDOUT_KIND, deadline=None, fast=False, cases=None):
+    """Exact recall of every case under every mode. fast: through tools/needle_fast.py (every
+    mode, up to 32k tokens); otherwise transformers' eager forward with hooks (not the modes of
+    FAST_ONLY_MODES). cases: prepared ones (jsonl_cases) instead of needle_data's."""
     import torch
     dev = next(model.parameters()).device
-    cases = eval_cases(tok, info, lengths, positions, seeds, family, kind)
+    if cases is None:
+        cases = eval_cases(tok, info, lengths, positions, seeds, family, kind)
+    else:
+        eos = tok.token_to_id(nd.EOS)
+        for c in cases:
+            if c.pop("eos", False):
+                c["seq"] = c["seq"] + [eos]
+        lengths = sorted({c["L"] for c in cases})
     own_topk = model.config.index_topk
     # Batches of cases of one length, right-padded (causal: padding after a prompt changes
     # nothing before it); the same batches serve every mode.
     batches = []
     for L in lengths:
         group = [c for c in cases if c["L"] == L]
-        bs = max(1, 16384 // (L + 64))
+        bs = max(1, (131072 if fast else 16384) // (L + 64))
         for j in range(0, len(group), bs):
             part = group[j:j + bs]
             width = max(len(c["seq"]) for c in part)
@@ -698,20 +773,26 @@ def evaluate(model, taps, tok, info, lengths, positions, seeds, modes, family=nd
             batches.append((part, ids.to(dev)))
     for mode in modes:
         spec = MODES[mode]
+        if not fast and mode in FAST_ONLY_MODES:
+            raise SystemExit(f"evaluate: mode {mode} runs on the fast forward only")
         set_mode(model, topk=own_topk if spec["topk"] is None else spec["topk"])
         taps.rotate = spec["rotate"]
+        taps.faults = dict(spec.get("faults", {}), rotate=spec["rotate"])
         for part, ids in batches:
             if deadline and time.time() > deadline:
                 break
             taps.clear()
             with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-                pred = model(input_ids=ids).logits.argmax(-1)
+                if fast:
+                    pred = _nf().forward(model, ids, taps.faults)[0].argmax(-1)
+                else:
+                    pred = model(input_ids=ids).logits.argmax(-1)
             for i, c in enumerate(part):
                 a0, n = c["a0"], len(c["seq"])
                 ok = (pred[i, a0 - 1:n - 1] == ids[i, a0:n]).float()
                 c.setdefault("exact", {})[mode] = bool(ok.all())
                 c.setdefault("token_acc", {})[mode] = ok.mean().item()
-        taps.rotate = None
+        taps.rotate, taps.faults = None, {}
     set_mode(model, topk=own_topk)
     summary = {}
     for mode in modes:
@@ -731,8 +812,9 @@ def evaluate(model, taps, tok, info, lengths, positions, seeds, modes, family=nd
     return {"family": family, "kind": kind, "seeds": seeds, "index_topk": own_topk,
             "window": model.config.sliding_window, "mean_prompt_tokens": actual,
             "summary": summary, "table": table,
+            "fast": fast,
             "cases": [{k: c[k] for k in ("L", "position", "seed", "a0", "needle_tok", "needle", "kind", "family",
-                                         "exact", "token_acc")
+                                         "format", "shape", "exact", "token_acc")
                        if k in c} for c in cases]}
 
 
@@ -801,6 +883,9 @@ def release(outdir, dest, seeds, lengths, budget):
     os.makedirs(os.path.join(dest, "evals"), exist_ok=True)
     for name in ("log.jsonl", "tokenizer_info.json"):
         shutil.copy(os.path.join(outdir, name), os.path.join(dest, "training", name))
+    if budget <= 0:  # the release alone: it carries the lineage to the next session's --init
+        print(f"release: {dest} written, no evaluation", flush=True)
+        return
     results = {}
     for n, (name, _, which, family, kind, modes) in enumerate(CARD_EVALS):
         left = budget - (time.time() - t0)
@@ -880,6 +965,214 @@ def smoke(outdir):
     names = cr.open_checkpoint(os.path.join(outdir, "smoke-weights"))  # one file or shards
     assert names and not any("parametrizations" in n for n in names), "QAT names leaked into the save"
     print("smoke ok", flush=True)
+
+
+def _load_init(model, init):
+    """The weights of a save_pretrained directory into model (fp32)."""
+    import torch
+    from transformers import DeepseekV4ForCausalLM
+    loaded = DeepseekV4ForCausalLM.from_pretrained(init, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    if missing or unexpected:
+        raise SystemExit(f"{init}: state does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def _topk_compare(ref_sel, got_sel, ref_scores):
+    """Per query, are the two top-k sets equal? Where not, is every differing row's score tied
+    with the boundary (within 1e-6 of the smallest kept score)? Returns (queries, equal, ties)."""
+    import torch
+    a = torch.sort(ref_sel, -1).values
+    b = torch.sort(got_sel, -1).values
+    differ = (a != b).any(-1)
+    ties = 0
+    for bi, si in differ.nonzero().tolist():
+        sa, sb = set(a[bi, si].tolist()) - {-1}, set(b[bi, si].tolist()) - {-1}
+        row = ref_scores[bi, si].float()
+        kept = [row[j].item() for j in sa]
+        edge = min(kept) if kept else float("inf")
+        odd = [row[j].item() for j in (sa ^ sb)]
+        ties += all(abs(v - edge) <= 1e-6 * max(1.0, abs(edge)) for v in odd)
+    n = differ.numel()
+    return n, n - int(differ.sum()), ties
+
+
+def parity(outdir, init, out):
+    """The fast forward (tools/needle_fast.py) against transformers' eager forward on the same
+    weights: a random model and the release (--init), prompts of 1-5k tokens and a right-padded
+    batch, every evaluation mode that both run. fp32 without TF32: logits (max difference over
+    the largest logit), argmax, top-k sets (ties at the boundary counted apart) and the
+    distillation loss; bf16 autocast: logits and argmax; and the gradients of the training loss.
+    Writes the figures to OUT (JSON); exits 1 when a check fails."""
+    import torch
+    import torch.nn.functional as F
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    tok, info = load_tokenizer(outdir)
+    pad = tok.token_to_id(nd.PAD)
+    nfm = _nf()
+    seqs = []
+    for i, L in enumerate((1000, 2600, 5200)):
+        sm = nd.make_sample(f"parity:{i}", chars=int(L * info["chars_per_token"]), train=False)
+        seqs.append(encode_sample(tok, sm)[0])
+    batches = [torch.tensor([q], device="cuda") for q in seqs]
+    width = max(len(seqs[0]), len(seqs[1]))
+    padded = torch.full((2, width), pad, dtype=torch.long)
+    for i in range(2):
+        padded[i, :len(seqs[i])] = torch.tensor(seqs[i])
+    batches.append(padded.cuda())
+    report, failed = {}, []
+    for which in ("random", "release") if init else ("random",):
+        model = build_model(MODEL, tok.get_vocab_size(), info["ids"], "cuda")
+        if which == "release":
+            _load_init(model, init)
+        model.eval()
+        taps = Taps(model)
+        own = model.config.index_topk
+        rep = report.setdefault(which, {})
+        for mode in [m for m in MODES if m not in FAST_ONLY_MODES]:
+            spec = MODES[mode]
+            set_mode(model, topk=own if spec["topk"] is None else spec["topk"])
+            worst, agree, n_pos, tk = 0.0, 0, 0, [0, 0, 0]
+            kl_ref, kl_got = [], []
+            for ids in batches:
+                taps.clear()
+                taps.rotate = spec["rotate"]
+                with torch.no_grad():
+                    ref = model(input_ids=ids).logits
+                    ref_topk = {i: taps.topk[i].clone() for i in taps.csa}
+                    ref_scores = {i: taps.scores[i].clone() for i in taps.csa}
+                    kl_ref.append(float(taps.distill_loss(ids.shape[1], spec["topk"] != 1 << 30)))
+                    taps.rotate = None
+                    got, distill = nfm.forward(model, ids, {"rotate": spec["rotate"]})
+                    kl_got.append(float(nfm.distill_loss(distill)))
+                worst = max(worst, ((got - ref).abs().max() / ref.abs().max()).item())
+                agree += int((got.argmax(-1) == ref.argmax(-1)).sum())
+                n_pos += ids.numel()
+                for (scores, mass, sel), i in zip(distill, taps.csa):
+                    if sel.shape[-1] == ref_topk[i].shape[-1]:
+                        n, eq, ties = _topk_compare(ref_topk[i], sel, ref_scores[i])
+                    else:
+                        n, eq, ties = ref_topk[i].shape[0] * ref_topk[i].shape[1], 0, 0
+                    tk = [tk[0] + n, tk[1] + eq, tk[2] + ties]
+            rep[mode] = dict(logits_rel_max=worst, argmax_agree=f"{agree}/{n_pos}",
+                             topk_equal=f"{tk[1]}/{tk[0]}", topk_ties=tk[2],
+                             kl_ref=[round(x, 6) for x in kl_ref], kl_fast=[round(x, 6) for x in kl_got])
+            print(which, mode, json.dumps(rep[mode]), flush=True)
+            if worst > 1e-4 or tk[0] - tk[1] - tk[2] > 0 or agree < n_pos \
+                    or any(abs(a - b) > 1e-4 * max(1, abs(a)) for a, b in zip(kl_ref, kl_got)):
+                failed.append(f"{which}/{mode}")
+        set_mode(model, topk=own)
+        # bf16 autocast, as training and evaluation run
+        worst, agree, n_pos = 0.0, 0, 0
+        for ids in batches:
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                ref = model(input_ids=ids).logits.float()
+                got = nfm.forward(model, ids)[0].float()
+            worst = max(worst, ((got - ref).abs().max() / ref.abs().max()).item())
+            agree += int((got.argmax(-1) == ref.argmax(-1)).sum())
+            n_pos += ids.numel()
+        rep["bf16"] = dict(logits_rel_max=worst, argmax_agree=f"{agree}/{n_pos}")
+        print(which, "bf16", json.dumps(rep["bf16"]), flush=True)
+        # gradients of the training loss (answer + LM + distillation), fp32, sparse
+        model.train()
+        ids = batches[1]
+        valid = torch.ones_like(ids, dtype=torch.bool)
+        answer = torch.zeros_like(ids, dtype=torch.bool)
+        answer[:, -20:] = True
+        grads = {}
+        for fast in (False, True):
+            model.zero_grad(set_to_none=True)
+            taps.clear()
+            if fast:
+                logits, distill = nfm.forward(model, ids)
+                kl = nfm.distill_loss(distill)
+            else:
+                logits = model(input_ids=ids).logits
+                kl = taps.distill_loss(ids.shape[1], True)
+            ce = F.cross_entropy(logits[0, :-1].float(), ids[0, 1:])
+            (ce + kl).backward()
+            grads[fast] = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        names = sorted(set(grads[False]) | set(grads[True]))
+        missing = [n for n in names if n not in grads[False] or n not in grads[True]]
+        rel = max(((grads[True][n] - grads[False][n]).abs().max() / grads[False][n].abs().max().clamp_min(1e-30)).item()
+                  for n in names if n not in missing)
+        rep["grad"] = dict(params=len(names), missing=missing[:5], rel_max=rel)
+        print(which, "grad", json.dumps(rep["grad"]), flush=True)
+        if missing or rel > 1e-3:
+            failed.append(f"{which}/grad")
+        model.eval()
+        del model
+        torch.cuda.empty_cache()
+    report["failed"] = failed
+    with open(out, "w") as f:
+        json.dump(report, f, indent=1)
+    print("parity:", "ok" if not failed else "FAILED " + ", ".join(failed), flush=True)
+    return 0 if not failed else 1
+
+
+def speed(outdir, init, out, steps=8):
+    """Training throughput, side by side in one process: the path needle-v4 trained on
+    (transformers' eager forward, 32k tokens per step) against the fast forward (256k tokens
+    per step), on the same prompt lengths, then the fast forward at 8k and 32k tokens. Tokens
+    per second, model TFLOP/s (needle_fast.model_flops) and the share of the bf16 peak measured
+    on this H200 (bench/gpu-results.md). Batches are made before the clock starts."""
+    import torch
+    tok, info = load_tokenizer(outdir)
+    configs = [("v4 path: transformers eager, eager experts", (512, 2048), 32768, False, "eager"),
+               ("fast forward, eager experts", (512, 2048), 262144, True, "eager"),
+               ("fast forward, grouped_mm experts", (512, 2048), 262144, True, "grouped_mm"),
+               ("fast forward, grouped_mm, 8k prompts", (8192, 8192), 262144, True, "grouped_mm"),
+               ("fast forward, grouped_mm, 32k prompts", (32768, 32768), 262144, True, "grouped_mm")]
+    prepared = []  # the workers fork before CUDA starts in this process
+    for name, lengths, per_step, fast, experts in configs:
+        st = dict(STAGES[4], lengths=lengths, tokens=per_step)
+        loader = Loader(Batches(outdir, st, seed=77, ratio=info["chars_per_token"]))
+        t0 = time.time()
+        prepared.append([loader.next() for _ in range(steps + 2)])
+        print(f"speed: {name}: {steps + 2} batches made in {time.time() - t0:.1f} s", flush=True)
+        loader.close()
+    model = build_model(MODEL, tok.get_vocab_size(), info["ids"], "cuda")
+    if init:
+        _load_init(model, init)
+    qat(model, True)
+    taps = Taps(model)
+    model.train()
+    nfm = _nf()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    rows = []
+    for (name, lengths, per_step, fast, experts), data in zip(configs, prepared):
+        model.config._experts_implementation = experts
+        set_mode(model, window=64, topk=model.config.index_topk)
+        torch.cuda.reset_peak_memory_stats()
+        try:
+            for j, batch in enumerate(data):
+                if j == 2:
+                    torch.cuda.synchronize()
+                    t0, toks, flops = time.time(), 0, 0.0
+                ids, valid, answer, needle, dist = (x.cuda(non_blocking=True) for x in batch)
+                train_step(model, taps, opt, ids, valid, answer, True, fast)
+                if j >= 2:
+                    toks += int(batch[1].sum()) + ids.shape[0]
+                    flops += nfm.model_flops(model, ids.numel(), ids.shape[1], 64, model.config.index_topk)
+            torch.cuda.synchronize()
+            dt = time.time() - t0
+            row = dict(config=name, tokens_per_step=per_step, lengths=list(lengths), steps=steps,
+                       s_per_step=round(dt / steps, 3), tokens_per_s=round(toks / dt),
+                       model_tflops=round(flops / dt / 1e12, 2), of_bf16_peak=round(flops / dt / 787e12, 4),
+                       mem_gb=round(torch.cuda.max_memory_allocated() / 2**30, 1))
+        except torch.OutOfMemoryError as e:
+            row = dict(config=name, error=f"out of memory: {str(e)[:120]}")
+        torch.cuda.empty_cache()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    base = rows[0].get("tokens_per_s")
+    for row in rows[1:]:
+        if base and "tokens_per_s" in row:
+            row["vs_v4_path"] = round(row["tokens_per_s"] / base, 2)
+    with open(out, "w") as f:
+        json.dump({"rows": rows, "bf16_peak_tflops": 787, "gpu": torch.cuda.get_device_name()}, f, indent=1)
+    for row in rows:
+        print(json.dumps(row), flush=True)
 
 
 def oracle_fixture(weights, tokdir, out, count, new_tokens):
@@ -1029,6 +1322,11 @@ def main(argv):
     h = sub.add_parser("oracle-fixture", help="transformers' greedy continuations, for the engine's test")
     h.add_argument("weights"), h.add_argument("dir"), h.add_argument("out")
     h.add_argument("--count", type=int, default=8), h.add_argument("--new-tokens", type=int, default=40)
+    pa = sub.add_parser("parity", help="the fast forward against transformers' on the same weights")
+    pa.add_argument("dir"), pa.add_argument("--init"), pa.add_argument("--out", required=True)
+    sp = sub.add_parser("speed", help="training throughput: the v4 path against the fast forward")
+    sp.add_argument("dir"), sp.add_argument("--init"), sp.add_argument("--out", required=True)
+    sp.add_argument("--steps", type=int, default=8)
     e = sub.add_parser("release")
     e.add_argument("dir"), e.add_argument("dest"), e.add_argument("--seeds", type=int, default=8)
     e.add_argument("--budget", type=float, default=420), e.add_argument("--lengths", default="1024,2048,4096,8192")
@@ -1051,6 +1349,12 @@ def main(argv):
         oracle_fixture(args.weights, args.dir, args.out, args.count, args.new_tokens)
     elif args.cmd == "card":
         write_card(args.card, args.train, args.evals)
+    elif args.cmd == "parity":
+        init = seed_dir(args.dir, args.init)
+        return parity(args.dir, init, args.out)
+    elif args.cmd == "speed":
+        init = seed_dir(args.dir, args.init)
+        speed(args.dir, init, args.out, args.steps)
     elif args.cmd == "release":
         release(args.dir, args.dest, args.seeds, [int(x) for x in args.lengths.split(",")], args.budget)
     else:

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The needle model's work in one device call (the GPU machine; carry .bundle, made here by
+# tools/needle_bundle.sh): training data from the harness's own generator, the fast forward's
+# parity with transformers, the training throughput, a training stage, the release.
+#
+#   tools/train_needle_gpu.sh OUT STEP...
+#     cdata            `needle make --batch` training examples (train split, every kind but the
+#                      Python generator's held-out `branch`), 1k-32k tokens, in parallel
+#     parity           train_needle.py parity against the release in INIT (default models/needle-v4)
+#     speed            train_needle.py speed
+#     train:SECONDS    stage $STAGE (default 5) for SECONDS from INIT, half of each batch from cdata
+#     release          the trained weights as a release in OUT/needle-release.tgz (no evaluation)
+#     card             the release's card evaluations (EVAL_SECONDS)
+#
+# Outputs go to OUT; logs and JSON are packed into OUT/logs.tgz at the end (the device tool brings
+# back few files). DIR (/tmp/needle-train) is the machine's own: it is lost with the machine.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: tools/train_needle_gpu.sh OUT STEP...}
+shift
+export PYTHONUNBUFFERED=1 LD_LIBRARY_PATH=$PWD/.bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+init=${INIT:-models/needle-v4} stage=${STAGE:-5} dir=/tmp/needle-train cdata=/tmp/needle-c
+mkdir -p "$out/logs" "$cdata"
+SECONDS=0
+step() { echo "== $1 ($SECONDS s)"; }
+for s in "$@"; do
+  case $s in
+    cdata)
+      step cdata
+      for i in $(seq 0 13); do
+        .bundle/bin/sparsetrace needle make --batch 220 --jsonl "$cdata/$i.jsonl" --seed $((1000 + i)) \
+          --model models/needle-v4 --lengths 1k,2k,4k,8k,16k,32k --split train \
+          --kinds path,host,key,number,ticket,url,commit,random --quiet &
+      done
+      wait
+      cat "$cdata"/[0-9]*.jsonl > "$cdata/train.jsonl"
+      python3 tools/needle_data.py jsonl "$cdata/train.jsonl" | tee "$out/logs/cdata.txt" ;;
+    parity)
+      step parity
+      python3 tools/train_needle.py parity "$dir" --init "$init" --out "$out/logs/parity.json" 2>&1 \
+        | grep -v Warning | tee "$out/logs/parity.txt"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "parity failed: no training on the fast forward"; break; } ;;
+    speed)
+      step speed
+      python3 tools/train_needle.py speed "$dir" --init "$init" --out "$out/logs/speed.json" 2>&1 \
+        | grep -v Warning | tee "$out/logs/speed.txt" ;;
+    train:*)
+      step "$s"
+      j=(); [ -s "$cdata/train.jsonl" ] && j=(--jsonl "$cdata/train.jsonl")
+      python3 tools/train_needle.py stage "$stage" "$dir" --init "$init" --budget "${s#train:}" --eval-seconds 0 \
+        "${j[@]}" 2>&1 | grep -v Warning | tee "$out/logs/train-$SECONDS.txt" | grep -E '"step": [0-9]*[05]0,|event|Error|error|out of memory' ;;
+    release)
+      step release
+      rm -rf "$dir/release" && python3 tools/train_needle.py release "$dir" "$dir/release" --budget 0 2>&1 | tail -3
+      tar -C "$dir/release" -czf "$out/needle-release.tgz" . ;;
+    card)
+      step card
+      python3 tools/train_needle.py release "$dir" "$dir/release" --budget "${EVAL_SECONDS:-240}" 2>&1 \
+        | grep -v Warning | tee "$out/logs/card.txt" | tail -30
+      tar -C "$dir/release" -czf "$out/needle-release.tgz" . ;;
+    *) echo "unknown step $s"; exit 2 ;;
+  esac
+done
+step done
+tar -C "$out" -czf "$out/logs.tgz" logs && rm -rf "$out/logs"
