@@ -42,7 +42,7 @@ for s in "$@"; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "parity failed: no training on the fast forward"; break; } ;;
     speed)
       step speed
-      python3 tools/train_needle.py speed "$dir" --init "$init" --out "$out/logs/speed.json" 2>&1 \
+      python3 tools/train_needle.py speed "$dir" --init "$init" --out "$out/logs/speed.json" --steps "${SPEED_STEPS:-8}" 2>&1 \
         | grep -v Warning | tee "$out/logs/speed.txt" ;;
     train:*)
       step "$s"
