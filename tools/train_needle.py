@@ -16,6 +16,10 @@ checkpoint and leaves weights, a log and an evaluation behind.
   release    the release (tools/convert_release.py) from DIR/weights, reloaded dequantised in
              transformers and evaluated next to the trained weights on the same cases
   smoke      a few steps of a miniature model through every code path, for a quick check
+  parity     tools/needle_fast.py's forward (the path stage 5 trains and evaluates on) against
+             transformers' eager forward on the same weights: logits, top-k sets, distillation
+             loss, every fault both run, gradients (bench/needle-train-results.md)
+  speed      training throughput of the eager path against the fast forward, side by side
 
 Curriculum (why: a probe showed that a tiny V4 does not learn to copy across a small window
 from scratch, learns in-window copying quickly, and that an untrained indexer then picks the
@@ -32,6 +36,9 @@ wrong rows):
               FP4 e2m1 experts in the forward pass, straight-through gradients, as released
   4  sparse:  top-k = index_topk: the main attention sees only the indexer's choice; the
               indexer keeps distilling over the rows it selected
+  5  long:    stage 4 at 1k-32k tokens (log-uniform), 256k tokens per step in micro-batches,
+              on the fast forward (tools/needle_fast.py), half of each batch from `needle make
+              --batch` when --jsonl is given (tools/train_needle_gpu.sh makes it on the GPU machine)
 
 Usage (DIR holds tokenizer.json, state.pt, weights/, log.jsonl; the committed tokenizer and the
 release (models/needle-v4/, its training log in training/) seed a fresh DIR):
