@@ -108,7 +108,8 @@ def pool(m, h, overlap, rot, neox=False):
 # ---------------------------------------------------------------- the lightning indexer
 
 
-def _hadamard(n, device):
+def hadamard(n, device):
+    """The normalised Sylvester Hadamard matrix of order n (a power of two) on device."""
     h = torch.ones(1, 1, device=device)
     while h.shape[0] < n:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
@@ -144,7 +145,7 @@ def indexer(idx, h, q_res, positions, rot, faults, topk):
     q = idx.q_b_proj(q_res).view(B, S, -1, idx.head_dim).transpose(1, 2)
     q = rope(q, cos, sin, neox=neox).transpose(1, 2)                   # [B, S, Hi, Di]
     if faults["rotate"] is not None:
-        H = _hadamard(idx.head_dim, h.device)
+        H = hadamard(idx.head_dim, h.device)
         if faults["rotate"] in ("q", "both"):
             q = (q.float() @ H).to(q.dtype)
         if faults["rotate"] in ("k", "both"):

@@ -311,12 +311,14 @@ def build_model(cfg_dict, vocab, ids, device):
     return model.to(device)
 
 
-def hadamard(n, device):
+def _load_init(model, init):
+    """The weights of a save_pretrained directory into model (fp32)."""
     import torch
-    h = torch.ones(1, 1)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return (h / math.sqrt(n)).to(device)
+    from transformers import DeepseekV4ForCausalLM
+    loaded = DeepseekV4ForCausalLM.from_pretrained(init, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    if missing or unexpected:
+        raise SystemExit(f"{init}: state does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
 
 class Taps:
@@ -342,7 +344,7 @@ class Taps:
             gate = layer.mlp.gate
             if not layer.mlp.is_hash:
                 self.hooks.append(gate.register_forward_hook(lambda m, a, o, i=i: self.loads.__setitem__(i, o[2].detach())))
-        self.H = hadamard(model.config.index_head_dim, next(model.parameters()).device)
+        self.H = _nf().hadamard(model.config.index_head_dim, next(model.parameters()).device)
         self.torch = torch
 
     @staticmethod
@@ -441,10 +443,10 @@ def answer_metrics(logits, ids, answer, dist, window):
     return out
 
 
-def train_step(model, taps, opt, ids, valid, answer, sparse, fast=False):
+def train_step(model, taps, opt, ids, valid, answer, sparse):
     """One optimiser step on one batch: the losses, clipped gradients, the balancing update."""
     import torch
-    logits, lm, ans, kl = forward_losses(model, taps, ids, valid, answer, sparse, fast)
+    logits, lm, ans, kl = forward_losses(model, taps, ids, valid, answer, sparse)
     loss = ans + LM_WEIGHT * lm + DISTILL_WEIGHT * kl
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -676,12 +678,8 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
         step = ck["step"]
         log({"event": "resumed", "from_stage": ck["stage"], "from_step": ck["step"]})
     elif init:
-        # A committed checkpoint: weights only (bf16), the optimiser starts afresh (warmup).
-        from transformers import DeepseekV4ForCausalLM
-        loaded = DeepseekV4ForCausalLM.from_pretrained(init, dtype=torch.float32)
-        missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
-        if missing or unexpected:
-            raise SystemExit(f"{init}: state does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        # A committed checkpoint: weights only, the optimiser starts afresh (warmup).
+        _load_init(model, init)
         step = (_saved_steps(outdir) or [0])[-1]  # seed_dir copied the lineage's log
         log({"event": "resumed from weights", "init": init, "from_step": step})
     for g in opt.param_groups:
@@ -786,17 +784,17 @@ def eval_cases(tok, info, lengths, positions, seeds, family, kind):
     return cases
 
 
-def jsonl_cases(path, split):
+def jsonl_cases(path, split, eos):
     """Evaluation cases from `sparsetrace needle make --batch` output (needle_data.read_jsonl):
-    the harness's own prompts, with the engine's ids. L is the requested size, position the
-    needle's fraction."""
+    the harness's own prompts, with the engine's ids, each answer followed by EOS (id eos). L is
+    the requested size, position the needle's fraction."""
     cases = []
     for i, s in enumerate(nd.read_jsonl(path, split)):
-        seq = list(s.ids) + list(s.answer_ids)  # evaluate() appends EOS
+        seq = list(s.ids) + list(s.answer_ids) + [eos]
         # positions drawn uniformly: binned by quarter (0.25 holds (0, 0.25], ...)
         cases.append(dict(L=s.size, position=max(0.25, math.ceil(s.position * 4) / 4), seed=i, seq=seq, a0=len(s.ids),
                           needle_tok=s.needle_token, needle=s.needle, kind=s.kind, family=s.family,
-                          format=s.format, shape=s.shape, eos=True))
+                          format=s.format, shape=s.shape))
     return cases
 
 
@@ -810,10 +808,6 @@ def evaluate(model, taps, tok, info, lengths, positions, seeds, modes, family=nd
     if cases is None:
         cases = eval_cases(tok, info, lengths, positions, seeds, family, kind)
     else:
-        eos = tok.token_to_id(nd.EOS)
-        for c in cases:
-            if c.pop("eos", False):
-                c["seq"] = c["seq"] + [eos]
         lengths = sorted({c["L"] for c in cases})
     own_topk = model.config.index_topk
     # Batches of cases of one length, right-padded (causal: padding after a prompt changes
@@ -1026,16 +1020,6 @@ def smoke(outdir):
     print("smoke ok", flush=True)
 
 
-def _load_init(model, init):
-    """The weights of a save_pretrained directory into model (fp32)."""
-    import torch
-    from transformers import DeepseekV4ForCausalLM
-    loaded = DeepseekV4ForCausalLM.from_pretrained(init, dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
-    if missing or unexpected:
-        raise SystemExit(f"{init}: state does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-
-
 TIE_TOLERANCE = 1e-5  # of the row's largest |score|: what fp32 reordering upstream can move a score
 
 
@@ -1142,7 +1126,6 @@ def parity(outdir, init, out):
                     or any(abs(a - b) > 1e-3 * max(1e-3, abs(a)) for a, b in zip(kl_ref, kl_got)):
                 failed.append(f"{which}/{mode}")
         set_mode(model, topk=own)
-        # bf16 autocast, as training and evaluation run
         # bf16 autocast, as training runs, in context: transformers' own bf16 against its fp32
         worst, agree, n_pos, own_worst, own_agree = 0.0, 0, 0, 0.0, 0
         for ids in batches:
