@@ -63,29 +63,30 @@ def rope(x, cos, sin, neox=False, unsqueeze_dim=1):
     return torch.cat([nope, ((r.float() * cos) + (turned.float() * sin)).to(x.dtype)], -1)
 
 
-class Rotary:
-    """cos/sin for "main" and "compress" at any positions: the model's own rotary embedding, or
-    one whose compressed base is another theta (the compress_rope_theta fault)."""
-    def __init__(self, model, compress_theta=None):
-        self.emb = model.model.rotary_emb
-        if compress_theta is not None:
-            cfg = copy.deepcopy(model.config)
-            cfg.rope_parameters["compress"]["rope_theta"] = float(compress_theta)
-            dev = next(model.parameters()).device
-            self.emb = type(model.model.rotary_emb)(cfg).to(dev)
-
-    def __call__(self, like, positions, kind):
-        return self.emb(like, position_ids=positions, layer_type=kind)
+def rope_tables(model, like, positions, compress_theta=None):
+    """{"main": (cos, sin), "compress": (cos, sin)} at positions [1, S], from the model's own
+    rotary embedding, or for "compress" one whose base is another theta (the
+    compress_rope_theta fault), YaRN kept. In like's dtype (fp32 for the embeddings' output)."""
+    emb = model.model.rotary_emb
+    comp = emb
+    if compress_theta is not None:
+        cfg = copy.deepcopy(model.config)
+        cfg.rope_parameters["compress"]["rope_theta"] = float(compress_theta)
+        comp = type(emb)(cfg).to(like.device)
+    return {"main": emb(like, position_ids=positions, layer_type="main"),
+            "compress": comp(like, position_ids=positions, layer_type="compress")}
 
 
 # ---------------------------------------------------------------- compressor pooling
 
 
-def pool(m, h, overlap, rot, neox=False):
+def pool(m, h, overlap, cs, neox=False):
     """The compressed rows of compressor or indexer module m over hidden states h [B, S, D]:
     softmax-gated sums over windows of m.compress_rate tokens (CSA: overlapping, each row
     pooling the previous window's first series with its own second), RMS-normed, roped at
-    position row * rate. [B, R, head_dim]; R = S // rate (the incomplete tail is not pooled)."""
+    position row * rate (cs: the "compress" cos/sin of every position 0..S-1, fp32; the rotary
+    embedding's entry at position p depends on p alone, so row r takes entry r * rate).
+    [B, R, head_dim]; R = S // rate (the incomplete tail is not pooled)."""
     rate, d = m.compress_rate, m.head_dim
     kv, gate = m.kv_proj(h), m.gate_proj(h)
     B, S = kv.shape[:2]
@@ -100,8 +101,7 @@ def pool(m, h, overlap, rot, neox=False):
         kv = torch.cat([prev_kv, kv[..., d:]], 2)
         gate = torch.cat([prev_gate, gate[..., d:]], 2)
     pooled = m.kv_norm((kv * gate.softmax(dim=2, dtype=torch.float32).to(kv.dtype)).sum(dim=2))
-    positions = (torch.arange(n, device=h.device) * rate).unsqueeze(0).expand(B, -1)
-    cos, sin = rot(pooled, positions, "compress")
+    cos, sin = (t[:, :n * rate:rate].to(pooled.dtype) for t in cs)
     return rope(pooled.unsqueeze(1), cos, sin, neox=neox).squeeze(1)
 
 
@@ -124,6 +124,12 @@ def fp8_fn_as_fnuz(x):
     return (codes.float() * scale).to(x.dtype)
 
 
+def _no_compile(fn):
+    """fn left out of torch.compile's graphs (a loop whose trip count follows the length)."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return disable(fn) if disable else fn
+
+
 def _scores(q, k, w, scale):
     """sum_h w[b, s, h] * relu(q[b, s, h] . k[b, r]) * scale as transformers' scorer computes it:
     q [B, c, Hi, Di], k [B, R, Di], w [B, c, Hi] -> [B, c, R], fp32."""
@@ -131,17 +137,34 @@ def _scores(q, k, w, scale):
     return (F.relu(s) * scale * w.unsqueeze(-1)).sum(dim=2)
 
 
-def indexer(idx, h, q_res, positions, rot, faults, topk):
+@_no_compile
+def _select(q, k, w, scale, visible, topk):
+    """The top-k rows of every query, without gradient, scored in chunks of queries such that
+    [B, chunk, heads, R] stays within SCORE_CHUNK_ELEMS: [B, S, topk], -1 past the visible rows."""
+    B, S, R = q.shape[0], q.shape[1], k.shape[1]
+    rows = torch.arange(R, device=q.device)
+    chunk = max(1, SCORE_CHUNK_ELEMS // max(1, B * q.shape[2] * R))
+    picks = []
+    with torch.no_grad():
+        for c0 in range(0, S, chunk):
+            s = _scores(q[:, c0:c0 + chunk], k, w[:, c0:c0 + chunk], scale)
+            future = rows[None, :] >= visible[c0:c0 + chunk, None]
+            top = s.masked_fill(future.unsqueeze(0), float("-inf")).topk(topk, dim=-1).indices
+            picks.append(torch.where(top >= visible[None, c0:c0 + chunk, None], -1, top))
+    return torch.cat(picks, 1)
+
+
+def indexer(idx, h, q_res, positions, cs, faults, topk):
     """The indexer of one CSA layer on detached inputs (it trains on its own loss only, as in
     DeepSeek's sparse-attention training). Returns (selected [B, S, k] with -1 where a query has
     fewer visible rows, scores [B, S, k] with gradient at the selected rows, rows R); with
     topk >= R every visible row is selected and the scores are [B, S, R]."""
     h, q_res = h.detach(), q_res.detach()
     neox = faults["index_rope"] == "neox"
-    k = pool(idx, h, True, rot, neox=neox)
+    k = pool(idx, h, True, cs, neox=neox)
     B, S = h.shape[:2]
     R = k.shape[1]
-    cos, sin = rot(h, positions, "compress")
+    cos, sin = (t.to(h.dtype) for t in cs)
     q = idx.q_b_proj(q_res).view(B, S, -1, idx.head_dim).transpose(1, 2)
     q = rope(q, cos, sin, neox=neox).transpose(1, 2)                   # [B, S, Hi, Di]
     if faults["rotate"] is not None:
@@ -163,15 +186,7 @@ def indexer(idx, h, q_res, positions, rot, faults, topk):
         s = _scores(q, k, w, sc.softmax_scale)
         sel = rows.view(1, 1, R).expand(B, S, R)
         return torch.where(rows[None, :] < visible[:, None], sel, -1), s, R
-    chunk = max(1, SCORE_CHUNK_ELEMS // max(1, B * q.shape[2] * R))
-    picks = []
-    with torch.no_grad():
-        for c0 in range(0, S, chunk):
-            s = _scores(q[:, c0:c0 + chunk], k, w[:, c0:c0 + chunk], sc.softmax_scale)
-            future = rows[None, :] >= visible[c0:c0 + chunk, None]
-            top = s.masked_fill(future.unsqueeze(0), float("-inf")).topk(topk, dim=-1).indices
-            picks.append(torch.where(top >= visible[None, c0:c0 + chunk, None], -1, top))
-    sel = torch.cat(picks, 1)                                            # [B, S, k]
+    sel = _select(q, k, w, sc.softmax_scale, visible, topk)              # [B, S, k]
     ks = k[torch.arange(B, device=h.device)[:, None, None], sel.clamp_min(0)]   # [B, S, k, Di]
     s = torch.einsum("bshd,bskd->bshk", q.float(), ks.float())
     s = (F.relu(s) * sc.softmax_scale * w.unsqueeze(-1)).sum(dim=2)
@@ -202,10 +217,10 @@ def _window_scores(q, kv, W, scaling):
     return s.reshape(B, H, Sp, 2 * W)[:, :, :S], keys
 
 
-def attention(attn, h, pe, positions, rot, faults, distill):
-    """DeepseekV4Attention.forward without the [S, S + R] matrices (module docstring). For a CSA
-    layer, appends (indexer scores, attention mass per selected row summed over heads, selected)
-    to distill."""
+def attention(attn, h, pe, positions, faults):
+    """DeepseekV4Attention.forward without the [S, S + R] matrices (module docstring); pe from
+    rope_tables. Returns (output, distill): for a CSA layer distill is (indexer scores,
+    attention mass per selected row summed over heads, selected), else None."""
     tf = _tf()
     B, S, _ = h.shape
     d = attn.head_dim
@@ -216,12 +231,12 @@ def attention(attn, h, pe, positions, rot, faults, distill):
     kv = rope(attn.kv_norm(attn.kv_proj(h)).view(B, S, 1, d).transpose(1, 2), cos, sin)[:, 0]  # [B, S, d]
     W = attn.sliding_window
     wscores, kblocks = _window_scores(q, kv, W, attn.scaling)
-    parts, rows, sel, iscores = [wscores], None, None, None
+    parts, rows, sel, iscores, distill = [wscores], None, None, None, None
     comp = attn.compressor
     if isinstance(comp, tf.DeepseekV4CSACompressor):
-        ck = pool(comp, h, True, rot)                                      # [B, R, d]
+        ck = pool(comp, h, True, pe["compress"])                           # [B, R, d]
         topk = comp.indexer.index_topk if faults["topk"] is None else faults["topk"]
-        sel, iscores, R = indexer(comp.indexer, h, q_res, positions, rot, faults, topk)
+        sel, iscores, R = indexer(comp.indexer, h, q_res, positions, pe["compress"], faults, topk)
         if R > 0 and topk >= R:                                            # dense: every visible row
             s = torch.einsum("bhsd,brd->bhsr", q, ck) * attn.scaling
             rows = ("dense", ck)
@@ -231,7 +246,7 @@ def attention(attn, h, pe, positions, rot, faults, distill):
             rows = ("sparse", gathered)
         parts.append(s.float().masked_fill((sel < 0).unsqueeze(1), float("-inf")))
     elif isinstance(comp, tf.DeepseekV4HCACompressor):
-        ck = pool(comp, h, False, rot)
+        ck = pool(comp, h, False, pe["compress"])
         R = ck.shape[1]
         s = torch.einsum("bhsd,brd->bhsr", q, ck) * attn.scaling
         future = torch.arange(R, device=h.device)[None, :] >= ((positions[0] + 1) // comp.compress_rate)[:, None]
@@ -257,13 +272,44 @@ def attention(attn, h, pe, positions, rot, faults, distill):
         else:
             out = out + torch.einsum("bhsk,bskd->bhsd", pr.to(vals.dtype), vals)
         if sel is not None:
-            distill.append((iscores, pr.detach().sum(1), sel))
+            distill = (iscores, pr.detach().sum(1), sel)
     out = rope(out, cos, -sin)                                            # undo the values' rope, per query
     grouped = out.transpose(1, 2).reshape(B, S, attn.config.o_groups, -1)
-    return attn.o_b_proj(attn.o_a_proj(grouped).flatten(2))
+    return attn.o_b_proj(attn.o_a_proj(grouped).flatten(2)), distill
 
 
 # ---------------------------------------------------------------- the model
+
+
+def layer_forward(layer, hs, ids, pe, positions, faults):
+    """DeepseekV4DecoderLayer.forward on the hidden streams hs [B, S, hc_mult, D], the attention
+    through attention() above. Returns (hs, the CSA layer's distillation entry or None)."""
+    dtype = hs.dtype
+    post, comb, collapsed = layer.attn_hc(hs)
+    a, distill = attention(layer.self_attn, layer.input_layernorm(collapsed), pe, positions, faults)
+    hs = post.to(dtype).unsqueeze(-1) * a.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), hs)
+    post, comb, collapsed = layer.ffn_hc(hs)
+    mo = layer.mlp(layer.post_attention_layernorm(collapsed), input_ids=ids)
+    hs = post.to(dtype).unsqueeze(-1) * mo.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), hs)
+    return hs, distill
+
+
+# layer_forward as forward() calls it: itself, or torch.compile'd by use_compile
+_layer = layer_forward
+
+
+def use_compile(on):
+    """Run forward()'s decoder layers through torch.compile (dynamic shapes: one graph serves
+    every length; the indexer's chunked selection stays eager) or eagerly again. The compiled
+    layers compute what the eager ones do (`train_needle.py profile` compares the losses and
+    gradients of the two in fp32)."""
+    global _layer
+    if not on:
+        _layer = layer_forward
+        return
+    import torch._dynamo
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    _layer = torch.compile(layer_forward, dynamic=True)
 
 
 def forward(model, ids, faults=None):
@@ -272,22 +318,15 @@ def forward(model, ids, faults=None):
     layer, (indexer scores with gradient [B, S, k], attention mass [B, S, k], selected [B, S, k])."""
     faults = dict(NO_FAULTS, **(faults or {}))
     m = model.model
-    rot = Rotary(model, faults["compress_rope_theta"])
     x = m.embed_tokens(ids)
-    B, S = ids.shape
-    positions = torch.arange(S, device=ids.device).unsqueeze(0)
-    pe = {"main": m.rotary_emb(x, position_ids=positions, layer_type="main"),
-          "compress": rot(x, positions, "compress")}
+    positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+    pe = rope_tables(model, x, positions, faults["compress_rope_theta"])
     hs = x.unsqueeze(2).expand(-1, -1, model.config.hc_mult, -1).contiguous()
     distill = []
     for layer in m.layers:
-        dtype = hs.dtype
-        post, comb, collapsed = layer.attn_hc(hs)
-        a = attention(layer.self_attn, layer.input_layernorm(collapsed), pe, positions, rot, faults, distill)
-        hs = post.to(dtype).unsqueeze(-1) * a.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), hs)
-        post, comb, collapsed = layer.ffn_hc(hs)
-        mo = layer.mlp(layer.post_attention_layernorm(collapsed), input_ids=ids)
-        hs = post.to(dtype).unsqueeze(-1) * mo.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), hs)
+        hs, d = _layer(layer, hs, ids, pe, positions, faults)
+        if d is not None:
+            distill.append(d)
     return model.lm_head(m.norm(m.hc_head(hs))), distill
 
 

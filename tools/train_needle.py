@@ -20,6 +20,8 @@ checkpoint and leaves weights, a log and an evaluation behind.
              transformers' eager forward on the same weights: logits, top-k sets, distillation
              loss, every fault both run, gradients (bench/needle-train-results.md)
   speed      training throughput of the eager path against the fast forward, side by side
+  profile    where a fast-forward training step's time goes (torch.profiler), and torch.compile
+             of its decoder layers against eager: throughput, and logits, losses, gradients
 
 Curriculum (why: a probe showed that a tiny V4 does not learn to copy across a small window
 from scratch, learns in-window copying quickly, and that an untrained indexer then picks the
@@ -508,13 +510,14 @@ def adaptive_step(model, taps, opt, batch, window, sparse, fast, splits):
         splits *= 2
 
 
-def forward_losses(model, taps, ids, valid, answer, sparse, fast=False):
+def forward_losses(model, taps, ids, valid, answer, sparse, fast=False, autocast=True):
     """Logits and the three losses of one batch; fast: through tools/needle_fast.py's forward
-    (the same function, shown equal by `parity`), whose distillation skips padding."""
+    (the same function, shown equal by `parity`), whose distillation skips padding. In bf16
+    autocast, or fp32 throughout when autocast is False."""
     import torch
     import torch.nn.functional as F
     taps.clear()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
         if fast:
             logits, distill = _nf().forward(model, ids, taps.faults)
         else:
@@ -648,7 +651,8 @@ def seed_dir(outdir, init):
     return init
 
 
-def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=None, jsonl=None):
+def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=None, jsonl=None, compile=False,
+              splits=None):
     import torch
     t0 = time.time()
     st = STAGES[stage_no]
@@ -697,7 +701,11 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
     stop_at = t0 + budget - max(eval_seconds, 30)
     step0, tokens, agg = step, 0, {}
     last, flops, waited, agg_tokens = time.time(), 0.0, 0.0, 0
-    splits = st.get("splits", 1)  # micro-batches per step; doubled when a step does not fit
+    splits = splits or st.get("splits", 1)  # micro-batches per step; doubled when a step does not fit
+    if compile:
+        _nf().use_compile(True)  # the fast forward's decoder layers through torch.compile,
+        model.config._experts_implementation = "grouped_mm"  # experts without a host sync each
+        log({"event": "compile", "splits": splits})
     try:
         while time.time() < stop_at:
             tw = time.time()
@@ -735,6 +743,8 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
                 agg, last, flops, waited, agg_tokens = {}, now, 0.0, 0.0, 0
     finally:
         loader.close()
+        if compile:
+            _nf().use_compile(False)  # evaluation runs eagerly, in fp32
     set_mode(model, window=min(windows))  # saved and evaluated with the narrowest window
     log({"event": "stage done", "stage": stage_no, "steps": step - step0, "tokens": tokens,
          "seconds": round(time.time() - t0, 1)})
@@ -1248,6 +1258,143 @@ def speed(outdir, init, out, steps=8):
         print(json.dumps(row), flush=True)
 
 
+def _device_us(e, inclusive=False):
+    """A profiler event's GPU microseconds, under the names torch has used for them."""
+    names = ("device_time_total", "cuda_time_total") if inclusive else ("self_device_time_total", "self_cuda_time_total")
+    for n in names:
+        v = getattr(e, n, None)
+        if v is not None:
+            return v
+    return 0
+
+
+def profile(outdir, init, out, steps=4):
+    """Where a training step's time goes on the fast forward, and what torch.compile of its
+    decoder layers (needle_fast.use_compile) buys. Per prompt length (2k and 16k tokens, 64k
+    tokens in one micro-batch, QAT on, sparse, window 64): two eager steps under torch.profiler
+    (the kernels by GPU time, the ATen ops by CPU time, the share of the wall time the GPU is
+    busy), then eager and compiled steps side by side (tokens/s; the first compiled step's
+    seconds, compilation included). On one batch of two 2k prompts, the compiled and eager
+    layers' logits, losses and gradients in fp32. Writes `out` after every measurement."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+    nfm = _nf()
+    tok, info = load_tokenizer(outdir)
+    per_step = 65536
+    configs = [("2k prompts", (512, 2048)), ("16k prompts", (16384, 16384))]
+    prepared = []  # the workers fork before CUDA starts in this process
+    for name, lengths in configs:
+        st = dict(STAGES[5], lengths=lengths, tokens=per_step, log_lengths=False)
+        loader = Loader(Batches(outdir, st, seed=78, ratio=info["chars_per_token"]))
+        prepared.append([loader.next() for _ in range(2 * steps + 6)])
+        loader.close()
+    model = build_model(MODEL, tok.get_vocab_size(), info["ids"], "cuda")
+    if init:
+        _load_init(model, init)
+    model.config._experts_implementation = EXPERTS
+    qat(model, True)
+    taps = Taps(model)
+    model.train()
+    set_mode(model, window=64, topk=model.config.index_topk)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "experts": EXPERTS,
+              "tokens_per_step": per_step, "bf16_peak_tflops": 787, "configs": []}
+
+    def save():
+        with open(out, "w") as f:
+            json.dump(report, f, indent=1)
+
+    def run(batches):
+        torch.cuda.synchronize()
+        t0, toks, flops = time.time(), 0, 0.0
+        for batch in batches:
+            cuda = tuple(x.cuda(non_blocking=True) for x in batch)
+            res, _ = adaptive_step(model, taps, opt, cuda, 64, True, True, 1)
+            if res is None:
+                raise torch.OutOfMemoryError("one row does not fit")
+            toks += int(batch[1].sum()) + batch[1].shape[0]
+            flops += nfm.model_flops(model, batch[0].numel(), batch[0].shape[1], 64, model.config.index_topk)
+        torch.cuda.synchronize()
+        dt = time.time() - t0
+        return dict(seconds=round(dt, 3), s_per_step=round(dt / len(batches), 3), tokens_per_s=round(toks / dt),
+                    model_tflops=round(flops / dt / 1e12, 2), of_bf16_peak=round(flops / dt / 787e12, 4))
+
+    def fp32_pass(batch):
+        ids, valid, answer = (x[:2].cuda() for x in batch[:3])
+        model.zero_grad(set_to_none=True)
+        logits, lm, ans, kl = forward_losses(model, taps, ids, valid, answer, True, fast=True, autocast=False)
+        (ans + LM_WEIGHT * lm + DISTILL_WEIGHT * kl).backward()
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        return logits.detach(), [lm.item(), ans.item(), float(kl)], grads
+
+    for (name, lengths), data in zip(configs, prepared):
+        row = {"config": name, "lengths": list(lengths), "batch": list(data[0][0].shape)}
+        report["configs"].append(row)
+        nfm.use_compile(False)
+        try:
+            run(data[:2])
+            torch.cuda.reset_peak_memory_stats()
+            row["eager"] = run(data[2:2 + steps])
+            row["eager"]["mem_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+            with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                wall = run(data[2 + steps:4 + steps])["seconds"]
+            ev = prof.key_averages()
+            kernels = [e for e in ev if getattr(e, "device_type", None) == DeviceType.CUDA]
+            busy = sum(_device_us(e) for e in kernels) / 1e6
+            ops = [e for e in ev if getattr(e, "device_type", None) != DeviceType.CUDA]
+            row["profile"] = {
+                "wall_s": wall, "gpu_busy_s": round(busy, 3), "gpu_busy_share": round(busy / wall, 3),
+                "launches": sum(e.count for e in kernels),
+                "kernels_by_gpu_time": [dict(name=e.key[:100], calls=e.count, gpu_ms=round(_device_us(e) / 1e3, 1))
+                                        for e in sorted(kernels, key=_device_us, reverse=True)[:25]],
+                "ops_by_gpu_time": [dict(name=e.key[:100], calls=e.count,
+                                         gpu_ms=round(_device_us(e, True) / 1e3, 1),
+                                         cpu_ms=round(e.cpu_time_total / 1e3, 1))
+                                    for e in sorted(ops, key=lambda e: _device_us(e, True), reverse=True)[:40]],
+                "ops_by_self_cpu_time": [dict(name=e.key[:100], calls=e.count, self_cpu_ms=round(e.self_cpu_time_total / 1e3, 1))
+                                         for e in sorted(ops, key=lambda e: e.self_cpu_time_total, reverse=True)[:25]]}
+            del prof
+        except Exception as e:  # noqa: BLE001 -- reported, and the next measurement runs
+            row["eager_error"] = f"{type(e).__name__}: {str(e)[:400]}"
+        save()
+        print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
+        try:
+            # transformers' eager experts sync with the host per expert (a graph break each)
+            model.config._experts_implementation = row["compiled_experts"] = "grouped_mm"
+            nfm.use_compile(True)
+            row["compiled_first_step"] = run(data[:1])
+            if name == configs[0][0]:
+                nfm.use_compile(False)
+                ref = fp32_pass(data[0])
+                nfm.use_compile(True)
+                got = fp32_pass(data[0])
+                scale = ref[0].abs().max().item()
+                gscale = max(g.abs().max().item() for g in ref[2].values())
+                row["compiled_vs_eager_fp32"] = {
+                    "logits_max_diff_over_max": (got[0] - ref[0]).abs().max().item() / scale,
+                    "argmax_equal": (got[0].argmax(-1) == ref[0].argmax(-1)).float().mean().item(),
+                    "losses_eager": ref[1], "losses_compiled": got[1],
+                    "grads_max_diff_over_max": max((got[2][n] - ref[2][n]).abs().max().item() for n in ref[2]) / gscale,
+                    "same_parameters": sorted(ref[2]) == sorted(got[2])}
+                save()
+            run(data[1:2])
+            torch.cuda.reset_peak_memory_stats()
+            row["compiled"] = run(data[2:2 + steps])
+            row["compiled"]["mem_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+            if "eager" in row:
+                row["compiled_vs_eager"] = round(row["compiled"]["tokens_per_s"] / row["eager"]["tokens_per_s"], 2)
+        except Exception as e:  # noqa: BLE001
+            row["compiled_error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+        nfm.use_compile(False)
+        model.config._experts_implementation = EXPERTS
+        torch.cuda.empty_cache()
+        save()
+        print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
+    return 0
+
+
 def oracle_fixture(weights, tokdir, out, count, new_tokens):
     """transformers' own greedy continuations of needle prompts under the release's weights, in
     fp32 without autocast and without a cache (each step a full forward): what the engine must
@@ -1380,6 +1527,9 @@ def main(argv):
                                   "or the release (models/needle-v4), dequantised")
     b.add_argument("--eval-seconds", type=float, default=75,
                    help="seconds kept for the quick held-out evaluation at the stage's end (0: none)")
+    b.add_argument("--compile", action="store_true",
+                   help="the fast forward's decoder layers through torch.compile (stages with fast=True)")
+    b.add_argument("--splits", type=int, help="micro-batches per step to start from (default: the stage's)")
     c = sub.add_parser("eval")
     c.add_argument("weights"), c.add_argument("--tokenizer", required=True), c.add_argument("--out", required=True)
     c.add_argument("--seeds", type=int, default=8), c.add_argument("--budget", type=float, default=300)
@@ -1400,6 +1550,9 @@ def main(argv):
     sp = sub.add_parser("speed", help="training throughput: the v4 path against the fast forward")
     sp.add_argument("dir"), sp.add_argument("--init"), sp.add_argument("--out", required=True)
     sp.add_argument("--steps", type=int, default=8)
+    pr = sub.add_parser("profile", help="where a fast-forward training step's time goes; torch.compile against eager")
+    pr.add_argument("dir"), pr.add_argument("--init"), pr.add_argument("--out", required=True)
+    pr.add_argument("--steps", type=int, default=4)
     e = sub.add_parser("release")
     e.add_argument("dir"), e.add_argument("dest"), e.add_argument("--seeds", type=int, default=8)
     e.add_argument("--budget", type=float, default=420), e.add_argument("--lengths", default="1024,2048,4096,8192")
@@ -1410,7 +1563,8 @@ def main(argv):
         init = seed_dir(args.dir, args.init)
         if not os.path.exists(os.path.join(args.dir, "tokenizer.json")):
             train_tokenizer(args.dir)
-        run_stage(args.n, args.dir, args.budget, eval_seconds=args.eval_seconds, init=init, jsonl=args.jsonl)
+        run_stage(args.n, args.dir, args.budget, eval_seconds=args.eval_seconds, init=init, jsonl=args.jsonl,
+                  compile=args.compile, splits=args.splits)
     elif args.cmd == "eval":
         run_eval(args.weights, args.tokenizer, args.out, args.seeds, [int(x) for x in args.lengths.split(",")],
                  args.modes.split(","), args.family if args.family != "any" else None,
@@ -1428,6 +1582,9 @@ def main(argv):
     elif args.cmd == "speed":
         init = seed_dir(args.dir, args.init)
         speed(args.dir, init, args.out, args.steps)
+    elif args.cmd == "profile":
+        init = seed_dir(args.dir, args.init)
+        return profile(args.dir, init, args.out, args.steps)
     elif args.cmd == "release":
         release(args.dir, args.dest, args.seeds, [int(x) for x in args.lengths.split(",")], args.budget)
     else:

@@ -8,7 +8,11 @@
 #                      Python generator's held-out `branch`), 1k-32k tokens, in parallel
 #     parity           train_needle.py parity against the release in INIT (default models/needle-v4)
 #     speed            train_needle.py speed
-#     train:SECONDS    stage $STAGE (default 5) for SECONDS from INIT, half of each batch from cdata
+#     profile          train_needle.py profile: where a step's time goes, torch.compile against eager
+#     train:SECONDS    stage $STAGE (default 5) for SECONDS from INIT, half of each batch from cdata;
+#     train:@T         the same until T seconds into this script
+#                      COMPILE=1: the decoder layers through torch.compile; COMPILE=auto: when the
+#                      profile step found it faster and equal to eager in fp32; SPLITS=N: micro-batches
 #     release          the trained weights as a release in OUT/needle-release.tgz (no evaluation)
 #     card             the release's card evaluations (EVAL_SECONDS)
 #
@@ -44,10 +48,35 @@ for s in "$@"; do
       step speed
       python3 tools/train_needle.py speed "$dir" --init "$init" --out "$out/logs/speed.json" --steps "${SPEED_STEPS:-8}" 2>&1 \
         | grep -v Warning | tee "$out/logs/speed.txt" ;;
+    profile)
+      step profile
+      python3 tools/train_needle.py profile "$dir" --init "$init" --out "$out/logs/profile.json" 2>&1 \
+        | grep -v Warning | tee "$out/logs/profile.txt" ;;
     train:*)
       step "$s"
       j=(); [ -s "$cdata/train.jsonl" ] && j=(--jsonl "$cdata/train.jsonl")
-      python3 tools/train_needle.py stage "$stage" "$dir" --init "$init" --budget "${s#train:}" --eval-seconds 0 \
+      c=${COMPILE:-0}
+      if [ "$c" = auto ]; then
+        c=$(python3 - "$out/logs/profile.json" <<'PY'
+import json, sys
+try:
+    rows = json.load(open(sys.argv[1]))["configs"]
+except Exception:
+    rows = []
+eq = [r["compiled_vs_eager_fp32"] for r in rows if "compiled_vs_eager_fp32" in r]
+fast = [r.get("compiled_vs_eager", 0) for r in rows]
+ok = (eq and eq[0]["logits_max_diff_over_max"] < 1e-4 and eq[0]["grads_max_diff_over_max"] < 1e-3
+      and eq[0]["same_parameters"] and fast and min(fast) >= 1.15)
+print(1 if ok else 0)
+PY
+)
+        echo "COMPILE=auto: $c"
+      fi
+      [ "$c" = 1 ] && j+=(--compile)
+      [ -n "${SPLITS:-}" ] && j+=(--splits "$SPLITS")
+      budget=${s#train:}
+      [ "${budget:0:1}" = @ ] && budget=$(( ${budget:1} - SECONDS ))
+      python3 tools/train_needle.py stage "$stage" "$dir" --init "$init" --budget "$budget" --eval-seconds 0 \
         "${j[@]}" 2>&1 | grep -v Warning | tee "$out/logs/train-$SECONDS.txt" | grep -E '"step": [0-9]*[05]0,|event|Error|error|out of memory' ;;
     release)
       step release
