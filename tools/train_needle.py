@@ -103,7 +103,7 @@ STAGES = {
     # of 1k-32k tokens drawn log-uniformly (as many steps at 1-2k as at 16-32k), where the indexer
     # must find the needle's rows among up to 8k with index_topk 32
     5: dict(name="long", window=64, lengths=(1024, 32768), log_lengths=True, sparse=True, qat=True, lr=6e-4,
-            warmup=20, fast=True, tokens=262144, splits=4),
+            warmup=20, fast=True, tokens=262144, splits=4, experts="grouped_mm"),
 }
 # Eager attention is S x S per head: memory grows with tokens x S (16384 tokens at S = 2048 took
 # 30 GB; the batch is cut to this many tokens whatever the samples' lengths). Stages on the fast
@@ -430,21 +430,6 @@ def set_mode(model, window=None, topk=None):
                 comp.indexer.index_topk = topk
 
 
-def answer_metrics(logits, ids, answer, dist, window):
-    """Teacher-forced exact recall: every answer token (and EOS) is the argmax. Equal to greedy
-    decoding reproducing the line, since greedy stays on the answer while every argmax matches."""
-    pred = logits.argmax(-1)
-    right = (pred[:, :-1] == ids[:, 1:]) | ~answer[:, :-1]
-    exact = right.all(-1).float()
-    far = dist > window
-    out = {"exact": exact.mean().item()}
-    if far.any():
-        out["exact_far"] = exact[far].mean().item()
-    if (~far).any():
-        out["exact_near"] = exact[~far].mean().item()
-    return out
-
-
 def train_step(model, taps, opt, ids, valid, answer, sparse):
     """One optimiser step on one batch: the losses, clipped gradients, the balancing update."""
     import torch
@@ -461,13 +446,16 @@ def train_step(model, taps, opt, ids, valid, answer, sparse):
 def split_step(model, taps, opt, ids, valid, answer, needle, dist, window, sparse, fast, splits):
     """One optimiser step on one batch in `splits` micro-batches of rows (gradients accumulated,
     each micro-batch's loss weighted by its share of the rows): the fast forward's step at 256k
-    tokens does not fit the GPU at once. Returns (answer metrics, lm, ans, kl, grad norm), the
-    metrics and losses averaged over the micro-batches by rows."""
+    tokens does not fit the GPU at once. Returns (answer metrics, lm, ans, kl, grad norm) over
+    all rows; the figures reach the host in one copy at the end (a copy per figure would stall
+    the GPU as often). The metrics are teacher-forced exact recall of the needle's answer (every
+    answer token and EOS the argmax; greedy decoding reproduces the line exactly then), over
+    all rows and over those whose needle lies beyond the window or within it."""
     import torch
     opt.zero_grad(set_to_none=True)
     B = ids.shape[0]
     bounds = [round(B * j / splits) for j in range(splits + 1)]
-    sums, weights = {}, {}
+    exact, losses = [], []
     for a, b in zip(bounds, bounds[1:]):
         if b <= a:
             continue
@@ -475,20 +463,24 @@ def split_step(model, taps, opt, ids, valid, answer, needle, dist, window, spars
         logits, lm, ans, kl = forward_losses(model, taps, ids[part], valid[part], answer[part], sparse, fast)
         share = (b - a) / B
         ((ans + LM_WEIGHT * lm + DISTILL_WEIGHT * kl) * share).backward()
-        m = answer_metrics(logits.detach(), ids[part], needle[part], dist[part], window)
-        far = int((dist[part] > window).sum())
-        for k, v, w in [("exact", m["exact"], b - a), ("exact_far", m.get("exact_far"), far),
-                        ("exact_near", m.get("exact_near"), (b - a) - far),
-                        ("lm", lm.item(), b - a), ("ans", ans.item(), b - a), ("kl", float(kl), b - a)]:
-            if v is not None and w > 0:
-                sums[k] = sums.get(k, 0.0) + v * w
-                weights[k] = weights.get(k, 0) + w
-        del logits, lm, ans, kl
+        pred = logits.detach().argmax(-1)
+        exact.append(((pred[:, :-1] == ids[part, 1:]) | ~needle[part, :-1]).all(-1).float())
+        losses.append(torch.stack([lm.detach(), ans.detach(), torch.as_tensor(kl, device=ids.device).detach()]) * share)
+        del logits, lm, ans, kl, pred
     gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     taps.balance(model)
-    out = {k: sums[k] / weights[k] for k in sums}
-    return {k: out[k] for k in out if k.startswith("exact")}, out["lm"], out["ans"], out["kl"], gn
+    exact = torch.cat(exact)
+    far = dist > window
+    host = torch.cat([torch.stack(losses).sum(0), gn.reshape(1).float(), exact, far.float()]).cpu()
+    lm, ans, kl, gn = host[:4].tolist()
+    exact, far = host[4:4 + B], host[4 + B:] > 0
+    m = {"exact": exact.mean().item()}
+    if far.any():
+        m["exact_far"] = exact[far].mean().item()
+    if (~far).any():
+        m["exact_near"] = exact[~far].mean().item()
+    return m, lm, ans, kl, gn
 
 
 def adaptive_step(model, taps, opt, batch, window, sparse, fast, splits):
@@ -580,7 +572,10 @@ def _fake_quant_module(kind):
         def forward(self, w):
             with torch.no_grad():
                 q = fake_fp8(w) if kind == "fp8" else fake_fp4(w)
-            return w + (q - w).detach()  # straight-through: the gradient skips the rounding
+            w = w + (q - w).detach()  # straight-through: the gradient skips the rounding
+            # e2m1 values times a power of two are exact in bf16: the experts reach transformers'
+            # grouped_mm in bf16, its grouped GEMM (fp32 weights take a per-expert fallback)
+            return w.to(torch.bfloat16) if kind == "fp4" else w
     return FakeQuant()
 
 
@@ -702,6 +697,8 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
     step0, tokens, agg = step, 0, {}
     last, flops, waited, agg_tokens = time.time(), 0.0, 0.0, 0
     splits = splits or st.get("splits", 1)  # micro-batches per step; doubled when a step does not fit
+    if "experts" in st and "NEEDLE_EXPERTS" not in os.environ:
+        model.config._experts_implementation = st["experts"]
     if compile:
         _nf().use_compile(True)  # the fast forward's decoder layers through torch.compile,
         model.config._experts_implementation = "grouped_mm"  # experts without a host sync each
@@ -730,7 +727,7 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
                                        model.config.index_topk if st["sparse"] else 1 << 30)
             agg_tokens += real
             agg.setdefault("splits", []).append(splits)
-            for k, v in dict(m, lm=lm, ans=ans, kl=kl, gnorm=gn.item()).items():
+            for k, v in dict(m, lm=lm, ans=ans, kl=kl, gnorm=gn).items():
                 agg.setdefault(k, []).append(v)
             if step % 50 == 0 or step - step0 == 5:
                 torch.cuda.synchronize()
