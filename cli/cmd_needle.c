@@ -32,6 +32,9 @@ static const st_opt_use make_options[] = {
   {ST_OPT_KIND, NULL, "path (default: 'Working directory: /home/dev/...'), host, key, number,\n"
                       "ticket, branch, url, email, commit, env, random"},
   {ST_OPT_FORMAT, NULL, "anthropic (default), openai-chat, openai-responses"},
+  {ST_OPT_SHAPE, NULL, "agent (default: the transcript above) or toollist (one system string of\n"
+                       "one-line tool descriptions with the environment in the middle, and one\n"
+                       "question: the shape of a typical bug report's request)"},
   {ST_OPT_MODEL, NULL, "directory with tokenizer.json for exact sizes"},
   {ST_OPT_RENDER, NULL, "rendering used for sizing: reference (default), sglang, vllm, atom"},
   {ST_OPT_THINKING, NULL, "ask for thinking / chat mode in the request (default: say nothing)"},
@@ -77,7 +80,9 @@ static const st_opt_use sweep_options[] = {
                              "the engine's runs are --tap-positions"},
   {ST_OPT_SEEDS, NULL, "seeds per cell, 1 to 10000 (default 3), starting at --first-seed (default 1)"},
   {ST_OPT_FIRST_SEED, NULL, NULL},
-  {ST_OPT_KIND, NULL, "path (default), host, key, number"},
+  {ST_OPT_KIND, NULL, "path (default), host, key, number, ticket, branch, url, email, commit,\n"
+                      "env, random (as needle make)"},
+  {ST_OPT_SHAPE, NULL, "request shape: agent (default) or toollist (as needle make)"},
   {ST_OPT_FORMAT, NULL, "engine request format: openai-chat (default), anthropic,\n"
                         "openai-responses (a server gets the format of its --api)"},
   {ST_OPT_RENDER, NULL, "engine rendering: reference (default), sglang, vllm, atom"},
@@ -374,6 +379,10 @@ static int cmd_make(int argc, char **argv) {
         goto usage;
       }
       break;
+    case ST_OPT_SHAPE:
+      if (st_needle_shape_parse(o.arg, &sp.shape)) goto bad_value;
+      have_drawn = "--shape";
+      break;
     case ST_OPT_SHAPES:
       if ((batch.n_shapes = split_list(o.arg, batch.shapes, sizeof batch.shapes[0], ST_NEEDLE_SHAPE_COUNT,
                                        parse_shape_v)) < 1) {
@@ -403,7 +412,7 @@ static int cmd_make(int argc, char **argv) {
     }
     if (have_tokens || have_position || have_drawn || out_path || meta_path) {
       st_opts_error(&o, "--batch draws each example's size, position, kind, format and mode itself: use --lengths, "
-                        "--kinds, --formats, not %s", have_drawn ? have_drawn : have_tokens ? "--tokens"
+                        "--kinds, --formats, --shapes, not %s", have_drawn ? have_drawn : have_tokens ? "--tokens"
                         : have_position ? "--position" : out_path ? "--out (--jsonl is the output)" : "--meta");
       goto usage;
     }
@@ -469,6 +478,7 @@ static int cmd_make(int argc, char **argv) {
                              st_render_profile_name(sp.render.profile), "tokenizer",
                              tok ? st_tokenizer_path(tok) : "");
     json_object_set_new(meta, "min_tokens", json_integer(np.min_tokens));
+    json_object_set_new(meta, "shape", json_string(st_needle_shape_name(sp.shape)));
     if (!meta || json_dump_file(meta, meta_path, JSON_INDENT(2) | JSON_PRESERVE_ORDER)) {
       json_decref(meta);
       st_fail(ST_EIO, "%s: cannot write the metadata", meta_path);
@@ -553,6 +563,7 @@ static void print_json(const st_harness_options *o, const st_harness_result *r) 
   json_object_set_new(root, "target", json_string(r->target));
   json_object_set_new(root, "api", json_string(st_harness_api_name(o->api)));
   json_object_set_new(root, "kind", json_string(st_needle_kind_name(o->kind)));
+  json_object_set_new(root, "shape", json_string(st_needle_shape_name(o->shape)));
   json_error_t e;
   json_t *settings = json_loads(r->settings_json, 0, &e);
   json_object_set_new(root, "settings", settings ? settings : json_object());
@@ -606,8 +617,9 @@ static void print_json(const st_harness_options *o, const st_harness_result *r) 
 }
 
 static void print_table(const st_harness_options *o, const st_harness_result *r, char **token_labels) {
-  printf("needle sweep %s: %s %s, kind %s, seeds %llu..%llu\n", r->sweep_id,
+  printf("needle sweep %s: %s %s, kind %s%s%s, seeds %llu..%llu\n", r->sweep_id,
          o->api == ST_HARNESS_ENGINE ? "engine" : st_harness_api_name(o->api), r->target, st_needle_kind_name(o->kind),
+         o->shape != ST_NEEDLE_SHAPE_AGENT ? ", shape " : "", o->shape != ST_NEEDLE_SHAPE_AGENT ? st_needle_shape_name(o->shape) : "",
          (unsigned long long)o->first_seed, (unsigned long long)(o->first_seed + (uint64_t)o->n_seeds - 1));
   printf("settings %s\n\n", r->settings_json);
   printf("%-16s", "tokens");
@@ -708,6 +720,9 @@ static int cmd_sweep(int argc, char **argv) {
       break;
     case ST_OPT_KIND:
       if (st_needle_kind_parse(op.arg, &o.kind)) goto bad_value;
+      break;
+    case ST_OPT_SHAPE:
+      if (st_needle_shape_parse(op.arg, &o.shape)) goto bad_value;
       break;
     case ST_OPT_FORMAT:
       if (st_needle_format_parse(op.arg, &o.format)) goto bad_value;

@@ -99,6 +99,7 @@ static const alias aliases[] = {
   {"lengths", 0, 1, ST_OPT_LENGTHS, 0, "LIST", "prompt sizes to draw from"},
   {"split", 0, 1, ST_OPT_SPLIT, 0, "train|heldout", "which split of the data"},
   {"shapes", 0, 1, ST_OPT_SHAPES, 0, "LIST", "request shapes to draw from"},
+  {"shape", 0, 1, ST_OPT_SHAPE, 0, "S", "request shape: agent (default) or toollist"},
 
   {"upstream", 0, 1, ST_OPT_UPSTREAM, 0, "URL", "the real server"},
   {"listen", 0, 1, ST_OPT_LISTEN, 0, "HOST:PORT", "where to listen"},

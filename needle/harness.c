@@ -225,8 +225,8 @@ int st_harness_answer_passes(const char *answer, const char *expected) {
 static const char insert_sql[] =
   "INSERT INTO needle_attempts (sweep_id, created_at, target, api, format, render, thinking, tokens_requested, "
   "tokens_actual, tokens_measure, tokens_reported, position, position_actual, seed, kind, needle, expected, "
-  "answer, pass, run_id, needle_start, needle_end, max_new_tokens, settings, error, duration_s) "
-  "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
+  "answer, pass, run_id, needle_start, needle_end, max_new_tokens, settings, error, duration_s, shape) "
+  "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
 
 st_status st_harness_store(st_harness *w, const char *sweep_id, st_harness_attempt *a) {
   const st_harness_options *o = &w->o;
@@ -278,6 +278,7 @@ st_status st_harness_store(st_harness *w, const char *sweep_id, st_harness_attem
   if (a->error) sqlite3_bind_text(s, i, a->error, -1, SQLITE_STATIC);
   i++;
   sqlite3_bind_double(s, i++, a->seconds);
+  sqlite3_bind_text(s, i++, st_needle_shape_name(a->shape), -1, SQLITE_STATIC);
   if (sqlite3_step(s) != SQLITE_DONE)
     return st_fail(ST_ESQLITE, "%s: storing a needle attempt: %s", st_index_path(w->ix), sqlite3_errmsg(st_index_db(w->ix)));
   a->attempt_id = sqlite3_last_insert_rowid(st_index_db(w->ix));
@@ -294,6 +295,7 @@ static void spec_for(const sweep *w, st_harness_attempt *a, st_needle_format for
   sp->position = a->position;
   sp->seed = a->seed;
   sp->kind = a->kind;
+  sp->shape = a->shape;
   sp->format = format;
   sp->tok = w->tok;
   sp->render = o->render;
@@ -553,6 +555,7 @@ static void binary_attempt(sweep *w, st_harness_attempt *a) {
   argv[n++] = "--seeds", argv[n++] = "1";
   argv[n++] = "--first-seed", argv[n++] = seed;
   argv[n++] = "--kind", argv[n++] = (char *)st_needle_kind_name(a->kind);
+  if (a->shape != ST_NEEDLE_SHAPE_AGENT) argv[n++] = "--shape", argv[n++] = (char *)st_needle_shape_name(a->shape);
   argv[n++] = "--format", argv[n++] = (char *)st_needle_format_name(a->format);
   argv[n++] = "--render", argv[n++] = (char *)st_render_profile_name(o->render.profile);
   argv[n++] = "--thinking", argv[n++] = o->thinking < 0 ? "server" : o->thinking ? "on" : "off";
@@ -792,6 +795,7 @@ st_status st_harness_sweep(const st_harness_options *o, st_harness_result *out) 
         a->position = o->positions[p];
         a->seed = o->first_seed + (uint64_t)s;
         a->kind = o->kind;
+        a->shape = o->shape;
         a->format = format;
         st_harness_make(w, a);
         if ((rc = st_harness_store(w, out->sweep_id, a))) goto out;

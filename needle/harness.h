@@ -48,6 +48,7 @@ typedef struct st_harness_attempt {
   double position, position_actual;
   uint64_t seed;
   st_needle_kind kind;      /* the request: set by the caller before st_harness_make */
+  st_needle_shape shape;    /* the request's shape (0: agent) */
   st_needle_format format;  /* a server target's API follows it */
   char target[8192];        /* server: the URL posted to ("" : the harness's target) */
   char foreign_run_id[40];  /* another build's run, in its own store ("" when none) */
@@ -80,6 +81,7 @@ typedef struct st_harness_options {
   int thinking;               /* -1: the request says nothing (profile / server default); 0 chat; 1 thinking */
   st_needle_format format;    /* request format for the engine (server: follows api) */
   st_needle_kind kind;
+  st_needle_shape shape;      /* agent (default) or toollist */
   const int64_t *tokens;
   int n_tokens;
   const double *positions;

@@ -118,6 +118,8 @@ int st_index_latest_version(void) {
   return latest;
 }
 
+static st_status migrate_one(sqlite3 *db, const char *origin, const st_index_migration *m);
+
 st_status st_index_migrate(sqlite3 *db, const char *origin, const st_index_migration *m,
                            int n) {
   int previous = 0;
@@ -128,36 +130,58 @@ st_status st_index_migrate(sqlite3 *db, const char *origin, const st_index_migra
                                 "(NNNN_name.sql)", m[i].name);
     previous = v;
   }
-  for (int i = 0; i < n; i++) {
-    int v = migration_number(m[i].name);
-    if (exec_retry(db, "BEGIN IMMEDIATE") != SQLITE_OK)
-      return sql_fail(db, origin, "starting a migration");
-    int64_t current = 0;
-    if (pragma_int(db, "PRAGMA user_version", &current) != SQLITE_OK) {
-      st_status st = sql_fail(db, origin, "reading user_version");
+  /* Foreign keys off while a migration runs (a no-op inside a transaction, so before it), as
+  ** SQLite's procedure for rebuilding a table requires (0012 rebuilds two); the migration's
+  ** result is checked with foreign_key_check before it commits, and the setting restored. */
+  int64_t fk = 0;
+  if (pragma_int(db, "PRAGMA foreign_keys", &fk) != SQLITE_OK) return sql_fail(db, origin, "reading foreign_keys");
+  if (fk && exec_retry(db, "PRAGMA foreign_keys = OFF") != SQLITE_OK) return sql_fail(db, origin, "disabling foreign keys");
+  st_status st = ST_OK;
+  for (int i = 0; i < n && !st; i++) st = migrate_one(db, origin, &m[i]);
+  if (fk && exec_retry(db, "PRAGMA foreign_keys = ON") != SQLITE_OK && !st)
+    st = sql_fail(db, origin, "enabling foreign keys");
+  return st;
+}
+
+/* Applies m unless user_version says it has been (perhaps by a concurrent opener). */
+static st_status migrate_one(sqlite3 *db, const char *origin, const st_index_migration *m) {
+  int v = migration_number(m->name);
+  if (exec_retry(db, "BEGIN IMMEDIATE") != SQLITE_OK)
+    return sql_fail(db, origin, "starting a migration");
+  int64_t current = 0;
+  if (pragma_int(db, "PRAGMA user_version", &current) != SQLITE_OK) {
+    st_status st = sql_fail(db, origin, "reading user_version");
+    sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+    return st;
+  }
+  if (current >= v) { /* applied already (perhaps by a concurrent opener) */
+    sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+    return ST_OK;
+  }
+  char *err = NULL;
+  int rc = sqlite3_exec(db, m->sql, NULL, NULL, &err);
+  if (rc == SQLITE_OK) {
+    int64_t broken = 0; /* a row of foreign_key_check: a reference the migration left dangling */
+    rc = pragma_int(db, "SELECT count(*) FROM pragma_foreign_key_check", &broken);
+    if (rc == SQLITE_OK && broken) {
       sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-      return st;
+      return st_fail(ST_ESQLITE, "index %s: migration %s would leave %lld foreign key references "
+                                 "dangling; not applied", origin, m->name, (long long)broken);
     }
-    if (current >= v) { /* applied already (perhaps by a concurrent opener) */
-      sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-      continue;
-    }
-    char *err = NULL;
-    int rc = sqlite3_exec(db, m[i].sql, NULL, NULL, &err);
-    if (rc == SQLITE_OK) {
-      char set[128];
-      snprintf(set, sizeof set, "PRAGMA user_version = %d; PRAGMA application_id = %d;", v,
-               ST_INDEX_APPLICATION_ID);
-      rc = sqlite3_exec(db, set, NULL, NULL, &err);
-    }
-    if (rc == SQLITE_OK) rc = sqlite3_exec(db, "COMMIT", NULL, NULL, &err);
-    if (rc != SQLITE_OK) {
-      st_status st = st_fail(ST_ESQLITE, "index %s: migration %s failed: %s", origin, m[i].name,
-                             err ? err : sqlite3_errmsg(db));
-      sqlite3_free(err);
-      sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-      return st;
-    }
+  }
+  if (rc == SQLITE_OK) {
+    char set[128];
+    snprintf(set, sizeof set, "PRAGMA user_version = %d; PRAGMA application_id = %d;", v,
+             ST_INDEX_APPLICATION_ID);
+    rc = sqlite3_exec(db, set, NULL, NULL, &err);
+  }
+  if (rc == SQLITE_OK) rc = sqlite3_exec(db, "COMMIT", NULL, NULL, &err);
+  if (rc != SQLITE_OK) {
+    st_status st = st_fail(ST_ESQLITE, "index %s: migration %s failed: %s", origin, m->name,
+                           err ? err : sqlite3_errmsg(db));
+    sqlite3_free(err);
+    sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+    return st;
   }
   return ST_OK;
 }

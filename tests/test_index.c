@@ -189,6 +189,25 @@ static void test_migration_runner(void **state) {
   assert_non_null(strstr(st_errmsg(), "0003_bad.sql"));
   assert_int_equal(scalar(db, "PRAGMA user_version"), 2); /* rolled back whole */
   assert_int_equal(scalar(db, "SELECT count(*) FROM sqlite_schema WHERE name = 'c'"), 0);
+  /* A migration may rebuild a table others reference (SQLite's procedure: foreign keys off while
+  ** it runs), but not leave a reference dangling; foreign keys are on again either way. */
+  assert_int_equal(sqlite3_exec(db, "PRAGMA foreign_keys = ON", NULL, NULL, NULL), SQLITE_OK);
+  st_index_migration fk[] = {
+    {"0004_parent.sql", "CREATE TABLE p (id INTEGER PRIMARY KEY); CREATE TABLE ch (pid INTEGER REFERENCES p (id));"
+                        "INSERT INTO p VALUES (1); INSERT INTO ch VALUES (1);"},
+    {"0005_rebuild.sql", "CREATE TABLE p_new (id INTEGER PRIMARY KEY, note TEXT); INSERT INTO p_new (id) SELECT id FROM p;"
+                         "DROP TABLE p; ALTER TABLE p_new RENAME TO p;"},
+    {"0006_dangle.sql", "DELETE FROM p;"},
+  };
+  assert_int_equal(st_index_migrate(db, "mem", fk, 2), ST_OK);
+  assert_int_equal(scalar(db, "PRAGMA user_version"), 5);
+  assert_int_equal(scalar(db, "SELECT count(*) FROM p JOIN ch ON ch.pid = p.id"), 1);
+  assert_int_equal(scalar(db, "PRAGMA foreign_keys"), 1);
+  assert_int_equal(st_index_migrate(db, "mem", fk, 3), ST_ESQLITE);
+  assert_non_null(strstr(st_errmsg(), "0006_dangle.sql"));
+  assert_int_equal(scalar(db, "PRAGMA user_version"), 5); /* rolled back */
+  assert_int_equal(scalar(db, "SELECT count(*) FROM p"), 1);
+  assert_int_equal(scalar(db, "PRAGMA foreign_keys"), 1);
   st_index_migration unordered[] = {{"0002_x.sql", ""}, {"0001_y.sql", ""}};
   assert_int_equal(st_index_migrate(db, "mem", unordered, 2), ST_EINVAL);
   st_index_migration unnamed[] = {{"core.sql", ""}};

@@ -34,6 +34,7 @@ Faults (the harness's settings of the same names, for the evaluation; docs/desig
 """
 import copy
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -310,6 +311,27 @@ def use_compile(on):
     import torch._dynamo
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     _layer = torch.compile(layer_forward, dynamic=True)
+
+
+def load_compile_cache(path):
+    """torch.compile's artifacts from an earlier process or machine (save_compile_cache), so that
+    compiling becomes a lookup. False when path does not exist."""
+    if not path or not os.path.exists(path):
+        return False
+    with open(path, "rb") as f:
+        torch.compiler.load_cache_artifacts(f.read())
+    return True
+
+
+def save_compile_cache(path):
+    """What torch.compile has compiled in this process, for load_compile_cache. Returns bytes written."""
+    art = torch.compiler.save_cache_artifacts()
+    if not art:
+        return 0
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(art[0])
+    return len(art[0])
 
 
 def forward(model, ids, faults=None):

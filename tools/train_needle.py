@@ -699,10 +699,11 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
     splits = splits or st.get("splits", 1)  # micro-batches per step; doubled when a step does not fit
     if "experts" in st and "NEEDLE_EXPERTS" not in os.environ:
         model.config._experts_implementation = st["experts"]
+    cache = os.environ.get("NEEDLE_COMPILE_CACHE")
     if compile:
         _nf().use_compile(True)  # the fast forward's decoder layers through torch.compile,
         model.config._experts_implementation = "grouped_mm"  # experts without a host sync each
-        log({"event": "compile", "splits": splits})
+        log({"event": "compile", "splits": splits, "cache_loaded": _nf().load_compile_cache(cache)})
     try:
         while time.time() < stop_at:
             tw = time.time()
@@ -742,6 +743,8 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
         loader.close()
         if compile:
             _nf().use_compile(False)  # evaluation runs eagerly, in fp32
+            if cache:
+                log({"event": "compile cache saved", "bytes": _nf().save_compile_cache(cache)})
     set_mode(model, window=min(windows))  # saved and evaluated with the narrowest window
     log({"event": "stage done", "stage": stage_no, "steps": step - step0, "tokens": tokens,
          "seconds": round(time.time() - t0, 1)})

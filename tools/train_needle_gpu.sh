@@ -12,7 +12,10 @@
 #     train:SECONDS    stage $STAGE (default 5) for SECONDS from INIT, half of each batch from cdata;
 #     train:@T         the same until T seconds into this script
 #                      COMPILE=1: the decoder layers through torch.compile; COMPILE=auto: when the
-#                      profile step found it faster and equal to eager in fp32; SPLITS=N: micro-batches
+#                      profile step found it faster and equal to eager in fp32; SPLITS=N: micro-batches.
+#                      Compiled, torch.compile's artifacts load from .compile-cache/needle.bin when it
+#                      was carried and are saved to OUT/compile-cache.bin (carry it back as
+#                      .compile-cache/needle.bin: compiling took 302 s on a fresh machine)
 #     release          the trained weights as a release in OUT/needle-release.tgz (no evaluation)
 #     card             the release's card evaluations (EVAL_SECONDS)
 #
@@ -72,12 +75,17 @@ PY
 )
         echo "COMPILE=auto: $c"
       fi
-      [ "$c" = 1 ] && j+=(--compile)
+      if [ "$c" = 1 ]; then
+        j+=(--compile)
+        mkdir -p .compile-cache
+        export NEEDLE_COMPILE_CACHE=$PWD/.compile-cache/needle.bin
+      fi
       [ -n "${SPLITS:-}" ] && j+=(--splits "$SPLITS")
       budget=${s#train:}
       [ "${budget:0:1}" = @ ] && budget=$(( ${budget:1} - SECONDS ))
       python3 tools/train_needle.py stage "$stage" "$dir" --init "$init" --budget "$budget" --eval-seconds 0 \
-        "${j[@]}" 2>&1 | grep -v Warning | tee "$out/logs/train-$SECONDS.txt" | grep -E '"step": [0-9]*[05]0,|event|Error|error|out of memory' ;;
+        "${j[@]}" 2>&1 | grep -v Warning | tee "$out/logs/train-$SECONDS.txt" | grep -E '"step": [0-9]*[05]0,|event|Error|error|out of memory'
+      [ -s "${NEEDLE_COMPILE_CACHE:-}" ] && cp "$NEEDLE_COMPILE_CACHE" "$out/compile-cache.bin" ;;
     release)
       step release
       rm -rf "$dir/release" && python3 tools/train_needle.py release "$dir" "$dir/release" --budget 0 2>&1 | tail -3

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# `needle sweep` with every needle kind `needle make` writes and with the toollist shape: each
+# attempt is stored with its kind and shape (schema 0011 allowed four kinds, so an attempt of any
+# other could not be stored and the sweep stopped). And a store at schema 11, holding attempts, a
+# scoreboard and its results, migrated by a sweep to 0012: every row kept, every reference intact,
+# the old attempts agent-shaped, the views answering as before. Bounded: a few seconds.
+set -uo pipefail
+st=${ST_BIN:?}
+data=${ST_TEST_DATA:?}
+src=${ST_SOURCE_DIR:-$data/../..}
+py=/usr/bin/python3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+ok() { echo "ok: $1"; }
+fail() { echo "FAIL: $1"; failures=$((failures + 1)); }
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+
+# the bundled tiny model (random weights: nothing is recalled, every attempt is stored) with the
+# byte-level tokenizer fixture made for it
+model=$work/tiny
+mkdir -p "$model"
+ln -s "$data/oracle/tiny/config.json" "$data/oracle/tiny/model.safetensors" "$model/"
+cp "$data/needle/tokenizer.json" "$data/needle/tokenizer_config.json" "$model/"
+
+# ---------------------------------------------------------------- every kind, both shapes
+kinds=(path host key number ticket branch url email commit env random)
+for kind in "${kinds[@]}"; do
+  for shape in agent toollist; do
+    if $st needle sweep --model "$model" --tokens 512 --positions 0.5 --seeds 1 --max-new-tokens 2 \
+         --kind "$kind" --shape "$shape" --store "$work/kinds" --quiet >"$work/out.txt" 2>&1; then
+      ok "sweep --kind $kind --shape $shape"
+    else
+      fail "sweep --kind $kind --shape $shape: $(tail -2 "$work/out.txt")"
+    fi
+  done
+done
+grep -q "kind random, shape toollist" "$work/out.txt" && ok "the table's header names a toollist sweep's shape" \
+  || fail "header: $(head -1 "$work/out.txt")"
+$py - "$work/kinds/index.sqlite" "${kinds[*]}" <<'PY' && ok "every attempt stored with its kind and shape" || fail "stored kinds and shapes"
+import json, sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+kinds = sys.argv[2].split()
+got = db.execute("SELECT kind, shape, count(*), sum(error IS NOT NULL) FROM needle_attempts GROUP BY 1, 2").fetchall()
+want = sorted((k, s, 1, 0) for k in kinds for s in ("agent", "toollist"))
+assert sorted(got) == want, (got, want)
+cells = db.execute("SELECT kind, shape, attempts FROM needle_sweep_cells").fetchall()
+assert sorted(cells) == sorted((k, s, 1) for k in kinds for s in ("agent", "toollist")), cells
+# a toollist request is one system string and one question: no tools, no tool rounds
+assert db.execute("PRAGMA user_version").fetchone()[0] == 12
+PY
+$st needle make --tokens 1k --position 0.3 --seed 4 --kind email --shape toollist --model "$model" \
+  --out "$work/tl.json" --meta "$work/tl.meta" --quiet
+$py - "$work/tl.json" "$work/tl.meta" <<'PY' && ok "make --shape toollist: one system string, one question, the needle in the system" \
+  || fail "make --shape toollist"
+import json, sys
+req, meta = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert meta["shape"] == "toollist" and meta["kind"] == "email", meta
+assert "tools" not in req, list(req)
+system = req["system"] if isinstance(req["system"], str) else "".join(b["text"] for b in req["system"])
+assert meta["needle"] in system, meta["needle"]
+assert [m["role"] for m in req["messages"]] == ["user"], [m["role"] for m in req["messages"]]
+PY
+
+# ---------------------------------------------------------------- a schema-11 store, migrated
+# Built from the committed migrations 0001-0011 as an older build left it, with a sweep's
+# attempts and a scoreboard whose results reference them.
+$py - "$src/schemas/migrations" "$work/old" <<'PY' || fail "building the schema-11 store"
+import glob, os, sqlite3, sys
+mig, store = sys.argv[1], sys.argv[2]
+os.makedirs(store)
+db = sqlite3.connect(os.path.join(store, "index.sqlite"))
+db.execute("PRAGMA foreign_keys = ON")
+for path in sorted(glob.glob(os.path.join(mig, "00*.sql"))):
+    if int(os.path.basename(path)[:4]) <= 11:
+        db.executescript(open(path).read())
+app = 0x53545243  # recorder/index.h ST_INDEX_APPLICATION_ID ("STRC")
+db.executescript(f"PRAGMA user_version = 11; PRAGMA application_id = {app};")
+row = ("s1", "2026-01-01T00:00:00Z", "m", "engine", "openai-chat", "reference", 0, 1024, 1020, "tokenizer", None,
+       0.5, 0.5, 1, "host", "Host: db-7.internal", "db-7.internal", "Host: db-7.internal", 1, None, 10, 20, 64, "{}",
+       None, 0.5)
+for seed in (1, 2):
+    db.execute("INSERT INTO needle_attempts (sweep_id, created_at, target, api, format, render, thinking, tokens_requested, "
+               "tokens_actual, tokens_measure, tokens_reported, position, position_actual, seed, kind, needle, expected, "
+               "answer, pass, run_id, needle_start, needle_end, max_new_tokens, settings, error, duration_s) "
+               "VALUES (" + ",".join("?" * 26) + ")", row[:13] + (seed,) + row[14:])
+db.execute("INSERT INTO scoreboard_cases VALUES ('c', 1, 0, 'host', 1024, 0.5, 1, 'openai-chat')")
+cols = [r[1] for r in db.execute("PRAGMA table_info(scoreboard_targets)")]
+vals = dict(corpus="c", corpus_version=1, label="t", spec="engine:", target_kind="engine", target="m", settings="{}",
+            sweep_id="s1", status="complete", error=None, created_at="2026-01-01T00:00:00Z",
+            updated_at="2026-01-01T00:00:00Z")
+db.execute(f"INSERT INTO scoreboard_targets ({','.join(c for c in cols if c in vals)}) VALUES "
+           f"({','.join('?' for c in cols if c in vals)})", [vals[c] for c in cols if c in vals])
+cols = [r[1] for r in db.execute("PRAGMA table_info(scoreboard_results)")]
+vals = dict(corpus="c", corpus_version=1, label="t", case_index=0, attempt_id=2, distance=0, foreign_run_id=None)
+db.execute(f"INSERT INTO scoreboard_results ({','.join(c for c in cols if c in vals)}) VALUES "
+           f"({','.join('?' for c in cols if c in vals)})", [vals[c] for c in cols if c in vals])
+db.commit()
+assert db.execute("SELECT count(*) FROM scoreboard_case_results").fetchone()[0] == 1
+PY
+if $st needle sweep --model "$model" --tokens 512 --positions 0.5 --seeds 1 --max-new-tokens 2 --kind commit \
+     --store "$work/old" --quiet >"$work/old.txt" 2>&1; then
+  ok "a sweep into a schema-11 store"
+else
+  fail "a sweep into a schema-11 store: $(tail -2 "$work/old.txt")"
+fi
+$py - "$work/old/index.sqlite" <<'PY' && ok "migrated to 12: rows kept, references intact, old attempts agent-shaped" \
+  || fail "the migrated store"
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+assert db.execute("PRAGMA user_version").fetchone()[0] == 12
+rows = db.execute("SELECT attempt_id, seed, kind, shape, expected, pass FROM needle_attempts ORDER BY attempt_id").fetchall()
+assert rows[:2] == [(1, 1, "host", "agent", "db-7.internal", 1), (2, 2, "host", "agent", "db-7.internal", 1)], rows
+assert len(rows) == 3 and rows[2][2:4] == ("commit", "agent"), rows
+assert db.execute("PRAGMA foreign_key_check").fetchall() == []
+assert db.execute("SELECT label, case_index, kind, pass, attempt_id FROM scoreboard_case_results").fetchall() == \
+    [("t", 0, "host", 1, 2)]
+assert db.execute("SELECT cases, passed FROM scoreboard_cells").fetchall() == [(1, 1)]
+assert db.execute("SELECT passed, attempts FROM needle_sweep_cells WHERE sweep_id = 's1'").fetchall() == [(2, 2)]
+names = {r[0] for r in db.execute("SELECT name FROM sqlite_schema")}
+assert {"needle_attempts_by_sweep", "needle_attempts_by_run"} <= names and not any(n.endswith("_0012") for n in names), names
+PY
+
+if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
+echo "all needle kind and shape checks passed"
