@@ -573,9 +573,11 @@ def _fake_quant_module(kind):
             with torch.no_grad():
                 q = fake_fp8(w) if kind == "fp8" else fake_fp4(w)
             w = w + (q - w).detach()  # straight-through: the gradient skips the rounding
-            # e2m1 values times a power of two are exact in bf16: the experts reach transformers'
-            # grouped_mm in bf16, its grouped GEMM (fp32 weights take a per-expert fallback)
-            return w.to(torch.bfloat16) if kind == "fp4" else w
+            # e2m1 values times a power of two are exact in bf16: under autocast the experts reach
+            # transformers' grouped_mm in bf16, its grouped GEMM (fp32 weights take a per-expert
+            # fallback); in fp32 they stay fp32, as the inputs are
+            bf16 = kind == "fp4" and torch.is_autocast_enabled("cuda")
+            return w.to(torch.bfloat16) if bf16 else w
     return FakeQuant()
 
 
@@ -890,7 +892,10 @@ def load_trained(weights):
     return model
 
 
-def run_eval(weights, tokdir, out, seeds, lengths, modes, family, kind, budget, qat_on=False):
+def run_eval(weights, tokdir, out, seeds, lengths, modes, family, kind, budget, qat_on=False, fast=False,
+             jsonl=None):
+    """evaluate() of the weights, written to out. jsonl: (path, split) of `needle make --batch`
+    output, whose examples are the cases (jsonl_cases) instead of needle_data's."""
     import torch
     t0 = time.time()
     tok, info = load_tokenizer(tokdir)
@@ -898,9 +903,12 @@ def run_eval(weights, tokdir, out, seeds, lengths, modes, family, kind, budget, 
     if qat_on:
         qat(model, True)
     taps = Taps(model)
+    cases = jsonl_cases(jsonl[0], jsonl[1], tok.token_to_id(nd.EOS)) if jsonl else None
     res = evaluate(model, taps, tok, info, lengths, [0.25, 0.55, 0.8, 0.97], seeds, modes, family, kind,
-                   deadline=t0 + budget)
+                   deadline=t0 + budget, fast=fast, cases=cases)
     res["weights"], res["qat"], res["seconds"] = weights, qat_on, round(time.time() - t0, 1)
+    if jsonl:
+        res["jsonl"] = os.path.basename(jsonl[0])
     with open(out, "w") as f:
         json.dump(res, f, indent=1)
     print(json.dumps({k: res[k] for k in ("family", "kind", "summary", "mean_prompt_tokens", "seconds")}), flush=True)
@@ -927,7 +935,27 @@ CARD_EVALS = [
 ]
 
 
-def release(outdir, dest, seeds, lengths, budget):
+# needle-v5's card (release --card v5): the fast forward in fp32, every mode it has, prompts to
+# 32k tokens. (file, title, weights, cases, modes); cases: ("python", family, kind) for
+# needle_data's generator, or ("jsonl", NAME, split) for DIR/evals-NAME.jsonl, written by
+# `needle make --batch` with evaluation seeds (tools/train_needle_gpu.sh evaldata).
+V5_LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768]
+CARD_EVALS_V5 = [
+    ("heldout_family.json", "Held-out template families, every trained needle kind", "release",
+     ("python", nd.HELDOUT_FAMILY, None), ALL_MODES),
+    ("heldout_kind.json", "Held-out needle kind", "release", ("python", None, nd.HELDOUT_KIND), ["sparse", "q-rot"]),
+    ("needle_make.json", "needle make's prompts: trained kinds, every format, both shapes, thinking on and off",
+     "release", ("jsonl", "make-train", "train"), ["all", "sparse", "both-rot", "q-rot"]),
+    ("needle_make_heldout.json", "needle make's held-out kinds (email, env) and question families (q5, q6)",
+     "release", ("jsonl", "make-heldout", "heldout"), ["sparse", "q-rot"]),
+    ("bug_report.json", "Bug-report shape (toollist), held-out kinds and wording", "release",
+     ("jsonl", "toollist-heldout", "heldout"), ["sparse", "q-rot"]),
+    ("trained_heldout_family.json", "The trained weights under QAT (before release), held-out family", "trained",
+     ("python", nd.HELDOUT_FAMILY, None), ["all", "sparse", "q-rot"]),
+]
+
+
+def release(outdir, dest, seeds, lengths, budget, card="v4"):
     """Write the release (FP8 / FP4, reference names) from DIR/weights, reload its dequantised
     weights in transformers and measure the model card's evaluations (CARD_EVALS) into
     DEST/evals; the training log and tokenizer figures go to DEST/training."""
@@ -950,11 +978,22 @@ def release(outdir, dest, seeds, lengths, budget):
         print(f"release: {dest} written, no evaluation", flush=True)
         return
     results = {}
-    for n, (name, _, which, family, kind, modes) in enumerate(CARD_EVALS):
+    evals = CARD_EVALS if card == "v4" else CARD_EVALS_V5
+    for n, entry in enumerate(evals):
+        if card == "v4":
+            name, _, which, family, kind, modes = entry
+            jsonl = None
+        else:
+            name, _, which, cases, modes = entry
+            family, kind = (cases[1], cases[2]) if cases[0] == "python" else (None, None)
+            jsonl = (os.path.join(outdir, f"evals-{cases[1]}.jsonl"), cases[2]) if cases[0] == "jsonl" else None
+            if jsonl and not os.path.exists(jsonl[0]):
+                print(f"release: {jsonl[0]} missing: {name} not evaluated", flush=True)
+                continue
         left = budget - (time.time() - t0)
         results[name] = run_eval(deq if which == "release" else weights, outdir, os.path.join(dest, "evals", name),
-                                 seeds, lengths, modes, family, kind, left / (len(CARD_EVALS) - n),
-                                 qat_on=which == "trained")
+                                 seeds, lengths, modes, family, kind, left / (len(evals) - n),
+                                 qat_on=which == "trained", fast=card != "v4", jsonl=jsonl)
     rel, tr = results["heldout_family.json"], results["trained_heldout_family.json"]
     same = [a["exact"][m] == b["exact"][m] for a, b in zip(rel["cases"], tr["cases"])
             for m in tr["summary"] if m in a.get("exact", {}) and m in b.get("exact", {})]
@@ -1445,8 +1484,10 @@ def tokenizer_fixture(tokdir, out, count):
 CARD_BEGIN, CARD_END = "<!-- tables: tools/train_needle.py card -->", "<!-- end of tables -->"
 
 
-def card_tables(train_dir, eval_dir):
-    """Markdown: training time per stage (from log.jsonl) and the recall tables (CARD_EVALS)."""
+def card_tables(train_dir, eval_dir, card="v4"):
+    """Markdown: training time per stage (from log.jsonl) and the recall tables (CARD_EVALS, or
+    CARD_EVALS_V5 for card v5), with each table's cases by needle kind, request format and shape
+    where they differ."""
     out = ["### Training, as logged", "",
            "| stage | window | prompt tokens | sparse | QAT | steps | tokens | GPU seconds | needle recall, last 50 steps |",
            "|---|---:|---|---|---|---:|---:|---:|---:|"]
@@ -1469,7 +1510,8 @@ def card_tables(train_dir, eval_dir):
             "teacher-forced exact recall on the training batches, with the step's window.", ""]
     # evaluations from before cases carried their kind: the named kinds' labels tell
     label_kind = {label: k for k in nd.EVAL_KINDS for label in nd.NEEDLE_KINDS[k][0]}
-    for name, title, _, _, _, _ in CARD_EVALS:
+    for entry in CARD_EVALS if card == "v4" else CARD_EVALS_V5:
+        name, title = entry[0], entry[1]
         path = os.path.join(eval_dir, name)
         if not os.path.exists(path):
             continue
@@ -1487,29 +1529,34 @@ def card_tables(train_dir, eval_dir):
             cells = [t.get(L, {}).get(p) for L in lengths for p in positions]
             out.append(f"| {mode} | " + " | ".join("" if c is None else f"{c:.0f}" for c in cells)
                        + f" | {res['summary'][mode]:.1f} |")
-        by_kind = {}
-        for c in res["cases"]:
-            for mode, ok in c.get("exact", {}).items():
-                kind = c.get("kind") or label_kind[c["needle"].split(": ")[0]]
-                by_kind.setdefault(kind, {}).setdefault(mode, []).append(ok)
-        if len(by_kind) > 1:
+        held_out = {nd.HELDOUT_KIND} | set(nd.C_HELDOUT_KINDS)
+        for key, what in (("kind", "needle kind"), ("format", "request format"), ("shape", "request shape")):
+            groups = {}
+            for c in res["cases"]:
+                value = c.get(key) or (label_kind[c["needle"].split(": ")[0]] if key == "kind" else None)
+                if value is None:
+                    continue
+                for mode, ok in c.get("exact", {}).items():
+                    groups.setdefault(value, {}).setdefault(mode, []).append(ok)
+            if len(groups) < 2:
+                continue
             modes = list(res["table"])
-            out += ["", "By needle kind (cases in brackets):", "",
-                    "| kind | " + " | ".join(modes) + " |", "|---|" + "---:|" * len(modes)]
-            for kind in sorted(by_kind):
-                v = by_kind[kind]
+            out += ["", f"By {what} (cases in brackets):", "",
+                    f"| {key} | " + " | ".join(modes) + " |", "|---|" + "---:|" * len(modes)]
+            for value in sorted(groups):
+                v = groups[value]
                 n = len(next(iter(v.values())))
-                held = " (held out)" if kind == nd.HELDOUT_KIND else ""
-                out.append(f"| {kind}{held} ({n}) | " + " | ".join(
+                held = " (held out)" if key == "kind" and value in held_out else ""
+                out.append(f"| {value}{held} ({n}) | " + " | ".join(
                     f"{100 * sum(v[m]) / len(v[m]):.0f}" if v.get(m) else "" for m in modes) + " |")
         out.append("")
     return "\n".join(out)
 
 
-def write_card(card, train_dir, eval_dir):
+def write_card(card, train_dir, eval_dir, which="v4"):
     text = open(card, encoding="utf-8").read()
     a, b = text.index(CARD_BEGIN) + len(CARD_BEGIN), text.index(CARD_END)
-    text = text[:a] + "\n" + card_tables(train_dir, eval_dir) + "\n" + text[b:]
+    text = text[:a] + "\n" + card_tables(train_dir, eval_dir, which) + "\n" + text[b:]
     open(card, "w", encoding="utf-8").write(text)
 
 
@@ -1540,6 +1587,7 @@ def main(argv):
     d.add_argument("dir")
     f = sub.add_parser("card", help="rewrite the model card's tables from a training log and evaluations")
     f.add_argument("card"), f.add_argument("--train", required=True), f.add_argument("--evals", required=True)
+    f.add_argument("--which", choices=("v4", "v5"), default="v4", help="the evaluations' list: CARD_EVALS or CARD_EVALS_V5")
     g = sub.add_parser("tokenizer-fixture", help="texts and their HF ids, for the C tokenizer's test")
     g.add_argument("dir"), g.add_argument("out"), g.add_argument("--count", type=int, default=60)
     h = sub.add_parser("oracle-fixture", help="transformers' greedy continuations, for the engine's test")
@@ -1555,7 +1603,10 @@ def main(argv):
     pr.add_argument("--steps", type=int, default=4)
     e = sub.add_parser("release")
     e.add_argument("dir"), e.add_argument("dest"), e.add_argument("--seeds", type=int, default=8)
-    e.add_argument("--budget", type=float, default=420), e.add_argument("--lengths", default="1024,2048,4096,8192")
+    e.add_argument("--budget", type=float, default=420), e.add_argument("--lengths", default=None,
+                                                                       help="default 1k-8k (v4), 1k-32k (v5)")
+    e.add_argument("--card", choices=("v4", "v5"), default="v4",
+                   help="v4: CARD_EVALS on transformers' forward; v5: CARD_EVALS_V5 on the fast forward, to 32k")
     args = ap.parse_args(argv)
     if args.cmd == "tokenizer":
         train_tokenizer(args.dir)
@@ -1575,7 +1626,7 @@ def main(argv):
     elif args.cmd == "oracle-fixture":
         oracle_fixture(args.weights, args.dir, args.out, args.count, args.new_tokens)
     elif args.cmd == "card":
-        write_card(args.card, args.train, args.evals)
+        write_card(args.card, args.train, args.evals, args.which)
     elif args.cmd == "parity":
         init = seed_dir(args.dir, args.init)
         return parity(args.dir, init, args.out)
@@ -1586,7 +1637,9 @@ def main(argv):
         init = seed_dir(args.dir, args.init)
         return profile(args.dir, init, args.out, args.steps)
     elif args.cmd == "release":
-        release(args.dir, args.dest, args.seeds, [int(x) for x in args.lengths.split(",")], args.budget)
+        lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
+                   else V5_LENGTHS if args.card == "v5" else [1024, 2048, 4096, 8192])
+        release(args.dir, args.dest, args.seeds, lengths, args.budget, card=args.card)
     else:
         smoke(args.dir)
     return 0

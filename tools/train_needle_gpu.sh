@@ -17,7 +17,10 @@
 #                      was carried and are saved to OUT/compile-cache.bin (carry it back as
 #                      .compile-cache/needle.bin: compiling took 302 s on a fresh machine)
 #     release          the trained weights as a release in OUT/needle-release.tgz (no evaluation)
-#     card             the release's card evaluations (EVAL_SECONDS)
+#     evaldata         `needle make --batch` evaluation sets with their own seeds, 1k-32k tokens
+#                      (train_needle.py CARD_EVALS_V5): make-train (trained kinds, every format and
+#                      shape), make-heldout (held-out kinds and question families), toollist-heldout
+#     card             the release's card evaluations (EVAL_SECONDS; CARD=v5: CARD_EVALS_V5)
 #
 # Outputs go to OUT; logs and JSON are packed into OUT/logs.tgz at the end (the device tool brings
 # back few files). DIR (/tmp/needle-train) is the machine's own: it is lost with the machine.
@@ -90,9 +93,17 @@ PY
       step release
       rm -rf "$dir/release" && python3 tools/train_needle.py release "$dir" "$dir/release" --budget 0 2>&1 | tail -3
       tar -C "$dir/release" -czf "$out/needle-release.tgz" . ;;
+    evaldata)
+      step evaldata
+      mk() { .bundle/bin/sparsetrace needle make --batch "$2" --jsonl "$dir/evals-$1.jsonl" --seed "$3" \
+               --model models/needle-v4 --lengths 1k,2k,4k,8k,16k,32k --quiet "${@:4}"; }
+      mkdir -p "$dir"
+      mk make-train 192 90001 --split train & mk make-heldout 96 90002 --split heldout &
+      mk toollist-heldout 96 90003 --split heldout --shapes toollist & wait
+      for f in "$dir"/evals-*.jsonl; do echo "$(basename "$f"): $(wc -l < "$f") examples"; done | tee "$out/logs/evaldata.txt" ;;
     card)
       step card
-      python3 tools/train_needle.py release "$dir" "$dir/release" --budget "${EVAL_SECONDS:-240}" 2>&1 \
+      python3 tools/train_needle.py release "$dir" "$dir/release" --budget "${EVAL_SECONDS:-240}" --card "${CARD:-v4}" 2>&1 \
         | grep -v Warning | tee "$out/logs/card.txt" | tail -30
       tar -C "$dir/release" -czf "$out/needle-release.tgz" . ;;
     *) echo "unknown step $s"; exit 2 ;;
