@@ -38,15 +38,31 @@ done
 for fault in ${FAULTS-rotate=q rotate=k rotate=both index_k=fp8_e4m3fn_as_fnuz index_rope=neox compress_rope_theta=40000 topk=4}; do
   sweep "kind path, $fault" --kind path --set "$fault"
 done
-# the model card shows the file as measured, between its markers
+# the model card shows the sweeps as one table (each sweep's passed/attempts per length and over
+# all), between its markers; the file keeps every cell
 card=$model/README.md
 if [ -f "$card" ] && grep -q '<!-- engine-sweeps -->' "$card"; then
   /usr/bin/python3 - "$card" "$out" <<'PY'
-import sys
+import os, sys
 card, out = sys.argv[1], sys.argv[2]
+blocks, cur, lengths = [], None, []
+for line in open(out):
+    if line.startswith("== "):
+        cur = (line[3:].strip(), {})
+        blocks.append(cur)
+    elif cur and line.strip() and not line.startswith(("tokens", "(", "#")):
+        name, last = line.split()[0], line.split()[-1]
+        cur[1][name] = last
+        if name != "all" and name not in lengths:
+            lengths.append(name)
+rows = ["| sweep | " + " | ".join(lengths) + " | all |", "|---|" + "---:|" * (len(lengths) + 1)]
+for label, cells in blocks:
+    rows.append(f"| {label} | " + " | ".join(cells.get(L, "") for L in lengths) + f" | **{cells.get('all', '')}** |")
+head = [l[2:].strip() for l in open(out) if l.startswith("# ")][:2]
+body = ("<!-- engine-sweeps -->\n" + "\n".join(rows) + "\n\nPassed / attempts; " + head[0].split(": ", 1)[1]
+        + f". Every cell by needle position: `{os.path.relpath(out, os.path.dirname(card))}`.\n")
 s = open(card).read()
 a, b = s.index("<!-- engine-sweeps -->"), s.index("<!-- /engine-sweeps -->")
-body = "<!-- engine-sweeps -->\n```\n" + open(out).read().rstrip() + "\n```\n"
 open(card, "w").write(s[:a] + body + s[b:])
 PY
 fi
