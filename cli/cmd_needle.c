@@ -93,7 +93,7 @@ static const st_opt_use sweep_options[] = {
   {ST_OPT_TAP_POSITIONS, NULL, "engine: positions recorded for the indexer taps: last (default:\n"
                                "the last prompt token and every generated one), all, or A:B"},
   {ST_OPT_THREADS, NULL, "engine OpenMP threads, 1..1024"},
-  {ST_OPT_BACKEND, NULL, "engine compute backend: cpu-ref (default), cpu, cuda, hip"},
+  {ST_OPT_BACKEND, NULL, "engine compute backend: cpu (default), cpu-ref, cuda, hip"},
   {ST_OPT_TIMEOUT, NULL, "server: seconds per request (default 600)"},
   {ST_OPT_STORE, NULL, "trace store (default ./traces)"},
   {ST_OPT_JSON, NULL, "print the sweep as JSON (cells and attempts)"},

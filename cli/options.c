@@ -48,7 +48,7 @@ static const alias aliases[] = {
   {"positions", 0, 1, ST_OPT_POSITIONS, 0, "SPEC", "token positions kept for armed taps: all | last | A:B"},
   {"json", 0, 0, ST_OPT_JSON, 0, NULL, "print the result as JSON"},
   {"threads", 0, 1, ST_OPT_THREADS, 0, "N", "OpenMP threads, 1..1024 (results are identical for any N)"},
-  {"backend", 0, 1, ST_OPT_BACKEND, 0, "NAME", "compute backend: cpu-ref (default), cpu, cuda, hip"},
+  {"backend", 0, 1, ST_OPT_BACKEND, 0, "NAME", "compute backend: cpu (default), cpu-ref, cuda, hip"},
   {"quiet", 'q', 0, ST_OPT_QUIET, 0, NULL, "no progress or summary lines on stderr"},
   {"help", 'h', 0, ST_OPT_HELP, 0, NULL, "this text"},
 
