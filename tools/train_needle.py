@@ -48,9 +48,12 @@ release (models/needle-v4/, its training log in training/) seed a fresh DIR):
   python3 tools/train_needle.py stage 4 DIR --budget 520 [--init models/needle-v4] [--eval-seconds 75] \
       [--jsonl FILE]   # FILE: `sparsetrace needle make --batch` output, half of every batch
   python3 tools/train_needle.py eval DIR/weights --tokenizer DIR --out FILE.json [--seeds 8]
+  python3 tools/train_needle.py stage 5 DIR --budget 520 --init models/needle-v5 --jsonl FILE [--compile]
   python3 tools/train_needle.py release DIR models/needle-v4 --budget 420
+  python3 tools/train_needle.py release DIR DEST --budget 480 --card v5   # CARD_EVALS_V5, to 32k
   python3 tools/train_needle.py card models/needle-v4/README.md --train models/needle-v4/training \
-      --evals models/needle-v4/evals
+      --evals models/needle-v4/evals [--which v5]
+  python3 tools/train_needle.py parity|speed|profile DIR --init RELEASE --out FILE.json
   python3 tools/train_needle.py smoke DIR
 
 On the device machine DIR must not be named in `carry`: a carried path replaces the folder
