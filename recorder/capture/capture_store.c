@@ -224,8 +224,13 @@ static void body_bind_free(body_bind *b) {
   free(b->file);
 }
 
+/* A value bound by copy (SQLITE_TRANSIENT) that memory did not suffice for since the last
+** step_done: the parameter stays NULL, which INSERT OR IGNORE would take for a NOT NULL conflict
+** and skip the row without a word. step_done fails the statement instead. */
+static _Thread_local int bind_nomem;
+
 static void bind_text(sqlite3_stmt *st, int i, const char *v) {
-  if (v) sqlite3_bind_text(st, i, v, -1, SQLITE_TRANSIENT);
+  if (v) bind_nomem |= sqlite3_bind_text(st, i, v, -1, SQLITE_TRANSIENT) == SQLITE_NOMEM;
   else sqlite3_bind_null(st, i);
 }
 static void bind_ms(sqlite3_stmt *st, int i, const capture_exchange *x, int64_t t) {
@@ -238,6 +243,10 @@ static void bind_blob(sqlite3_stmt *st, int i, const body_bind *b) {
 }
 
 static st_status step_done(sqlite3 *db, sqlite3_stmt *st, const char *what) {
+  if (bind_nomem) {
+    bind_nomem = 0;
+    return st_fail(ST_ENOMEM, "%s: out of memory binding a value", what);
+  }
   int rc = sqlite3_step(st);
   if (rc != SQLITE_DONE) return st_fail(ST_ESQLITE, "%s: %s", what, st_index_errmsg(db));
   return ST_OK;
@@ -419,7 +428,7 @@ static st_status write_finish(capture_store *s, sqlite3 *db, job *j) {
       sqlite3_bind_double(st, 3, (double)ev->t_ns / 1e6);
       sqlite3_bind_int64(st, 4, (sqlite3_int64)ev->offset);
       sqlite3_bind_int64(st, 5, (sqlite3_int64)ev->length);
-      sqlite3_bind_text(st, 6, name ? name : "message", -1, SQLITE_TRANSIENT);
+      bind_text(st, 6, name ? name : "message");
       free(name);
       rc = step_done(db, st, "inserting an event");
     }
@@ -495,58 +504,102 @@ static void job_free(job *j) {
   free(j);
 }
 
-/* Runs a batch of jobs in one transaction, each in its own savepoint. */
+/* Reverses the list of jobs done so far onto the front of rest: the batch in its order again. */
+static job *requeue(job *done_list, job *rest) {
+  while (done_list) {
+    job *d = done_list;
+    done_list = d->next;
+    d->x->open_recorded = 0; /* rolled back: a later finish must insert the whole row */
+    d->next = rest;
+    rest = d;
+  }
+  return rest;
+}
+
+/* Runs a batch of jobs in one transaction, each in its own savepoint. When memory or the disk
+** runs out inside a statement (a job's, or the savepoint's own), SQLite may roll the whole
+** transaction back, not just the statement: the jobs written before it in this batch are then
+** gone too, and what follows would run outside the transaction. The batch is run again from
+** its first job in a new transaction (CAPTURE_STORE_NOMEM_RETRIES times, pausing longer each
+** time); past that, each of its jobs is logged as lost, with the cause. */
 static void run_batch(capture_store *s, job *batch) {
   sqlite3 *db = st_index_db(s->ix);
   /* Parsing and reassembly happen outside the write transaction, so other writers to the
   ** index (recorders, other proxies) wait only for the inserts. */
   for (job *j = batch; j; j = j->next)
     if (j->finish == JOB_FINISH) capture_summarize(j->x, &j->summary);
-  int in_txn = st_index_begin(s->ix) == ST_OK;
-  if (!in_txn) store_log(s, "store: %s (writing each request on its own)", st_errmsg());
-  int committed_any = 0;
-  job *done_list = NULL;
-  for (job *j = batch; j;) {
-    job *next = j->next;
-    sqlite3_exec(db, "SAVEPOINT capture_job", NULL, NULL, NULL);
-    st_status rc;
-    /* Memory running out is often a moment, not a state: a job that failed for it is rolled
-    ** back and tried again (CAPTURE_STORE_NOMEM_RETRIES times, pausing longer each time) before
-    ** its loss is logged. The writes change the exchange only once they succeed. */
-    for (int attempt = 0;; attempt++) {
-      rc = j->finish == JOB_FINISH     ? write_finish(s, db, j)
-           : j->finish == JOB_PROGRESS ? write_progress(s, db, j)
-                                       : write_open(s, db, j);
-      if (!rc) break;
-      int nomem = rc == ST_ENOMEM || sqlite3_errcode(db) == SQLITE_NOMEM;
-      sqlite3_exec(db, "ROLLBACK TO capture_job", NULL, NULL, NULL);
-      if (!nomem || attempt == CAPTURE_STORE_NOMEM_RETRIES) break;
-      struct timespec pause = {0, 20000000L * (attempt + 1)};
-      nanosleep(&pause, NULL);
+  for (int round = 0;; round++) {
+    int in_txn = st_index_begin(s->ix) == ST_OK;
+    if (!in_txn) store_log(s, "store: %s (writing each request on its own)", st_errmsg());
+    int committed_any = 0, rolled_back = 0;
+    job *done_list = NULL, *j = batch;
+    while (j) {
+      job *next = j->next;
+      if (sqlite3_exec(db, "SAVEPOINT capture_job", NULL, NULL, NULL) != SQLITE_OK && in_txn &&
+          sqlite3_get_autocommit(db)) {
+        rolled_back = 1;
+        break;
+      }
+      st_status rc;
+      /* Memory running out is often a moment, not a state: a job that failed for it is rolled
+      ** back and tried again (CAPTURE_STORE_NOMEM_RETRIES times, pausing longer each time) before
+      ** its loss is logged. The writes change the exchange only once they succeed. */
+      for (int attempt = 0;; attempt++) {
+        bind_nomem = 0;
+        rc = j->finish == JOB_FINISH     ? write_finish(s, db, j)
+             : j->finish == JOB_PROGRESS ? write_progress(s, db, j)
+                                         : write_open(s, db, j);
+        if (!rc) break;
+        if (in_txn && sqlite3_get_autocommit(db)) { /* the transaction went with the statement */
+          rolled_back = 1;
+          break;
+        }
+        int nomem = rc == ST_ENOMEM || sqlite3_errcode(db) == SQLITE_NOMEM;
+        sqlite3_exec(db, "ROLLBACK TO capture_job", NULL, NULL, NULL);
+        if (!nomem || attempt == CAPTURE_STORE_NOMEM_RETRIES) break;
+        struct timespec pause = {0, 20000000L * (attempt + 1)};
+        nanosleep(&pause, NULL);
+      }
+      if (rolled_back) break;
+      if (rc)
+        store_error(s, j->x, j->finish == JOB_FINISH     ? "recording the finished exchange"
+                             : j->finish == JOB_PROGRESS ? "recording relayed bytes"
+                                                         : "recording the request");
+      int released = sqlite3_exec(db, "RELEASE capture_job", NULL, NULL, NULL) == SQLITE_OK;
+      if (!rc && j->finish == JOB_FINISH) committed_any++;
+      j->next = done_list;
+      done_list = j;
+      j = next;
+      if (!released && in_txn && sqlite3_get_autocommit(db)) { /* the transaction went with it */
+        rolled_back = 1;
+        break;
+      }
     }
-    if (rc)
-      store_error(s, j->x, j->finish == JOB_FINISH     ? "recording the finished exchange"
-                           : j->finish == JOB_PROGRESS ? "recording relayed bytes"
-                                                       : "recording the request");
-    sqlite3_exec(db, "RELEASE capture_job", NULL, NULL, NULL);
-    if (!rc && j->finish == JOB_FINISH) committed_any++;
-    j->next = done_list;
-    done_list = j;
-    j = next;
-  }
-  if (in_txn && st_index_commit(s->ix) != ST_OK) {
-    st_index_rollback(s->ix);
-    for (job *j = done_list; j; j = j->next) {
-      j->x->open_recorded = 0; /* rolled back: a later finish must insert the whole row */
-      store_error(s, j->x, "committing");
+    if (rolled_back) {
+      batch = requeue(done_list, j); /* j: the first job not done (NULL: all were) */
+      if (round < CAPTURE_STORE_NOMEM_RETRIES) {
+        struct timespec pause = {0, 20000000L * (round + 1)};
+        nanosleep(&pause, NULL);
+        continue;
+      }
+      for (job *k = batch; k; k = k->next) store_error(s, k->x, "rolled back with its batch's transaction");
+      done_list = batch; /* to be freed: nothing is left to commit */
+      committed_any = 0;
+    } else if (in_txn && st_index_commit(s->ix) != ST_OK) {
+      st_index_rollback(s->ix);
+      for (job *d = done_list; d; d = d->next) {
+        d->x->open_recorded = 0; /* rolled back: a later finish must insert the whole row */
+        store_error(s, d->x, "committing");
+      }
+      committed_any = 0;
     }
-    committed_any = 0;
-  }
-  atomic_fetch_add(&s->recorded, (uint64_t)committed_any);
-  while (done_list) {
-    job *next = done_list->next;
-    job_free(done_list);
-    done_list = next;
+    atomic_fetch_add(&s->recorded, (uint64_t)committed_any);
+    while (done_list) {
+      job *next = done_list->next;
+      job_free(done_list);
+      done_list = next;
+    }
+    return;
   }
 }
 
