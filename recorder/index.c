@@ -118,31 +118,6 @@ int st_index_latest_version(void) {
   return latest;
 }
 
-static st_status migrate_one(sqlite3 *db, const char *origin, const st_index_migration *m);
-
-st_status st_index_migrate(sqlite3 *db, const char *origin, const st_index_migration *m,
-                           int n) {
-  int previous = 0;
-  for (int i = 0; i < n; i++) {
-    int v = migration_number(m[i].name);
-    if (v <= previous)
-      return st_fail(ST_EINVAL, "migration %s: names must start with increasing numbers "
-                                "(NNNN_name.sql)", m[i].name);
-    previous = v;
-  }
-  /* Foreign keys off while a migration runs (a no-op inside a transaction, so before it), as
-  ** SQLite's procedure for rebuilding a table requires (0012 rebuilds two); the migration's
-  ** result is checked with foreign_key_check before it commits, and the setting restored. */
-  int64_t fk = 0;
-  if (pragma_int(db, "PRAGMA foreign_keys", &fk) != SQLITE_OK) return sql_fail(db, origin, "reading foreign_keys");
-  if (fk && exec_retry(db, "PRAGMA foreign_keys = OFF") != SQLITE_OK) return sql_fail(db, origin, "disabling foreign keys");
-  st_status st = ST_OK;
-  for (int i = 0; i < n && !st; i++) st = migrate_one(db, origin, &m[i]);
-  if (fk && exec_retry(db, "PRAGMA foreign_keys = ON") != SQLITE_OK && !st)
-    st = sql_fail(db, origin, "enabling foreign keys");
-  return st;
-}
-
 /* Applies m unless user_version says it has been (perhaps by a concurrent opener). */
 static st_status migrate_one(sqlite3 *db, const char *origin, const st_index_migration *m) {
   int v = migration_number(m->name);
@@ -184,6 +159,29 @@ static st_status migrate_one(sqlite3 *db, const char *origin, const st_index_mig
     return st;
   }
   return ST_OK;
+}
+
+st_status st_index_migrate(sqlite3 *db, const char *origin, const st_index_migration *m,
+                           int n) {
+  int previous = 0;
+  for (int i = 0; i < n; i++) {
+    int v = migration_number(m[i].name);
+    if (v <= previous)
+      return st_fail(ST_EINVAL, "migration %s: names must start with increasing numbers "
+                                "(NNNN_name.sql)", m[i].name);
+    previous = v;
+  }
+  /* Foreign keys off while a migration runs (a no-op inside a transaction, so before it), as
+  ** SQLite's procedure for rebuilding a table requires (0012 rebuilds two); the migration's
+  ** result is checked with foreign_key_check before it commits, and the setting restored. */
+  int64_t fk = 0;
+  if (pragma_int(db, "PRAGMA foreign_keys", &fk) != SQLITE_OK) return sql_fail(db, origin, "reading foreign_keys");
+  if (fk && exec_retry(db, "PRAGMA foreign_keys = OFF") != SQLITE_OK) return sql_fail(db, origin, "disabling foreign keys");
+  st_status st = ST_OK;
+  for (int i = 0; i < n && !st; i++) st = migrate_one(db, origin, &m[i]);
+  if (fk && exec_retry(db, "PRAGMA foreign_keys = ON") != SQLITE_OK && !st)
+    st = sql_fail(db, origin, "enabling foreign keys");
+  return st;
 }
 
 /* ---------------------------------------------------------------- open / close */

@@ -504,6 +504,16 @@ static void job_free(job *j) {
   free(j);
 }
 
+/* Waits a little longer each time (round 0, 1, ...) before a write is tried again. */
+static void retry_pause(int round) {
+  struct timespec pause = {0, 20000000L * (round + 1)};
+  nanosleep(&pause, NULL);
+}
+
+/* Whether SQLite rolled back the transaction in_txn says is open (it may, with the failing
+** statement, when memory or the disk runs out). */
+static int txn_lost(sqlite3 *db, int in_txn) { return in_txn && sqlite3_get_autocommit(db); }
+
 /* Reverses the list of jobs done so far onto the front of rest: the batch in its order again. */
 static job *requeue(job *done_list, job *rest) {
   while (done_list) {
@@ -535,8 +545,7 @@ static void run_batch(capture_store *s, job *batch) {
     job *done_list = NULL, *j = batch;
     while (j) {
       job *next = j->next;
-      if (sqlite3_exec(db, "SAVEPOINT capture_job", NULL, NULL, NULL) != SQLITE_OK && in_txn &&
-          sqlite3_get_autocommit(db)) {
+      if (sqlite3_exec(db, "SAVEPOINT capture_job", NULL, NULL, NULL) != SQLITE_OK && txn_lost(db, in_txn)) {
         rolled_back = 1;
         break;
       }
@@ -550,15 +559,14 @@ static void run_batch(capture_store *s, job *batch) {
              : j->finish == JOB_PROGRESS ? write_progress(s, db, j)
                                          : write_open(s, db, j);
         if (!rc) break;
-        if (in_txn && sqlite3_get_autocommit(db)) { /* the transaction went with the statement */
+        if (txn_lost(db, in_txn)) {
           rolled_back = 1;
           break;
         }
         int nomem = rc == ST_ENOMEM || sqlite3_errcode(db) == SQLITE_NOMEM;
         sqlite3_exec(db, "ROLLBACK TO capture_job", NULL, NULL, NULL);
         if (!nomem || attempt == CAPTURE_STORE_NOMEM_RETRIES) break;
-        struct timespec pause = {0, 20000000L * (attempt + 1)};
-        nanosleep(&pause, NULL);
+        retry_pause(attempt);
       }
       if (rolled_back) break;
       if (rc)
@@ -570,7 +578,7 @@ static void run_batch(capture_store *s, job *batch) {
       j->next = done_list;
       done_list = j;
       j = next;
-      if (!released && in_txn && sqlite3_get_autocommit(db)) { /* the transaction went with it */
+      if (!released && txn_lost(db, in_txn)) {
         rolled_back = 1;
         break;
       }
@@ -578,8 +586,7 @@ static void run_batch(capture_store *s, job *batch) {
     if (rolled_back) {
       batch = requeue(done_list, j); /* j: the first job not done (NULL: all were) */
       if (round < CAPTURE_STORE_NOMEM_RETRIES) {
-        struct timespec pause = {0, 20000000L * (round + 1)};
-        nanosleep(&pause, NULL);
+        retry_pause(round);
         continue;
       }
       for (job *k = batch; k; k = k->next) store_error(s, k->x, "rolled back with its batch's transaction");
