@@ -2173,14 +2173,18 @@ static void att_ref(const void *cv, double *val, double *mag, int32_t *iref) {
   free(s);
 }
 static void t_sparse_attention(void) {
-  /* n, heads, d, kv rows, width, logit scale multiplier, q and kv rounded to bf16 (as in
-  ** reference mode). The last three: several 16-head groups and 64-row candidate tiles, partial
-  ** at both ends, with d a multiple of 64 (a device backend's tensor-core path). */
+  /* n, heads, d, kv rows, width, logit scale multiplier, inputs: 0 fp32, 1 q and kv rounded to
+  ** bf16 (as in reference mode), 2 the same but for one kv row, the last candidate of token 0
+  ** (a device backend's bf16 path must notice it late and fall back). From the seventh: several
+  ** 16- and 32-head groups and 32- and 64-row candidate tiles, partial at both ends, with d a
+  ** multiple of 64 (a device backend's tensor-core paths); the last but two, V4-Flash's CSA shape
+  ** (64 heads of 512, a window of 128 and the top 512). */
   static const int shapes[][7] = {{5, 3, 40, 30, 21, 1, 0}, {1, 3, 40, 30, 21, 1, 0}, {13, 2, 24, 80, 37, 1, 0},
                                   {3, 2, 512, 50, 16, 1, 0}, {4, 3, 40, 20, 0, 1, 0},  {6, 4, 72, 40, 25, 30, 0},
                                   {6, 20, 64, 150, 140, 1, 0}, {6, 20, 64, 150, 140, 4, 1},
-                                  {5, 17, 512, 90, 70, 1, 1}};
-  for (int k = 0; k < 9; k++)
+                                  {5, 17, 512, 90, 70, 1, 1}, {3, 64, 512, 700, 640, 1, 1},
+                                  {5, 33, 128, 64, 45, 2, 1}, {3, 40, 256, 300, 200, 1, 2}};
+  for (int k = 0; k < 12; k++)
     for (int pb = 0; pb < 2; pb++) {
       const int *sh = shapes[k];
       att_case c = {.n = sh[0], .heads = sh[1], .d = sh[2], .rows = sh[3], .width = sh[4], .probs_bf16 = pb};
@@ -2191,13 +2195,15 @@ static void t_sparse_attention(void) {
       c.sinks = rand_floats((size_t)c.heads, 1.0);
       if (sh[6]) {
         for (size_t j = 0; j < (size_t)c.n * c.heads * c.d; j++) c.q[j] = st_round_bf16(c.q[j]);
-        for (size_t j = 0; j < (size_t)c.rows * c.d; j++) c.kv[j] = st_round_bf16(c.kv[j]);
+        size_t exact = (size_t)(sh[6] == 2 ? c.rows - 1 : c.rows) * c.d; /* 2: the last row stays fp32 */
+        for (size_t j = 0; j < exact; j++) c.kv[j] = st_round_bf16(c.kv[j]);
       }
       c.cand = xcalloc((size_t)c.n * (c.width ? c.width : 1), sizeof(int32_t));
       for (int j = 0; j < c.n * c.width; j++) c.cand[j] = rng_int(4) == 0 ? -1 : rng_int(c.rows);
       if (c.n > 1 && c.width) /* only the sink: every candidate -1 */
         for (int j = 0; j < c.width; j++) c.cand[(size_t)1 * c.width + j] = -1;
       if (c.n > 2 && c.width > 3) c.cand[(size_t)2 * c.width + 3] = c.cand[(size_t)2 * c.width + 2] = 5; /* repeated */
+      if (sh[6] == 2) c.cand[c.width - 1] = c.rows - 1; /* token 0's last candidate: the fp32 row */
       if (c.n > 3) memset(c.q + (size_t)3 * c.heads * c.d, 0, sizeof(float) * c.heads * c.d); /* uniform */
       if (c.n > 4 && c.width) { /* a single candidate */
         for (int j = 0; j < c.width; j++) c.cand[(size_t)4 * c.width + j] = -1;
@@ -2205,7 +2211,7 @@ static void t_sparse_attention(void) {
       }
       char label[80];
       snprintf(label, sizeof label, "n=%d heads=%d d=%d width=%d scale x%d%s", c.n, c.heads, c.d, c.width,
-               sh[5], sh[6] ? " bf16 inputs" : "");
+               sh[5], sh[6] == 1 ? " bf16 inputs" : sh[6] ? " bf16 inputs but one kv row" : "");
       OPD(d, "sparse_attention", ST_OP_SPARSE_ATTENTION, -1, pb ? "probs bf16" : "probs f32");
       d.nf = (size_t)c.n * c.heads * c.d;
       d.rows = c.n;
