@@ -85,6 +85,21 @@ static st_status latched(gpu_ctx *c) {
   return c->error ? st_fail(c->error, "%s", c->error_text) : ST_OK;
 }
 
+/* Blocks of a redo kernel over at most `items` entries: two an SM (a grid-stride loop). */
+static unsigned redo_blocks(const gpu_ctx *c, size_t items) {
+  size_t most = (size_t)c->sms * 2;
+  return (unsigned)(items < most ? items : most);
+}
+
+/* Opts kernel f into `bytes` of dynamic shared memory once (per size reached). */
+template <typename F>
+static void smem_opt_in(gpu_ctx *c, const char *op, F *f, size_t bytes, size_t *opted) {
+  if (bytes > 48 * 1024 && bytes > *opted) {
+    check(c, op, gpuFuncSetAttribute(f, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    *opted = bytes;
+  }
+}
+
 static inline unsigned blocks_for(size_t count, unsigned threads) {
   size_t b = (count + threads - 1) / threads;
   return (unsigned)(b < 1 ? 1 : b > 0x7fffffffu ? 0x7fffffffu : b);
@@ -1363,6 +1378,22 @@ static __device__ __forceinline__ int piece_bits(float v) {
   return ((m & 0x7fffu) ? 1 : 0) | ((l & 0x7fffu) ? 2 : 0);
 }
 
+/* A warp's softmax over logit row l with the sink: l[c] becomes exp(l[c] - M) for each candidate
+** c (ci[c] >= 0), M the largest logit or the sink; returns the sum of those and exp(sink - M),
+** in a fixed butterfly. */
+static __device__ __forceinline__ float softmax_exp(float *l, const int32_t *ci, int width, float sink) {
+  int lane = threadIdx.x & 31;
+  float mx = sink;
+  for (int c = lane; c < width; c += 32)
+    if (ci[c] >= 0) mx = fmaxf(mx, l[c]);
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float den = 0;
+  for (int c = lane; c < width; c += 32)
+    if (ci[c] >= 0) den += (l[c] = expf(l[c] - mx));
+  for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+  return den + expf(sink - mx);
+}
+
 /* Stages candidate rows c0 .. c0 + rows of the token (zero where -1 or past width); returns the
 ** block's piece bits. */
 #define ATC_BATCH 8 /* loads a thread has in flight while staging */
@@ -1453,15 +1484,7 @@ static __device__ __forceinline__ void atc_block(float *out, const float *q, con
 
   /* the softmax with the sink, a warp per head (heads warp, warp + 8) */
   for (int h = warp; h < nh; h += 8) {
-    float *l = lg + h * lld, sink = sinks[h0 + h], mx = sink;
-    for (int c = lane; c < width; c += 32)
-      if (ci[c] >= 0) mx = fmaxf(mx, l[c]);
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float den = 0;
-    for (int c = lane; c < width; c += 32)
-      if (ci[c] >= 0) den += (l[c] = expf(l[c] - mx));
-    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
-    den += expf(sink - mx);
+    float *l = lg + h * lld, den = softmax_exp(l, ci, width, sinks[h0 + h]);
     int bits = 0;
     for (int c = lane; c < wpad; c += 32) {
       float p = c < width && ci[c] >= 0 ? l[c] / den : 0.0f;
@@ -1656,15 +1679,7 @@ static __global__ void __launch_bounds__(256, 1) k_sparse_attention_fa(float *ou
       for (int c = lane; c < wpad; c += 32) p[c] = 0;
       continue;
     }
-    float sink = sinks[h0 + h], mx = sink;
-    for (int c = lane; c < width; c += 32)
-      if (ci[c] >= 0) mx = fmaxf(mx, l[c]);
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float den = 0;
-    for (int c = lane; c < width; c += 32)
-      if (ci[c] >= 0) den += (l[c] = expf(l[c] - mx));
-    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
-    den += expf(sink - mx);
+    float den = softmax_exp(l, ci, width, sinks[h0 + h]);
     for (int c0 = 0; c0 < wpad; c0 += 32) {
       int c = c0 + lane;
       float pc = c < width && ci[c] >= 0 ? st_round_bf16(l[c] / den) : 0.0f;
@@ -1758,6 +1773,58 @@ static __device__ __forceinline__ void frag_b(const float *base, int need, uint3
   pieces_pair(base[8], base[9], need, p); b[0][1] = p[0], b[1][1] = p[1], b[2][1] = p[2];
 }
 
+/* The indexer tiles' shared steps (both kernels below: the same order, the same bits). Thread
+** tid's visible[] entry of the tile's queries into vis; returns the most any query sees. */
+static __device__ __forceinline__ int itc_visible(int *vis, const int *visible, int64_t i0, int n) {
+  int tid = threadIdx.x;
+  if (tid < ITC_Q) vis[tid] = i0 + tid < n ? visible[i0 + tid] : 0;
+  __syncthreads();
+  int max_vis = 0;
+  for (int t = 0; t < ITC_Q; t++) max_vis = vis[t] > max_vis ? vis[t] : max_vis;
+  return max_vis;
+}
+
+static __device__ __forceinline__ void itc_zero(float (*acc)[4][4]) {
+#pragma unroll
+  for (int a = 0; a < 2; a++)
+#pragma unroll
+    for (int b = 0; b < 4; b++) acc[a][b][0] = acc[a][b][1] = acc[a][b][2] = acc[a][b][3] = 0;
+}
+
+/* sc += w[i, h] relu(s) for the warp's 32 queries x 32 rows (warp row wm) of head h */
+static __device__ __forceinline__ void itc_head_sum(float (*sc)[4][4], float (*s)[4][4], const float *w,
+                                                    int64_t i0, int n, int heads, int h, int wm) {
+  int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+  for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      int64_t i = i0 + wm * 32 + mi * 16 + g + (e >> 1) * 8;
+      float wi = i < n ? w[i * heads + h] : 0.0f;
+#pragma unroll
+      for (int ni = 0; ni < 4; ni++) {
+        float v = s[mi][ni][e];
+        sc[mi][ni][e] = fmaf(wi, v > 0 ? v : 0.0f, sc[mi][ni][e]);
+      }
+    }
+}
+
+/* The warp's scores, -inf where the query does not see the row */
+static __device__ __forceinline__ void itc_write(float *scores, float (*sc)[4][4], const int *vis,
+                                                 int64_t i0, int64_t j0, int n, int rows, int wm, int wn) {
+  int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+    for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int t = wm * 32 + mi * 16 + g + (e >> 1) * 8;
+        int64_t i = i0 + t, j = j0 + wn * 32 + ni * 8 + 2 * tq + (e & 1);
+        if (i < n && j < rows) scores[i * rows + j] = j < vis[t] ? sc[mi][ni][e] : -INFINITY;
+      }
+}
+
 static __device__ __forceinline__ void itc_block(float *scores, const float *q, const float *w,
     const float *k, int n, int rows, int heads, int dim, const int *visible, int64_t i0, int64_t j0) {
   extern __shared__ __align__(16) float smem[];
@@ -1766,15 +1833,9 @@ static __device__ __forceinline__ void itc_block(float *scores, const float *q, 
   float *ks = smem, *qs = ks + ITC_R * ld;
   int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
   int g = lane >> 2, tq = lane & 3;
-  if (tid < ITC_Q) vis[tid] = i0 + tid < n ? visible[i0 + tid] : 0;
-  __syncthreads();
-  int max_vis = 0;
-  for (int t = 0; t < ITC_Q; t++) max_vis = vis[t] > max_vis ? vis[t] : max_vis;
+  int max_vis = itc_visible(vis, visible, i0, n);
   float sc[2][4][4];
-#pragma unroll
-  for (int a = 0; a < 2; a++)
-#pragma unroll
-    for (int b = 0; b < 4; b++) sc[a][b][0] = sc[a][b][1] = sc[a][b][2] = sc[a][b][3] = 0;
+  itc_zero(sc);
   if (j0 < max_vis) { /* a tile no query of the block sees is all -inf */
     int kb = 0;
     for (int e0 = tid; e0 < ITC_R * per_row; e0 += 256 * ATC_BATCH) {
@@ -1815,10 +1876,7 @@ static __device__ __forceinline__ void itc_block(float *scores, const float *q, 
       }
       qb = __syncthreads_or(qb & 1) | (__syncthreads_or(qb & 2) << 1);
       float s[2][4][4];
-#pragma unroll
-      for (int a = 0; a < 2; a++)
-#pragma unroll
-        for (int b = 0; b < 4; b++) s[a][b][0] = s[a][b][1] = s[a][b][2] = s[a][b][3] = 0;
+      itc_zero(s);
       for (int k0 = 0; k0 < dim; k0 += 16) {
         uint32_t a[2][3][4], b[4][3][2];
 #pragma unroll
@@ -1831,30 +1889,10 @@ static __device__ __forceinline__ void itc_block(float *scores, const float *q, 
 #pragma unroll
           for (int ni = 0; ni < 4; ni++) mma_pieces(s[mi][ni], a[mi], b[ni], qb, kb);
       }
-#pragma unroll
-      for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          int64_t i = i0 + wm * 32 + mi * 16 + g + (e >> 1) * 8;
-          float wi = i < n ? w[i * heads + h] : 0.0f;
-#pragma unroll
-          for (int ni = 0; ni < 4; ni++) {
-            float v = s[mi][ni][e];
-            sc[mi][ni][e] = fmaf(wi, v > 0 ? v : 0.0f, sc[mi][ni][e]);
-          }
-        }
+      itc_head_sum(sc, s, w, i0, n, heads, h, wm);
     }
   }
-#pragma unroll
-  for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-    for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int t = wm * 32 + mi * 16 + g + (e >> 1) * 8;
-        int64_t i = i0 + t, j = j0 + wn * 32 + ni * 8 + 2 * tq + (e & 1);
-        if (i < n && j < rows) scores[i * rows + j] = j < vis[t] ? sc[mi][ni][e] : -INFINITY;
-      }
+  itc_write(scores, sc, vis, i0, j0, n, rows, wm, wn);
 }
 
 static size_t itc_bytes(int dim) { return sizeof(float) * (size_t)(ITC_R + ITC_Q) * (dim + 8); }
@@ -1907,17 +1945,10 @@ static __global__ void __launch_bounds__(256, 2) k_indexer_scores_fa(float *scor
   uint16_t *ks = (uint16_t *)ix_smem; /* [ITC_R][LD] */
   uint16_t *qs = ks + ITC_R * LD;     /* [2][ITC_Q][LD] */
   int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
-  int g = lane >> 2, tq = lane & 3;
   int64_t i0 = (int64_t)blockIdx.y * ITC_Q, j0 = (int64_t)blockIdx.x * ITC_R;
-  if (tid < ITC_Q) vis[tid] = i0 + tid < n ? visible[i0 + tid] : 0;
-  __syncthreads();
-  int max_vis = 0;
-  for (int t = 0; t < ITC_Q; t++) max_vis = vis[t] > max_vis ? vis[t] : max_vis;
+  int max_vis = itc_visible(vis, visible, i0, n);
   float sc[2][4][4];
-#pragma unroll
-  for (int a = 0; a < 2; a++)
-#pragma unroll
-    for (int b = 0; b < 4; b++) sc[a][b][0] = sc[a][b][1] = sc[a][b][2] = sc[a][b][3] = 0;
+  itc_zero(sc);
   if (j0 < max_vis) { /* a tile no query of the block sees is all -inf */
     uint32_t inexact = 0;
 #pragma unroll
@@ -1941,10 +1972,7 @@ static __global__ void __launch_bounds__(256, 2) k_indexer_scores_fa(float *scor
       }
       if (h + 1 < heads) ix_load_q<DIM>(qv, q, i0, n, heads, h + 1);
       float s[2][4][4];
-#pragma unroll
-      for (int a = 0; a < 2; a++)
-#pragma unroll
-        for (int b = 0; b < 4; b++) s[a][b][0] = s[a][b][1] = s[a][b][2] = s[a][b][3] = 0;
+      itc_zero(s);
 #pragma unroll
       for (int k0 = 0; k0 < DIM; k0 += 16) {
         uint32_t a[2][4], b[4][2];
@@ -1962,30 +1990,10 @@ static __global__ void __launch_bounds__(256, 2) k_indexer_scores_fa(float *scor
 #pragma unroll
           for (int ni = 0; ni < 4; ni++) mma16816(s[mi][ni], a[mi], b[ni][0], b[ni][1]);
       }
-#pragma unroll
-      for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          int64_t i = i0 + wm * 32 + mi * 16 + g + (e >> 1) * 8;
-          float wi = i < n ? w[i * heads + h] : 0.0f;
-#pragma unroll
-          for (int ni = 0; ni < 4; ni++) {
-            float v = s[mi][ni][e];
-            sc[mi][ni][e] = fmaf(wi, v > 0 ? v : 0.0f, sc[mi][ni][e]);
-          }
-        }
+      itc_head_sum(sc, s, w, i0, n, heads, h, wm);
     }
   }
-#pragma unroll
-  for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-    for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int t = wm * 32 + mi * 16 + g + (e >> 1) * 8;
-        int64_t i = i0 + t, j = j0 + wn * 32 + ni * 8 + 2 * tq + (e & 1);
-        if (i < n && j < rows) scores[i * rows + j] = j < vis[t] ? sc[mi][ni][e] : -INFINITY;
-      }
+  itc_write(scores, sc, vis, i0, j0, n, rows, wm, wn);
 }
 
 static size_t ix_bytes(int dim) { return sizeof(uint16_t) * (size_t)(ITC_R + 2 * ITC_Q) * (dim + 8); }
@@ -2008,15 +2016,6 @@ static int *redo_list(gpu_ctx *c, const char *op, size_t entries) {
   return c->redo;
 }
 
-/* Opts kernel f into `bytes` of dynamic shared memory once (per size reached). */
-template <typename F>
-static void smem_opt_in(gpu_ctx *c, const char *op, F *f, size_t bytes, size_t *opted) {
-  if (bytes > 48 * 1024 && bytes > *opted) {
-    check(c, op, gpuFuncSetAttribute(f, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    *opted = bytes;
-  }
-}
-
 /* The bf16 kernel, then the exact kernel over what it left (nothing where the inputs are bf16
 ** values: the redo grid's blocks find an empty list and return). */
 template <int DIM>
@@ -2031,9 +2030,7 @@ static void indexer_fa(gpu_ctx *c, float *scores, const float *q, const float *w
                                                                    visible, redo);
   LAUNCHED(c, "indexer_scores");
   smem_opt_in(c, "indexer_scores", k_indexer_scores_redo, itc_bytes(DIM), &opted_redo);
-  size_t items = (size_t)grid.x * grid.y;
-  unsigned blocks = (unsigned)(items < (size_t)c->sms * 2 ? items : (size_t)c->sms * 2);
-  k_indexer_scores_redo<<<blocks, 256, itc_bytes(DIM), c->stream>>>(scores, q, w, k, n, rows, heads,
+  k_indexer_scores_redo<<<redo_blocks(c, (size_t)grid.x * grid.y), 256, itc_bytes(DIM), c->stream>>>(scores, q, w, k, n, rows, heads,
                                                                     DIM, visible, redo, (int)grid.x);
   LAUNCHED(c, "indexer_scores");
 }
@@ -2057,11 +2054,7 @@ static void gpu_indexer_scores(void *ctx, float *scores, const float *q, const f
       itc_bytes(dim) <= c->smem_optin) {
     size_t bytes = itc_bytes(dim);
     static size_t opted_tc = 0;
-    if (bytes > 48 * 1024 && bytes > opted_tc) {
-      check(c, "indexer_scores",
-            gpuFuncSetAttribute(k_indexer_scores_tc, gpuFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-      opted_tc = bytes;
-    }
+    smem_opt_in(c, "indexer_scores", k_indexer_scores_tc, bytes, &opted_tc);
     dim3 grid(blocks_for((size_t)rows, ITC_R), blocks_for((size_t)n, ITC_Q));
     k_indexer_scores_tc<<<grid, 256, bytes, c->stream>>>(scores, q, w, k, n, rows, heads, dim, visible);
     LAUNCHED(c, "indexer_scores");
@@ -2112,9 +2105,7 @@ static void sparse_attention_fa(gpu_ctx *c, float *out, const float *q, const fl
   size_t rbytes = atc_bytes(d, width, tile);
   static size_t opted = 0;
   smem_opt_in(c, "sparse_attention", k_sparse_attention_redo, rbytes, &opted);
-  size_t items = (size_t)n * groups * (FA_HEADS / ATC_HEADS);
-  unsigned blocks = (unsigned)(items < (size_t)c->sms * 2 ? items : (size_t)c->sms * 2);
-  k_sparse_attention_redo<<<blocks, 256, rbytes, c->stream>>>(out, q, kv, cand, heads, d, width, sinks,
+  k_sparse_attention_redo<<<redo_blocks(c, (size_t)n * groups * (FA_HEADS / ATC_HEADS)), 256, rbytes, c->stream>>>(out, q, kv, cand, heads, d, width, sinks,
                                                               scale, 1, tile, c->redo, (int)groups);
   LAUNCHED(c, "sparse_attention");
 }
@@ -2135,12 +2126,7 @@ static void gpu_sparse_attention(void *ctx, float *out, const float *q, const fl
     if (tile) {
       size_t bytes = atc_bytes(d, width, tile);
       static size_t opted_tc = 0;
-      if (bytes > 48 * 1024 && bytes > opted_tc) {
-        check(c, "sparse_attention",
-              gpuFuncSetAttribute(k_sparse_attention_tc, gpuFuncAttributeMaxDynamicSharedMemorySize,
-                                  (int)bytes));
-        opted_tc = bytes;
-      }
+      smem_opt_in(c, "sparse_attention", k_sparse_attention_tc, bytes, &opted_tc);
       dim3 grid((unsigned)n, (unsigned)((heads + ATC_HEADS - 1) / ATC_HEADS));
       k_sparse_attention_tc<<<grid, 256, bytes, c->stream>>>(out, q, kv, cand, heads, d, width, sinks,
                                                              scale, probs_bf16, tile);
@@ -2170,12 +2156,7 @@ static void gpu_sparse_attention(void *ctx, float *out, const float *q, const fl
     return;
   }
   static size_t opted = 0;
-  if (bytes > 48 * 1024 && bytes > opted) {
-    check(c, "sparse_attention",
-          gpuFuncSetAttribute(k_sparse_attention, gpuFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)bytes));
-    opted = bytes;
-  }
+  smem_opt_in(c, "sparse_attention", k_sparse_attention, bytes, &opted);
   dim3 grid((unsigned)n, (unsigned)((heads + hb - 1) / hb));
   k_sparse_attention<<<grid, AT_THREADS, bytes, c->stream>>>(out, q, kv, cand, heads, d, width,
                                                              sinks, scale, probs_bf16, hb, tile);
