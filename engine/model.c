@@ -516,6 +516,8 @@ typedef struct layer_state {
   compressor_state compressor, index_compressor;
 } layer_state;
 
+#define TAP_STAGE_DEFAULT ((size_t)64 << 20) /* st_session_options.tap_staging */
+
 struct st_session {
   st_model *model;
   const st_config *cfg;
@@ -550,6 +552,12 @@ struct st_session {
   int32_t *h_hash_experts;                /* [n kE] */
   void *h_tap;                            /* device backends: a tap's download (h_tap_bytes) */
   size_t h_tap_bytes;
+  /* device backends with download_async: armed taps queue their copies into pinned staging
+  ** (host_alloc) behind the work that made them; flush_taps hands them to the sink in order */
+  unsigned char *tap_stage;
+  size_t tap_stage_bytes, tap_stage_used, tap_stage_min;
+  struct queued_tap *queued;
+  int n_queued, cap_queued;
   /* backend scratch, [max_chunk, ...] unless noted */
   int32_t *tokens;                     /* [n] */
   int64_t *positions, *row_positions;  /* [n], [n] */
@@ -563,7 +571,7 @@ struct st_session {
   float *a;                            /* [n, D] sublayer output */
   float *ckv, *cscore;                 /* [n, 2 max(d, dI)] compressor projections */
   float *iq, *iq_used, *iw;            /* [n, hI, dI], [n, hI, dI], [n, hI] */
-  float *scores;                       /* [n, rows_cap_csa] */
+  float *scores;                       /* [n, rows_cap_csa]; NULL unless scores_wanted */
   int32_t *topk_idx;                   /* [n, topk_width_cap] */
   int topk_width;                      /* width of topk_idx rows as the last computing layer left them */
   int first_layer;                     /* the first layer of the current forward_layers call */
@@ -610,6 +618,17 @@ static void *balloc(st_session *s, size_t bytes, int *failed) {
 }
 
 static void *balloc_floats(st_session *s, size_t n, int *failed) { return balloc(s, n * sizeof(float), failed); }
+
+/* Whether the [n, rows] indexer score matrix is allocated: where the backend has no fused
+** indexer_topk, or where a layer's indexer.scores tap is armed (its sink may come later). */
+static int scores_wanted(const st_session *s) {
+  if (!s->ops->indexer_topk) return 1;
+  const st_taps *t = s->taps;
+  if (!t || !t->armed) return 0;
+  for (int l = 0; l < t->n_layers; l++)
+    if (t->armed[(size_t)l * ST_TAP_COUNT + ST_TAP_INDEXER_SCORES]) return 1;
+  return 0;
+}
 
 /* Host data into backend memory; a failure is kept for the end of the chunk. */
 static void upload(st_session *s, void *dst, const void *src, size_t bytes) {
@@ -786,6 +805,8 @@ void st_session_free(st_session *s) {
   void *host[] = {s->h_positions, s->h_row_positions, s->h_visible, s->h_minus_one, s->h_experts,
                   s->h_group_rows, s->h_expert_w, s->h_group_weights, s->h_hash_experts, s->h_tap};
   for (size_t k = 0; k < sizeof host / sizeof host[0]; k++) free(host[k]);
+  if (s->tap_stage) s->ops->host_free(s->ctx, s->tap_stage);
+  free(s->queued);
   if (s->own_backend) st_backend_close(&s->be);
   free(s);
 }
@@ -828,6 +849,7 @@ st_status st_session_create(st_model *m, const st_session_options *opt, st_sessi
     memcpy(s->alt_layers, opt->alt_layers, (size_t)cfg->num_hidden_layers);
   }
   s->taps = opt->taps;
+  s->tap_stage_min = opt->tap_staging > 0 ? opt->tap_staging : TAP_STAGE_DEFAULT;
   s->max_tokens = opt->max_tokens > 0 ? opt->max_tokens : 4096;
   /* A GPU fills its multiprocessors only with many rows a call (the routed experts see a chunk's
   ** tokens times kE / E each): device backends default to chunks of 4096, host ones to 256. The
@@ -922,7 +944,7 @@ st_status st_session_create(st_model *m, const st_session_options *opt, st_sessi
   s->iq = balloc_floats(s, (size_t)n * hI * dI, &failed);
   s->iq_used = balloc_floats(s, (size_t)n * hI * dI, &failed);
   s->iw = balloc_floats(s, (size_t)n * hI, &failed);
-  s->scores = balloc_floats(s, (size_t)n * s->rows_cap_csa, &failed);
+  if (scores_wanted(s)) s->scores = balloc_floats(s, (size_t)n * s->rows_cap_csa, &failed);
   s->topk_idx = balloc(s, sizeof(int32_t) * (size_t)n * (topk_cap > 0 ? topk_cap : 1), &failed);
   s->visible = balloc(s, sizeof(int) * (size_t)n, &failed);
   s->cand = balloc(s, sizeof(int32_t) * (size_t)n * cand_cap, &failed);
@@ -1024,7 +1046,81 @@ static void linear(st_session *s, float *y, const float *x, const st_weight *w, 
 
 static int armed(const st_session *s, st_tap_id id, int layer) { return st_tap_armed(s->taps, id, layer); }
 
-/* An armed tap hands the value as it is now to the sink (downloaded first from a device). */
+/* A tap whose copy is queued: where its bytes land in the staging, and what emit is told. */
+typedef struct queued_tap {
+  st_tap_id id;
+  int layer, rank;
+  int64_t pos0, shape[3];
+  st_dtype dtype;
+  size_t at;
+} queued_tap;
+
+
+static void latch_status(st_session *s, st_status rc) {
+  if (rc && !s->status) s->status = rc;
+}
+
+/* The queued taps to the sink, in the order they were taken, once the device has copied them
+** (one wait for all); the staging is then free again. Called at the end of every chunk and
+** whenever the staging fills. */
+static void flush_taps(st_session *s) {
+  if (!s->n_queued) return;
+  st_status rc = s->ops->synchronize(s->ctx);
+  latch_status(s, rc);
+  const st_tap_sink *sink = s->taps->sink;
+  for (int k = 0; k < s->n_queued && !rc; k++) {
+    const queued_tap *q = &s->queued[k];
+    latch_status(s, sink->emit(sink->ctx, q->id, q->layer, q->pos0, q->dtype, q->rank, q->shape,
+                               s->tap_stage + q->at));
+  }
+  s->n_queued = 0;
+  s->tap_stage_used = 0;
+}
+
+/* Queues the device-to-host copy of an armed tap into the staging (grown to hold the largest). */
+static void queue_tap(st_session *s, st_tap_id id, int layer, int64_t pos0, st_dtype dtype, int rank,
+                      const int64_t *shape, const void *data, size_t bytes) {
+  size_t span = (bytes + 63) & ~(size_t)63;
+  if (s->tap_stage_used + span > s->tap_stage_bytes) {
+    flush_taps(s); /* full: what it holds goes to the sink first */
+    if (span > s->tap_stage_bytes) {
+      size_t want = span > s->tap_stage_min ? span : s->tap_stage_min;
+      if (s->tap_stage) s->ops->host_free(s->ctx, s->tap_stage);
+      s->tap_stage = NULL, s->tap_stage_bytes = 0;
+      void *p = NULL;
+      st_status rc = s->ops->host_alloc(s->ctx, want, &p);
+      if (rc) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", st_errmsg());
+        latch_status(s, st_fail(rc, "tap %s (layer %d): staging of %zu bytes: %s",
+                                st_tap_catalogue[id].suffix, layer, want, why));
+        return;
+      }
+      s->tap_stage = p, s->tap_stage_bytes = want;
+    }
+  }
+  if (s->n_queued == s->cap_queued) {
+    int cap = s->cap_queued ? 2 * s->cap_queued : 64;
+    queued_tap *grown = realloc(s->queued, sizeof *grown * (size_t)cap);
+    if (!grown) {
+      latch_status(s, st_fail(ST_ENOMEM, "tap %s (layer %d): the queue", st_tap_catalogue[id].suffix, layer));
+      return;
+    }
+    s->queued = grown, s->cap_queued = cap;
+  }
+  st_status rc = s->ops->download_async(s->ctx, s->tap_stage + s->tap_stage_used, data, bytes);
+  if (rc) {
+    latch_status(s, rc);
+    return;
+  }
+  s->queued[s->n_queued++] = (queued_tap){.id = id, .layer = layer, .rank = rank, .pos0 = pos0,
+                                          .shape = {shape[0], shape[1], shape[2]}, .dtype = dtype,
+                                          .at = s->tap_stage_used};
+  s->tap_stage_used += span;
+}
+
+/* An armed tap hands the value as it is now to the sink: at once from host memory; from a device,
+** downloaded first, or queued (queue_tap) and handed over by flush_taps at the chunk's end. */
 static void tap(st_session *s, st_tap_id id, int layer, int64_t pos0, st_dtype dtype, int rank,
                 int64_t a, int64_t b, int64_t c, const void *data) {
   if (!st_tap_armed(s->taps, id, layer)) return;
@@ -1041,6 +1137,10 @@ static void tap(st_session *s, st_tap_id id, int layer, int64_t pos0, st_dtype d
   }
   int64_t shape[3] = {a, b, c};
   size_t bytes = st_dtype_size(dtype) * (size_t)a * (size_t)(rank > 1 ? b : 1) * (size_t)(rank > 2 ? c : 1);
+  if (!s->ops->host_memory && s->ops->download_async) {
+    queue_tap(s, id, layer, pos0, dtype, rank, shape, data, bytes);
+    return;
+  }
   if (!s->ops->host_memory) {
     if (bytes > s->h_tap_bytes) { /* a tap larger than the session's estimate: grow the buffer */
       void *grown = realloc(s->h_tap, bytes);
@@ -1294,6 +1394,7 @@ static int indexer_run(st_session *s, int layer, int n, int64_t p0) {
     return width;
   }
   int keep_scores = armed(s, ST_TAP_INDEXER_SCORES, layer) || !ops->indexer_topk;
+  ST_ASSERT(!keep_scores || s->scores); /* scores_wanted saw the armed tap */
   int width = st_indexer_select(&s->be, layer_topk(s, layer), keep_scores ? s->scores : NULL,
                                 s->topk_idx, s->iq_used, s->iw, cs->rows_used, n, rows, hI, dI,
                                 s->visible, s->work);
@@ -1431,6 +1532,8 @@ st_status st_session_forward_layers(st_session *s, const int32_t *tokens, int n,
                                  first, last, X_out ? X_out + (size_t)done * stream : NULL,
                                  is_last ? logits : NULL,
                                  all_logits ? all_logits + (size_t)done * cfg->vocab_size : NULL);
+    flush_taps(s); /* the chunk's taps, whether it finished or not */
+    if (!rc) rc = s->status;
     if (rc) return rc;
     /* non-finite activations: counted where logits reach the host (nothing is changed) */
     if (is_last && logits) s->nonfinite_logit_rows += count_nonfinite_floats(logits, cfg->vocab_size) > 0;

@@ -92,6 +92,9 @@ typedef struct st_session_options {
   ** layer's recorded top-k, by token position [max_tokens, topk_in_width], and its index. */
   const int32_t *topk_in;      /* borrowed; NULL = none */
   int topk_in_width, topk_in_layer;
+  /* Device backends: the pinned staging armed taps are copied into before they reach the sink
+  ** (grown to the largest tap; taken at the first armed tap); 0 = 64 MiB. */
+  size_t tap_staging;
 } st_session_options;
 
 typedef struct st_session st_session;

@@ -133,6 +133,13 @@ typedef struct st_backend_ops {
   st_status (*download)(void *ctx, void *dst_host, const void *src, size_t bytes);
   st_status (*copy)(void *ctx, void *dst, const void *src, size_t bytes); /* may not overlap */
   st_status (*synchronize)(void *ctx); /* waits for queued work; returns the latched error */
+  /* Optional (NULL on host backends; the engine then downloads taps with download): host memory
+  ** a device copies into directly (pinned), and a download that returns once queued behind the
+  ** work before it; dst_host (host_alloc memory) holds the bytes after the next synchronize or
+  ** download, and not before. */
+  st_status (*host_alloc)(void *ctx, size_t bytes, void **out);
+  void (*host_free)(void *ctx, void *p); /* accepts NULL */
+  st_status (*download_async)(void *ctx, void *dst_host, const void *src, size_t bytes);
 
   /* ---- dense algebra ------------------------------------------------------------------- */
   /* y[n, w.rows] = x[n, w.cols] . W^T, W decoded from its stored format. */

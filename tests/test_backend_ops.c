@@ -358,7 +358,7 @@ static backend_slot backends[5] = {{.name = "cpu-ref"}, {.name = "cpu"}, {.name 
 #define NBACKENDS 5
 
 static size_t workspace_bytes(const st_backend *b) {
-  st_backend_limits lim = {.max_tokens = 256, .max_rows = 512, .max_topk = 64, .max_dim = 512,
+  st_backend_limits lim = {.max_tokens = 256, .max_rows = 9000, .max_topk = 1024, .max_dim = 512,
                            .max_experts = 16, .max_expert_slots = 256 * 4, .max_ffn = 256};
   return b->ops->workspace_size ? b->ops->workspace_size(b->ctx, &lim) : 0;
 }
@@ -1732,13 +1732,14 @@ static void isc_ref(const void *cv, double *val, double *mag, int32_t *iref) {
       mag[at] = nz(m);
     }
 }
-/* n, rows, heads, dim, topk, width, q and k rounded to bf16 (as FP8 values are). The last two
-** span several 64-query x 128-row tiles, partial at both ends (a device backend's tensor-core
-** path). */
+/* n, rows, heads, dim, topk, width, q and k rounded to bf16 (as FP8 values are). The 70 x 300
+** and 66 x 140 cases span several 64-query x 128-row tiles, partial at both ends (a device
+** backend's tensor-core path); the last spans three 4096-row chunks of a running top-k, with
+** the rows tied to row 1 (below) repeated beyond each chunk start. */
 static const int ISC_SHAPES[][7] = {{5, 20, 7, 24, 5, 5, 0},   {1, 1, 7, 24, 5, 1, 0},    {13, 64, 8, 128, 16, 16, 0},
                                     {9, 33, 3, 40, 40, 40, 0}, {4, 12, 1, 8, 3, 12, 0},   {70, 300, 4, 64, 20, 20, 0},
-                                    {66, 140, 3, 128, 8, 8, 1}};
-#define ISC_COUNT 7
+                                    {66, 140, 3, 128, 8, 8, 1}, {6, 9000, 16, 64, 512, 512, 1}};
+#define ISC_COUNT 8
 static void isc_make(isc_case *c, int k) {
   const int *sh = ISC_SHAPES[k];
   memset(c, 0, sizeof *c);
@@ -1759,6 +1760,8 @@ static void isc_make(isc_case *c, int k) {
   if (c->rows > 3) { /* two identical key rows: exact ties */
     memcpy(c->k + (size_t)3 * c->dim, c->k + (size_t)1 * c->dim, sizeof(float) * c->dim);
     memset(c->k + (size_t)2 * c->dim, 0, sizeof(float) * c->dim); /* and a zero row: score 0 */
+    for (int r = 4097; r < c->rows; r += 4096) /* ties across the chunks of a running top-k */
+      memcpy(c->k + (size_t)r * c->dim, c->k + (size_t)1 * c->dim, sizeof(float) * c->dim);
   }
 }
 static void isc_free(isc_case *c) {

@@ -15,6 +15,8 @@
 **                                     (tests/data/digests/NAME.txt)
 **   test_digests --runs N             every case N times; the runs must agree bit for bit
 **                                     before the first is compared (or written)
+**   test_digests --tap-staging BYTES  a device backend's tap staging this small (it fills and
+**                                     is handed to the sink many times a chunk)
 **   test_digests --backend NAME --expect OTHER
 **                                     a backend that must give OTHER's bits (cpu-ref-devemu is
 **                                     cpu-ref's arithmetic in emulated device memory: cpu-ref.txt)
@@ -101,6 +103,8 @@ static void make_prompt(int32_t *out, int n, int vocab, uint32_t seed) {
   }
 }
 
+static size_t tap_staging; /* --tap-staging; 0: the session's default */
+
 static st_status run_case(const char *root, const digest_case *c, const char *backend, FILE *out) {
   char dir[1024];
   snprintf(dir, sizeof dir, "%s/%s", root, c->model);
@@ -127,6 +131,7 @@ static st_status run_case(const char *root, const digest_case *c, const char *ba
   opt.max_tokens = c->n_prompt + c->n_decode + 1;
   opt.max_chunk = c->chunk;
   opt.taps = &taps;
+  opt.tap_staging = tap_staging;
   st_settings_default(&opt.settings);
   for (int k = 0; c->settings[k]; k++)
     if ((rc = st_settings_set(&opt.settings, c->settings[k]))) goto out;
@@ -196,8 +201,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[k], "--backend") && k + 1 < argc) backend = argv[++k];
     else if (!strcmp(argv[k], "--expect") && k + 1 < argc) expect = argv[++k];
     else if (!strcmp(argv[k], "--runs") && k + 1 < argc && atoi(argv[k + 1]) > 0) runs = atoi(argv[++k]);
+    else if (!strcmp(argv[k], "--tap-staging") && k + 1 < argc && atol(argv[k + 1]) > 0)
+      tap_staging = (size_t)atol(argv[++k]);
     else {
-      fprintf(stderr, "usage: test_digests [--write FILE] [--backend NAME [--expect NAME]] [--runs N]\n");
+      fprintf(stderr, "usage: test_digests [--write FILE] [--backend NAME [--expect NAME]] [--runs N] "
+                      "[--tap-staging BYTES]\n");
       return 2;
     }
   }

@@ -1148,31 +1148,25 @@ static __device__ int block_scan(int v, int *sh) {
   return sh[t];
 }
 
-static __global__ void __launch_bounds__(KT) k_topk(int32_t *idx, const float *scores, int rows,
-                                                    const int *visible, int k, int width) {
+/* The selection both top-k kernels make over len keys in ascending index order, key_of(e) the
+** e-th: the `take` largest, ties to the earlier, passed to put(c, e) as the c-th kept (c
+** ascending with e). A radix select of the take-th largest key, one byte a pass (integer
+** atomics on a shared histogram: the same counts in any order), then one ordered pass that
+** keeps every key above it and the first `left` equal to it. */
+template <class KeyOf, class Put>
+static __device__ void select_ordered(int len, int take, KeyOf key_of, Put put) {
   __shared__ int hist[256];
   __shared__ int scan[KT];
   __shared__ uint32_t sel_prefix;
   __shared__ int sel_left;
-  int i = blockIdx.x, t = threadIdx.x;
-  const float *row = scores + (int64_t)i * rows;
-  int32_t *out = idx + (int64_t)i * width;
-  int vis = visible[i] < rows ? visible[i] : rows;
-  if (vis < 0) vis = 0;
-  int take = k < vis ? k : vis;
-  if (take > width) take = width;
-  for (int c = take + t; c < width; c += KT) out[c] = -1;
-  if (take == vis) { /* everything visible is kept */
-    for (int c = t; c < take; c += KT) out[c] = c;
-    return;
-  }
+  int t = threadIdx.x;
   uint32_t prefix = 0, mask = 0;
   int left = take; /* how many of those matching prefix are still to be taken */
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int b = t; b < 256; b += KT) hist[b] = 0;
     __syncthreads();
-    for (int j = t; j < vis; j += KT) {
-      uint32_t key = score_key(row[j]);
+    for (int e = t; e < len; e += KT) {
+      uint32_t key = key_of(e);
       if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
     }
     __syncthreads();
@@ -1187,19 +1181,79 @@ static __global__ void __launch_bounds__(KT) k_topk(int32_t *idx, const float *s
     left = sel_left;
     mask |= 255u << shift;
   }
-  /* prefix is now the k-th largest key; keep every key above it and the first `left` equal. */
+  /* prefix is now the take-th largest key; keep every key above it and the first `left` equal. */
   int taken = 0, ties = 0;
-  for (int j0 = 0; j0 < vis; j0 += KT) {
-    int j = j0 + t;
-    uint32_t key = j < vis ? score_key(row[j]) : 0;
-    int eq = j < vis && key == prefix;
+  for (int e0 = 0; e0 < len; e0 += KT) {
+    int e = e0 + t;
+    uint32_t key = e < len ? key_of(e) : 0;
+    int eq = e < len && key == prefix;
     int eq_before = block_scan(eq, scan) - eq, eq_total = scan[KT - 1];
-    int keep = j < vis && (key > prefix || (eq && ties + eq_before < left));
+    int keep = e < len && (key > prefix || (eq && ties + eq_before < left));
     int keep_before = block_scan(keep, scan) - keep, keep_total = scan[KT - 1];
-    if (keep) out[taken + keep_before] = j;
+    if (keep) put(taken + keep_before, e);
     taken += keep_total;
     ties += eq_total;
   }
+}
+
+/* How many of a query's rows are kept: min(k, visible rows, width), visible clamped to [0, rows]. */
+static __device__ __forceinline__ int topk_take(int visible, int rows, int k, int width, int *vis_out) {
+  int vis = visible < rows ? visible : rows;
+  if (vis < 0) vis = 0;
+  int take = k < vis ? k : vis;
+  *vis_out = vis;
+  return take < width ? take : width;
+}
+
+static __global__ void __launch_bounds__(KT) k_topk(int32_t *idx, const float *scores, int rows,
+                                                    const int *visible, int k, int width) {
+  int i = blockIdx.x, t = threadIdx.x, vis;
+  const float *row = scores + (int64_t)i * rows;
+  int32_t *out = idx + (int64_t)i * width;
+  int take = topk_take(visible[i], rows, k, width, &vis);
+  for (int c = take + t; c < width; c += KT) out[c] = -1;
+  if (take == vis) { /* everything visible is kept */
+    for (int c = t; c < take; c += KT) out[c] = c;
+    return;
+  }
+  select_ordered(vis, take, [&](int j) { return score_key(row[j]); }, [&](int c, int j) { out[c] = j; });
+}
+
+/*
+** The running top-k of the fused indexer_topk: rows [r0, r0 + cn) of each query scored into
+** chunk [n, cn], merged with the selection of rows [0, r0) (idx and keys [n, width], ascending
+** index, its first min(take, visible rows below r0) entries). Rows [0, r0) all precede the
+** chunk's, so the two in sequence are in ascending index order and select_ordered keeps the same
+** rows the one-pass k_topk keeps from the whole row: the take largest by key, ties to the lower
+** index. Where everything seen is kept the order is ascending, as k_topk's 0 .. vis - 1.
+*/
+static __global__ void __launch_bounds__(KT) k_topk_merge(int32_t *idx, uint32_t *keys,
+    const float *chunk, int64_t r0, int cn, int rows, const int *visible, int k, int width) {
+  extern __shared__ uint32_t run[]; /* [2][width]: the selection so far, keys then indices */
+  int i = blockIdx.x, t = threadIdx.x, vis;
+  int32_t *out = idx + (int64_t)i * width;
+  uint32_t *out_key = keys + (int64_t)i * width;
+  int take = topk_take(visible[i], rows, k, width, &vis);
+  if (r0 == 0)
+    for (int c = take + t; c < width; c += KT) out[c] = -1;
+  int before = vis < r0 ? vis : (int)r0, m = take < before ? take : before;
+  int here = vis - (int)r0 < cn ? vis - (int)r0 : cn; /* visible rows of the chunk */
+  if (here <= 0) return;
+  uint32_t *run_key = run, *run_idx = run + width;
+  for (int c = t; c < m; c += KT) run_key[c] = out_key[c], run_idx[c] = (uint32_t)out[c];
+  __syncthreads();
+  const float *row = chunk + (int64_t)i * cn;
+  int len = m + here, keep = take < len ? take : len;
+  auto key_of = [&](int e) { return e < m ? run_key[e] : score_key(row[e - m]); };
+  auto put = [&](int c, int e) {
+    out[c] = e < m ? (int32_t)run_idx[e] : (int32_t)(r0 + e - m);
+    out_key[c] = key_of(e);
+  };
+  if (keep == len) {
+    for (int e = t; e < len; e += KT) put(e, e);
+    return;
+  }
+  select_ordered(len, keep, key_of, put);
 }
 
 static void gpu_topk(void *ctx, int32_t *idx, const float *scores, int n, int rows,
@@ -2066,6 +2120,57 @@ static void gpu_indexer_scores(void *ctx, float *scores, const float *q, const f
   LAUNCHED(c, "indexer_scores");
 }
 
+/*
+** indexer_topk: the scores of TOPK_CHUNK rows at a time into a [n, TOPK_CHUNK] scratch, by
+** gpu_indexer_scores itself (the chunks start on multiples of every scores tile, so each score
+** is the same bits as in the whole matrix), each chunk merged into the running selection by
+** k_topk_merge. Scratch (the workspace): keys [n, width] | visible rows of the chunk [n] |
+** scores [n, TOPK_CHUNK]; never the [n, rows] matrix.
+*/
+#define TOPK_CHUNK 4096
+
+static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
+
+static size_t itk_bytes(int64_t n, int64_t rows, int width) {
+  int64_t chunk = rows < TOPK_CHUNK ? rows : TOPK_CHUNK;
+  return align256(sizeof(uint32_t) * (size_t)n * width) + align256(sizeof(int) * (size_t)n) +
+         sizeof(float) * (size_t)n * (size_t)chunk;
+}
+
+static __global__ void k_chunk_visible(int *out, const int *visible, int n, int64_t r0, int cn) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  int64_t v = visible[i] - r0;
+  out[i] = v < 0 ? 0 : v > cn ? cn : (int)v;
+}
+
+static void gpu_indexer_topk(void *ctx, int32_t *idx, const float *q, const float *w,
+                             const float *k, int n, int rows, int heads, int dim,
+                             const int *visible, int topk, int width, void *work) {
+  gpu_ctx *c = (gpu_ctx *)ctx;
+  if (n <= 0 || width <= 0) return;
+  size_t run_bytes = sizeof(uint32_t) * 2 * (size_t)width;
+  if (run_bytes > c->smem_optin) {
+    latch(c, "indexer_topk", "top-k width beyond one block's shared memory");
+    return;
+  }
+  uint32_t *keys = (uint32_t *)work;
+  int *vis_chunk = (int *)((char *)work + align256(sizeof(uint32_t) * (size_t)n * width));
+  float *chunk = (float *)((char *)vis_chunk + align256(sizeof(int) * (size_t)n));
+  static size_t opted = 0;
+  smem_opt_in(c, "indexer_topk", k_topk_merge, run_bytes, &opted);
+  for (int64_t r0 = 0; r0 == 0 || r0 < rows; r0 += TOPK_CHUNK) {
+    int cn = rows - r0 < TOPK_CHUNK ? (int)(rows - r0) : TOPK_CHUNK;
+    if (cn > 0) {
+      k_chunk_visible<<<blocks_for((size_t)n, 256), 256, 0, c->stream>>>(vis_chunk, visible, n, r0, cn);
+      LAUNCHED(c, "indexer_topk");
+      gpu_indexer_scores(c, chunk, q, w, k + r0 * dim, n, cn, heads, dim, vis_chunk);
+    }
+    k_topk_merge<<<n, KT, run_bytes, c->stream>>>(idx, keys, chunk, r0, cn, rows, visible, topk, width);
+    LAUNCHED(c, "indexer_topk");
+  }
+}
+
 
 
 #if !defined(ST_HIP)
@@ -2574,15 +2679,16 @@ static void gpu_close(void *ctx) {
 static const char *gpu_describe(void *ctx) { return ((gpu_ctx *)ctx)->description; }
 
 static int gpu_supports(void *ctx, st_op op, int dtype) {
-  (void)ctx, (void)dtype;
-  return op != ST_OP_INDEXER_TOPK;
+  (void)ctx, (void)op, (void)dtype;
+  return 1;
 }
 
 static size_t gpu_workspace_size(void *ctx, const st_backend_limits *lim) {
   (void)ctx;
   moe_work m = moe_layout(NULL, lim->max_tokens, lim->max_experts, lim->max_expert_slots /
                           (lim->max_tokens > 0 ? lim->max_tokens : 1), lim->max_dim, lim->max_ffn);
-  return m.bytes;
+  size_t topk = itk_bytes(lim->max_tokens, lim->max_rows, lim->max_topk);
+  return m.bytes > topk ? m.bytes : topk;
 }
 
 static st_status gpu_alloc(void *ctx, size_t bytes, void **out) {
@@ -2627,6 +2733,30 @@ static st_status gpu_download(void *ctx, void *dst, const void *src, size_t byte
   return copy_wait((gpu_ctx *)ctx, dst, src, bytes, gpuMemcpyDeviceToHost, "download");
 }
 
+/* Pinned host memory for taps: the device copies into it while later kernels run. */
+static st_status gpu_host_alloc(void *ctx, size_t bytes, void **out) {
+  (void)ctx;
+  gpuError_t e = gpuMallocHost(out, bytes ? bytes : 16);
+  if (e != gpuSuccess) {
+    *out = NULL;
+    (void)gpuGetLastError();
+    return st_fail(ST_ENOMEM, "%s: pinning %zu bytes of host memory: %s", BACKEND_NAME, bytes,
+                   gpuGetErrorString(e));
+  }
+  return ST_OK;
+}
+
+static void gpu_host_free(void *ctx, void *p) {
+  (void)ctx;
+  if (p) (void)gpuFreeHost(p);
+}
+
+static st_status gpu_download_async(void *ctx, void *dst, const void *src, size_t bytes) {
+  gpu_ctx *c = (gpu_ctx *)ctx;
+  if (bytes) check(c, "download_async", gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDeviceToHost, c->stream));
+  return latched(c);
+}
+
 static st_status gpu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
   gpu_ctx *c = (gpu_ctx *)ctx;
   if (bytes) check(c, "copy", gpuMemcpyAsync(dst, src, bytes, gpuMemcpyDeviceToDevice, c->stream));
@@ -2656,6 +2786,9 @@ static void fill_table(st_backend_ops *t) {
   t->download = gpu_download;
   t->copy = gpu_copy;
   t->synchronize = gpu_synchronize;
+  t->host_alloc = gpu_host_alloc;
+  t->host_free = gpu_host_free;
+  t->download_async = gpu_download_async;
   t->matmul = PROFILED(MATMUL, gpu_matmul);
   t->matmul_grouped = PROFILED(MATMUL_GROUPED, gpu_matmul_grouped);
   t->embed = PROFILED(EMBED, gpu_embed);
@@ -2673,6 +2806,7 @@ static void fill_table(st_backend_ops *t) {
   t->hc_head = PROFILED(HC_HEAD, gpu_hc_head);
   t->compress = PROFILED(COMPRESS, gpu_compress);
   t->indexer_scores = PROFILED(INDEXER_SCORES, gpu_indexer_scores);
+  t->indexer_topk = PROFILED(INDEXER_TOPK, gpu_indexer_topk);
   t->topk = PROFILED(TOPK, gpu_topk);
   t->candidates = PROFILED(CANDIDATES, gpu_candidates);
   t->sparse_attention = PROFILED(SPARSE_ATTENTION, gpu_sparse_attention);

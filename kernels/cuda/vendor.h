@@ -30,6 +30,8 @@ typedef hipDeviceProp_t gpuDeviceProp;
 #define gpuStreamSynchronize hipStreamSynchronize
 #define gpuMalloc hipMalloc
 #define gpuFree hipFree
+#define gpuMallocHost(p, bytes) hipHostMalloc(p, bytes, 0)
+#define gpuFreeHost hipHostFree
 #define gpuMemsetAsync hipMemsetAsync
 #define gpuMemcpyAsync hipMemcpyAsync
 #define gpuMemcpyHostToDevice hipMemcpyHostToDevice
@@ -62,6 +64,8 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define gpuStreamSynchronize cudaStreamSynchronize
 #define gpuMalloc cudaMalloc
 #define gpuFree cudaFree
+#define gpuMallocHost(p, bytes) cudaMallocHost(p, bytes)
+#define gpuFreeHost cudaFreeHost
 #define gpuMemsetAsync cudaMemsetAsync
 #define gpuMemcpyAsync cudaMemcpyAsync
 #define gpuMemcpyHostToDevice cudaMemcpyHostToDevice

@@ -24,6 +24,11 @@
 ** the entry and the argument. A memory entry that violates them returns the error itself.
 ** ST_DEVEMU_ABORT=1 in the environment aborts at the violation instead (for a backtrace).
 **
+** download_async (the engine's taps) takes the bytes at the call, as a stream copy queued behind
+** the work before it would, and writes them to the host only at the next synchronize or
+** download: until then the destination holds 0xA5 bytes, so an engine that reads a tap before
+** waiting for it reads garbage here, as it would on a GPU some of the time.
+**
 ** The arithmetic is cpu-ref's, called through st_backend_cpu_ref_ops with cpu-ref's own context:
 ** the bits are cpu-ref's bits (tests/test_digests.c holds devemu to cpu-ref's digests). The
 ** optional entries cpu-ref leaves NULL (indexer_topk, moe_experts) stay NULL here.
@@ -65,7 +70,16 @@ typedef struct devemu_ctx {
   st_status error;       /* the latched error (ST_OK: none) and its message */
   char message[512];
   char description[160];
+  struct pending *pending; /* download_async copies not yet delivered, in order */
+  int n_pending, cap_pending;
 } devemu_ctx;
+
+/* A queued download_async: the bytes as the stream had them (snapshot), delivered to dst at the
+** next synchronize or download. */
+typedef struct pending {
+  void *dst, *snapshot;
+  size_t bytes;
+} pending;
 
 /* ---- the arena ----------------------------------------------------------------------------- */
 
@@ -280,6 +294,8 @@ static void dv_close(void *ctx) {
   if (!c) return;
   if (c->base) munmap(c->base, c->reserved);
   free(c->blocks);
+  for (int k = 0; k < c->n_pending; k++) free(c->pending[k].snapshot);
+  free(c->pending);
   st_backend_close(&c->ref);
   pthread_mutex_destroy(&c->lock);
   free(c);
@@ -405,11 +421,61 @@ out:
   return rc;
 }
 
+/* The queued copies reach host memory, as a device stream's would once waited for. Caller holds
+** the lock. */
+static void deliver_pending(devemu_ctx *c) {
+  for (int k = 0; k < c->n_pending; k++) {
+    memcpy(c->pending[k].dst, c->pending[k].snapshot, c->pending[k].bytes);
+    free(c->pending[k].snapshot);
+  }
+  c->n_pending = 0;
+}
+
 static st_status dv_upload(void *ctx, void *dst, const void *src_host, size_t bytes) {
   return transfer(ctx, "upload", dst, 1, src_host, 0, bytes);
 }
 static st_status dv_download(void *ctx, void *dst_host, const void *src, size_t bytes) {
+  devemu_ctx *c = ctx;
+  pthread_mutex_lock(&c->lock);
+  deliver_pending(c); /* a download waits for the work queued before it */
+  pthread_mutex_unlock(&c->lock);
   return transfer(ctx, "download", dst_host, 0, src, 1, bytes);
+}
+
+/* Host memory for download_async (nothing to pin here). */
+static st_status dv_host_alloc(void *ctx, size_t bytes, void **out) {
+  (void)ctx;
+  *out = malloc(bytes ? bytes : 1);
+  return *out ? ST_OK : st_fail(ST_ENOMEM, "cpu-ref-devemu: host_alloc of %zu bytes", bytes);
+}
+static void dv_host_free(void *ctx, void *p) { (void)ctx, free(p); }
+
+/* The bytes are taken now (the stream's order) and reach dst_host only at the next synchronize or
+** download; until then dst_host holds 0xA5 bytes, so a reader that does not wait reads them. */
+static st_status dv_download_async(void *ctx, void *dst_host, const void *src, size_t bytes) {
+  devemu_ctx *c = ctx;
+  void *snapshot = malloc(bytes ? bytes : 1);
+  if (!snapshot) return st_fail(ST_ENOMEM, "cpu-ref-devemu: download_async of %zu bytes", bytes);
+  st_status rc = transfer(c, "download_async", snapshot, 0, src, 1, bytes);
+  pthread_mutex_lock(&c->lock);
+  if (!rc && bytes && in_arena(c, dst_host, bytes))
+    rc = st_fail(ST_EINVAL, "cpu-ref-devemu: download_async of %zu bytes: the destination %p is "
+                 "device memory, where host memory is expected", bytes, dst_host);
+  if (!rc && c->n_pending == c->cap_pending) {
+    int cap = c->cap_pending ? 2 * c->cap_pending : 64;
+    pending *grown = realloc(c->pending, sizeof *grown * (size_t)cap);
+    if (!grown) rc = st_fail(ST_ENOMEM, "cpu-ref-devemu: download_async queue");
+    else c->pending = grown, c->cap_pending = cap;
+  }
+  if (rc) {
+    pthread_mutex_unlock(&c->lock);
+    free(snapshot);
+    return rc;
+  }
+  memset(dst_host, 0xA5, bytes);
+  c->pending[c->n_pending++] = (pending){dst_host, snapshot, bytes};
+  pthread_mutex_unlock(&c->lock);
+  return ST_OK;
 }
 static st_status dv_copy(void *ctx, void *dst, const void *src, size_t bytes) {
   return transfer(ctx, "copy", dst, 1, src, 1, bytes);
@@ -418,6 +484,7 @@ static st_status dv_copy(void *ctx, void *dst, const void *src, size_t bytes) {
 static st_status dv_synchronize(void *ctx) {
   devemu_ctx *c = ctx;
   pthread_mutex_lock(&c->lock);
+  deliver_pending(c);
   st_status rc = take_error(c);
   pthread_mutex_unlock(&c->lock);
   return rc;
@@ -437,6 +504,9 @@ static const st_backend_ops devemu_ops = {
   .download = dv_download,
   .copy = dv_copy,
   .synchronize = dv_synchronize,
+  .host_alloc = dv_host_alloc,
+  .host_free = dv_host_free,
+  .download_async = dv_download_async,
   .matmul = dv_matmul,
   .matmul_grouped = dv_matmul_grouped,
   .embed = dv_embed,
