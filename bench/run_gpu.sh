@@ -10,7 +10,8 @@
 # 2. bench/peak_torch.py: torch's bf16 matmul and fp8 _scaled_mm peaks, the device copy bandwidth
 # 3. bench_prefill on the 2-layer V4-Flash-shaped model (tools/make_flash_layer.py): 8k in
 #    reference and exact precision with ST_PROFILE (time per operation), then 32k and 128k
-#    (reference) with decode, then 32k with layers.*.indexer.* recorded at the last 64 positions
+#    (reference, one process each) with decode, then 32k with layers.*.indexer.* recorded at the
+#    last 64 positions
 # 4. bench/peer_flash_transformers.py at 8k (DeepseekV4ForCausalLM, bf16; 16k runs out of memory)
 # 5. tools/demo.sh with every run on cuda, when time is left
 # ncu: Nsight Compute's speed-of-light, occupancy and warp-stall sections for the first launch of
@@ -44,9 +45,11 @@ for p in reference exact; do
   ST_PROFILE=1 timeout 90 "$bin/bench_prefill" "$flash" 8192 --backend cuda --set precision=$p >"$out/prefill8k_$p.txt" 2>&1
   grep -E "^\| 8192" "$out/prefill8k_$p.txt"
 done
-ST_PROFILE=1 timeout 200 "$bin/bench_prefill" "$flash" 32768,131072 --backend cuda --set precision=reference \
-  --decode 8 >"$out/prefill_long.txt" 2>&1
-grep -E "^\| [0-9]" "$out/prefill_long.txt" | sort -u
+for t in 32768 131072; do # one process a length: each profile is that length's alone
+  ST_PROFILE=1 timeout 150 "$bin/bench_prefill" "$flash" $t --backend cuda --set precision=reference \
+    --decode 8 >"$out/prefill_$t.txt" 2>&1
+  grep -E "^\| [0-9]|^  (indexer_scores|topk|sparse_attention|moe_experts|matmul) " "$out/prefill_$t.txt"
+done
 fi
 if want recording; then
 step recording
