@@ -10,8 +10,8 @@
 # 2. bench/peak_torch.py: torch's bf16 matmul and fp8 _scaled_mm peaks, the device copy bandwidth
 # 3. bench_prefill on the 2-layer V4-Flash-shaped model (tools/make_flash_layer.py): 8k in
 #    reference and exact precision with ST_PROFILE (time per operation), then 32k and 128k
-#    (reference, one process each) with decode, then 32k with layers.*.indexer.* recorded at the
-#    last 64 positions
+#    (reference, one process each) with decode; recording: 32k unprofiled without taps, then with
+#    layers.*.indexer.* recorded at the last 64 positions
 # 4. bench/peer_flash_transformers.py at 8k (DeepseekV4ForCausalLM, bf16; 16k runs out of memory)
 # 5. tools/demo.sh with every run on cuda, when time is left
 # ncu: Nsight Compute's speed-of-light, occupancy and warp-stall sections for the first launch of
@@ -53,6 +53,10 @@ done
 fi
 if want recording; then
 step recording
+# side by side, neither profiled: the same 32k prefill without taps, then recording
+timeout 120 "$bin/bench_prefill" "$flash" 32768 --backend cuda --set precision=reference \
+  >"$out/prefill_notaps.txt" 2>&1
+grep -E "^\| [0-9]" "$out/prefill_notaps.txt"
 timeout 120 "$bin/bench_prefill" "$flash" 32768 --backend cuda --set precision=reference \
   --tap 'layers.*.indexer.*' --positions 32704: --store /tmp/st-bench >"$out/prefill_taps.txt" 2>&1
 grep -E "^\| [0-9]" "$out/prefill_taps.txt"

@@ -619,6 +619,13 @@ static void *balloc(st_session *s, size_t bytes, int *failed) {
 
 static void *balloc_floats(st_session *s, size_t n, int *failed) { return balloc(s, n * sizeof(float), failed); }
 
+static int any_tap_armed(const st_taps *t) {
+  if (!t || !t->armed) return 0;
+  for (size_t k = 0; k < (size_t)(t->n_layers + 1) * ST_TAP_COUNT; k++)
+    if (t->armed[k]) return 1;
+  return 0;
+}
+
 /* Whether the [n, rows] indexer score matrix is allocated: where the backend has no fused
 ** indexer_topk, or where a layer's indexer.scores tap is armed (its sink may come later). */
 static int scores_wanted(const st_session *s) {
@@ -990,6 +997,12 @@ st_status st_session_create(st_model *m, const st_session_options *opt, st_sessi
     goto out;
   }
   for (int i = 0; i < n; i++) s->h_minus_one[i] = -1;
+  if (!s->ops->host_memory && s->ops->download_async && any_tap_armed(s->taps)) {
+    /* the taps' pinned staging now, not in the first chunk that records (pinning takes time) */
+    void *p = NULL;
+    if ((rc = s->ops->host_alloc(s->ctx, s->tap_stage_min, &p))) goto out;
+    s->tap_stage = p, s->tap_stage_bytes = s->tap_stage_min;
+  }
   rc = s->ops->synchronize(s->ctx);
 out:
   if (rc) {
@@ -1045,6 +1058,17 @@ static void linear(st_session *s, float *y, const float *x, const st_weight *w, 
 }
 
 static int armed(const st_session *s, st_tap_id id, int layer) { return st_tap_armed(s->taps, id, layer); }
+
+/* Whether an armed tap's sink keeps any row of the block of n positions at p0 (a sink without
+** kept: every row). */
+static int tap_keeps(const st_session *s, st_tap_id id, int layer, int64_t p0, int64_t n) {
+  if (!armed(s, id, layer)) return 0;
+  const st_tap_sink *sink = s->taps->sink;
+  if (!sink->kept) return 1;
+  int64_t k0 = 0, k1 = n;
+  sink->kept(sink->ctx, id, p0, n, &k0, &k1);
+  return k1 > k0;
+}
 
 /* A tap whose copy is queued: where its bytes land in the staging, and what emit is told. */
 typedef struct queued_tap {
@@ -1393,13 +1417,15 @@ static int indexer_run(st_session *s, int layer, int n, int64_t p0) {
     tap(s, ST_TAP_INDEXER_TOPK, layer, p0, ST_I32, 2, n, width, 0, s->topk_idx);
     return width;
   }
-  int keep_scores = armed(s, ST_TAP_INDEXER_SCORES, layer) || !ops->indexer_topk;
+  /* the matrix only where the scores tap keeps a row of this chunk (SPEC: never materialised
+  ** otherwise), or where the backend has no fused op */
+  int keep_scores = tap_keeps(s, ST_TAP_INDEXER_SCORES, layer, p0, n) || !ops->indexer_topk;
   ST_ASSERT(!keep_scores || s->scores); /* scores_wanted saw the armed tap */
   int width = st_indexer_select(&s->be, layer_topk(s, layer), keep_scores ? s->scores : NULL,
                                 s->topk_idx, s->iq_used, s->iw, cs->rows_used, n, rows, hI, dI,
                                 s->visible, s->work);
   if (rows == 0) upload(s, s->topk_idx, s->h_minus_one, sizeof(int32_t) * (size_t)n);
-  tap(s, ST_TAP_INDEXER_SCORES, layer, p0, ST_F32, 2, n, rows > 0 ? rows : 1, 0, s->scores);
+  if (keep_scores) tap(s, ST_TAP_INDEXER_SCORES, layer, p0, ST_F32, 2, n, rows > 0 ? rows : 1, 0, s->scores);
   tap(s, ST_TAP_INDEXER_TOPK, layer, p0, ST_I32, 2, n, width, 0, s->topk_idx);
   s->topk_width = width;
   return width;
