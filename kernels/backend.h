@@ -11,7 +11,8 @@
 **
 ** Memory. Every pointer an operation reads or writes is memory of the backend that runs it,
 ** allocated with ops->alloc (zero-filled) and filled with upload / copy. Host data reaches it
-** only through upload; results leave only through download. When ops->host_memory is 1 (the CPU
+** only through upload; results leave only through download (or download_async, into host_alloc
+** memory: how a device backend hands over taps without a wait). When ops->host_memory is 1 (the CPU
 ** backends) backend memory is ordinary host memory: the engine may then read it in place and
 ** hand host pointers (weights mapped from the checkpoint) to operations directly.
 **
