@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU benchmark table of bench/gpu-results.md, in one device call (tools/gpu_bundle.sh here,
-# carry .bundle): the checks first, then every figure side by side on the same GPU.
+# carry build-carry): the checks first, then every figure side by side on the same GPU.
 #
 #   bench/run_gpu.sh OUT [STEP...]     steps: checks peaks prefill recording peer demo ncu
 #                                       (default all but ncu)
@@ -26,6 +26,7 @@ steps=" ${*:-checks peaks prefill recording peer demo} "
 checks=${CHECKS:-ops engine digests}
 want() { [[ $steps == *" $1 "* ]]; }
 mkdir -p "$out"
+[ -d .bundle ] || [ ! -f build-carry/bundle.tar.xz ] || tar xJf build-carry/bundle.tar.xz
 export LD_LIBRARY_PATH=$PWD/.bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 bin=$PWD/.bundle/bin flash=${FLASH_DIR:-/dev/shm/flash2}
 SECONDS=0

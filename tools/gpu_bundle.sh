@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the cuda backend here (-DST_WITH_CUDA=ON into build-cuda/, nvcc -arch=sm_90a) and
 # collects the programs tools/gpu_check.sh runs, with the shared libraries a GPU machine may lack,
-# into .bundle/ (ignored; carried to the GPU machine). Usage: tools/gpu_bundle.sh [BUILD_DIR]
+# into .bundle/ (ignored), and packs it into build-carry/bundle.tar.xz (4-5 MB: carry
+# build-carry, and the working tree with every model still fits the 64 MiB a device call takes;
+# bench/run_gpu.sh and tools/gpu_check.sh unpack it). Usage: tools/gpu_bundle.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-cuda}
@@ -19,4 +21,6 @@ bundle=${ST_DEVICE_BUNDLE:-../shared/device/bundle}
   libk5crypto* libgssapi* libldap* liblber* libsasl2* libnettle* libhogweed* libgmp* libssh2* \
   libidn2* librtmp* libpsl* libnghttp2* libtasn1* libffi* libkeyutils* libcom_err* libbrotli*)
 strip --strip-unneeded .bundle/bin/* .bundle/lib/* 2>/dev/null || true
-du -sh .bundle
+mkdir -p build-carry
+tar cJf build-carry/bundle.tar.xz .bundle
+du -sh .bundle build-carry/bundle.tar.xz

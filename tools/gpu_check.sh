@@ -20,6 +20,8 @@ out=${1:?usage: tools/gpu_check.sh OUT [STEP...]}
 shift
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(ops engine digests demo)
+# the bundle as carried (tools/gpu_bundle.sh's archive), unpacked once
+[ -d .bundle ] || [ ! -f build-carry/bundle.tar.xz ] || tar xJf build-carry/bundle.tar.xz
 export LD_LIBRARY_PATH=$PWD/.bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 bin=$PWD/.bundle/bin
 mkdir -p "$out"
