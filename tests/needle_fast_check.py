@@ -155,6 +155,31 @@ for kind in ["sliding", "csa", "hca"]:
                     if same is not True: bad += 1; print("SEL", kind, W, S, topk, same)
                     l = nf.distill_loss(dist); l.backward() if torch.is_tensor(l) and l.requires_grad else None
 print(f"forward: {bad} differences")
+# evaluation (no gradient) scores the dense indexer in chunks of queries: a chunk of 1-5 queries
+# must give brute force's output and the dense path's own scores
+saved = nf.SCORE_CHUNK_ELEMS
+for S, elems in [(37, 2 * Hi * 9), (64, 5 * 2 * Hi * 16), (64, 1)]:
+    torch.manual_seed(S)
+    a = attn_mod("csa", 8); h = torch.randn(2, S, D); pos = torch.arange(S)[None]
+    f = dict(nf.NO_FAULTS, topk=1000)
+    pe = {"main": rot(h, pos, "main"), "compress": rot(h, pos, "compress")}
+    whole = nf.attention(a, h, pe, pos, f)
+    nf.SCORE_CHUNK_ELEMS = elems
+    matmul, largest = torch.matmul, [0]
+    def counted(x, y):  # the indexer's q . k products ([B, c, heads, R]) are needle_fast's only matmuls here
+        r = matmul(x, y); largest[0] = max(largest[0], r.numel()); return r
+    torch.matmul = counted
+    with torch.no_grad():
+        got, d1 = nf.attention(a, h, pe, pos, f)
+    torch.matmul, nf.SCORE_CHUNK_ELEMS = matmul, saved
+    R = S // 4
+    if largest[0] > max(elems, 2 * Hi * R):
+        bad += 1; print(f"no-grad dense, S={S}: a score product of {largest[0]} elements, over {max(elems, 2 * Hi * R)}")
+    want, _ = reference(a, h, pos, f)
+    err = (got - want).abs().max().item()
+    serr = (d1[0] - whole[1][0]).abs().max().item()
+    print(f"no-grad dense, S={S}, chunk elems {elems}: output {err:.2e} from brute force, scores {serr:.2e} from one chunk")
+    if err > 1e-4 or serr > 1e-5: bad += 1
 # gradients
 for kind in ["csa", "hca", "sliding"]:
     torch.manual_seed(5); a = attn_mod(kind, 8); h = torch.randn(2, 45, D); pos = torch.arange(45)[None]

@@ -133,7 +133,12 @@ def _no_compile(fn):
 
 def _scores(q, k, w, scale):
     """sum_h w[b, s, h] * relu(q[b, s, h] . k[b, r]) * scale as transformers' scorer computes it:
-    q [B, c, Hi, Di], k [B, R, Di], w [B, c, Hi] -> [B, c, R], fp32."""
+    q [B, c, Hi, Di], k [B, R, Di], w [B, c, Hi] -> [B, c, R], fp32. Without gradient (evaluation),
+    in chunks of queries within SCORE_CHUNK_ELEMS: [B, S, heads, R] at 32k tokens is 17 GiB a
+    prompt, and each score is computed alike in either case."""
+    c = max(1, SCORE_CHUNK_ELEMS // max(1, q.shape[0] * q.shape[2] * k.shape[1]))
+    if not torch.is_grad_enabled() and c < q.shape[1]:
+        return torch.cat([_scores(q[:, c0:c0 + c], k, w[:, c0:c0 + c], scale) for c0 in range(0, q.shape[1], c)], 1)
     s = torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1))
     return (F.relu(s) * scale * w.unsqueeze(-1)).sum(dim=2)
 

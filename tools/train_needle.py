@@ -779,6 +779,7 @@ MODES = {
     "topk-1": dict(topk=1, rotate=None),
 }
 FAST_ONLY_MODES = [m for m, spec in MODES.items() if "faults" in spec]
+DENSE_EVAL_ELEMS = 1 << 31  # evaluate: fp32 attention scores per batch in a dense mode (8 GiB)
 
 
 def eval_cases(tok, info, lengths, positions, seeds, family, kind):
@@ -826,20 +827,31 @@ def evaluate(model, taps, tok, info, lengths, positions, seeds, modes, family=nd
         lengths = sorted({c["L"] for c in cases})
     own_topk = model.config.index_topk
     # Batches of cases of one length, right-padded (causal: padding after a prompt changes
-    # nothing before it); the same batches serve every mode.
-    batches = []
-    for L in lengths:
-        group = [c for c in cases if c["L"] == L]
-        bs = max(1, (131072 if fast else 16384) // (L + 64))
-        for j in range(0, len(group), bs):
-            part = group[j:j + bs]
-            width = max(len(c["seq"]) for c in part)
-            ids = torch.full((len(part), width), tok.token_to_id(nd.PAD), dtype=torch.long)
-            for i, c in enumerate(part):
-                ids[i, :len(c["seq"])] = torch.tensor(c["seq"])
-            batches.append((part, ids.to(dev)))
+    # nothing before it). A mode that keeps every compressed row ("all") runs the fast forward's
+    # dense attention, [B, heads, S, S/4] fp32 scores: its batches hold at most DENSE_EVAL_ELEMS
+    # of them (one prompt at 32k), the other modes' as many tokens as training's.
+    def batches_of(dense):
+        out = []
+        for L in lengths:
+            group = [c for c in cases if c["L"] == L]
+            bs = max(1, (131072 if fast else 16384) // (L + 64))
+            if fast and dense:
+                bs = max(1, min(bs, DENSE_EVAL_ELEMS // (model.config.num_attention_heads * (L + 64) * (L // 4 + 1))))
+            for j in range(0, len(group), bs):
+                part = group[j:j + bs]
+                width = max(len(c["seq"]) for c in part)
+                ids = torch.full((len(part), width), tok.token_to_id(nd.PAD), dtype=torch.long)
+                for i, c in enumerate(part):
+                    ids[i, :len(c["seq"])] = torch.tensor(c["seq"])
+                out.append((part, ids.to(dev)))
+        return out
+    made = {}
     for mode in modes:
         spec = MODES[mode]
+        dense = spec["topk"] is not None and spec["topk"] >= 1 << 20
+        if dense not in made:
+            made[dense] = batches_of(dense)
+        batches = made[dense]
         if not fast and mode in FAST_ONLY_MODES:
             raise SystemExit(f"evaluate: mode {mode} runs on the fast forward only")
         set_mode(model, topk=own_topk if spec["topk"] is None else spec["topk"])
