@@ -1251,13 +1251,17 @@ def speed(outdir, init, out, steps=8):
     on this H200 (bench/gpu-results.md). Batches are made before the clock starts."""
     import torch
     tok, info = load_tokenizer(outdir)
-    configs = [("v4 path: transformers eager, eager experts", (512, 2048), 32768, False, "eager"),
-               ("fast forward, eager experts", (512, 2048), 262144, True, "eager"),
-               ("fast forward, grouped_mm experts", (512, 2048), 262144, True, "grouped_mm"),
-               ("fast forward, grouped_mm, 8k prompts", (8192, 8192), 262144, True, "grouped_mm"),
-               ("fast forward, grouped_mm, 32k prompts", (32768, 32768), 262144, True, "grouped_mm")]
+    # (name, prompt lengths, tokens per step, fast forward, experts, micro-batches): fewer
+    # micro-batches mean fewer kernel launches per token (a step launched 14,000), more memory
+    configs = [("v4 path: transformers eager, eager experts", (512, 2048), 32768, False, "eager", 1),
+               ("fast forward, eager experts", (512, 2048), 262144, True, "eager", 4),
+               ("fast forward, grouped_mm experts", (512, 2048), 262144, True, "grouped_mm", 4),
+               ("fast forward, grouped_mm, 2 micro-batches", (512, 2048), 262144, True, "grouped_mm", 2),
+               ("fast forward, grouped_mm, 1 micro-batch", (512, 2048), 262144, True, "grouped_mm", 1),
+               ("fast forward, grouped_mm, 8k prompts", (8192, 8192), 262144, True, "grouped_mm", 4),
+               ("fast forward, grouped_mm, 32k prompts", (32768, 32768), 262144, True, "grouped_mm", 4)]
     prepared = []  # the workers fork before CUDA starts in this process
-    for name, lengths, per_step, fast, experts in configs:
+    for name, lengths, per_step, fast, experts, _ in configs:
         st = dict(STAGES[4], lengths=lengths, tokens=per_step)
         loader = Loader(Batches(outdir, st, seed=77, ratio=info["chars_per_token"]))
         t0 = time.time()
@@ -1273,11 +1277,10 @@ def speed(outdir, init, out, steps=8):
     nfm = _nf()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     rows = []
-    for (name, lengths, per_step, fast, experts), data in zip(configs, prepared):
+    for (name, lengths, per_step, fast, experts, splits), data in zip(configs, prepared):
         model.config._experts_implementation = experts
         set_mode(model, window=64, topk=model.config.index_topk)
         torch.cuda.reset_peak_memory_stats()
-        splits = 1 if not fast else 4
         try:
             for j, batch in enumerate(data):
                 if j == 2:
