@@ -830,49 +830,46 @@ def evaluate(model, taps, tok, info, lengths, positions, seeds, modes, family=nd
     # nothing before it). A mode that keeps every compressed row ("all") runs the fast forward's
     # dense attention, [B, heads, S, S/4] fp32 scores: its batches hold at most DENSE_EVAL_ELEMS
     # of them (one prompt at 32k), the other modes' as many tokens as training's.
-    def batches_of(dense):
-        out = []
-        for L in lengths:
-            group = [c for c in cases if c["L"] == L]
-            bs = max(1, (131072 if fast else 16384) // (L + 64))
-            if fast and dense:
-                bs = max(1, min(bs, DENSE_EVAL_ELEMS // (model.config.num_attention_heads * (L + 64) * (L // 4 + 1))))
-            for j in range(0, len(group), bs):
-                part = group[j:j + bs]
-                width = max(len(c["seq"]) for c in part)
-                ids = torch.full((len(part), width), tok.token_to_id(nd.PAD), dtype=torch.long)
-                for i, c in enumerate(part):
-                    ids[i, :len(c["seq"])] = torch.tensor(c["seq"])
-                out.append((part, ids.to(dev)))
-        return out
-    made = {}
+    def batches_of(L, dense):
+        group = [c for c in cases if c["L"] == L]
+        bs = max(1, (131072 if fast else 16384) // (L + 64))
+        if fast and dense:
+            bs = max(1, min(bs, DENSE_EVAL_ELEMS // (model.config.num_attention_heads * (L + 64) * (L // 4 + 1))))
+        for j in range(0, len(group), bs):
+            part = group[j:j + bs]
+            width = max(len(c["seq"]) for c in part)
+            ids = torch.full((len(part), width), tok.token_to_id(nd.PAD), dtype=torch.long)
+            for i, c in enumerate(part):
+                ids[i, :len(c["seq"])] = torch.tensor(c["seq"])
+            yield part, ids.to(dev)
     for mode in modes:
-        spec = MODES[mode]
-        dense = spec["topk"] is not None and spec["topk"] >= 1 << 20
-        if dense not in made:
-            made[dense] = batches_of(dense)
-        batches = made[dense]
         if not fast and mode in FAST_ONLY_MODES:
             raise SystemExit(f"evaluate: mode {mode} runs on the fast forward only")
-        set_mode(model, topk=own_topk if spec["topk"] is None else spec["topk"])
-        taps.rotate = spec["rotate"]
-        taps.faults = dict(spec.get("faults", {}), rotate=spec["rotate"])
-        for part, ids in batches:
-            if deadline and time.time() > deadline:
-                break
-            taps.clear()
-            # fast: fp32, as the engine computes; transformers' path in bf16 autocast, as before
-            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=not fast):
-                if fast:
-                    pred = _nf().forward(model, ids, taps.faults)[0].argmax(-1)
-                else:
-                    pred = model(input_ids=ids).logits.argmax(-1)
-            for i, c in enumerate(part):
-                a0, n = c["a0"], len(c["seq"])
-                ok = (pred[i, a0 - 1:n - 1] == ids[i, a0:n]).float()
-                c.setdefault("exact", {})[mode] = bool(ok.all())
-                c.setdefault("token_acc", {})[mode] = ok.mean().item()
-        taps.rotate, taps.faults = None, {}
+    # Length by length, every mode at each: a deadline leaves the longest lengths out, never a mode.
+    late = False
+    for L in lengths:
+        for mode in modes:
+            spec = MODES[mode]
+            set_mode(model, topk=own_topk if spec["topk"] is None else spec["topk"])
+            taps.rotate = spec["rotate"]
+            taps.faults = dict(spec.get("faults", {}), rotate=spec["rotate"])
+            for part, ids in batches_of(L, spec["topk"] is not None and spec["topk"] >= 1 << 20):
+                late = late or bool(deadline and time.time() > deadline)
+                if late:
+                    break
+                taps.clear()
+                # fast: fp32, as the engine computes; transformers' path in bf16 autocast, as before
+                with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=not fast):
+                    if fast:
+                        pred = _nf().forward(model, ids, taps.faults)[0].argmax(-1)
+                    else:
+                        pred = model(input_ids=ids).logits.argmax(-1)
+                for i, c in enumerate(part):
+                    a0, n = c["a0"], len(c["seq"])
+                    ok = (pred[i, a0 - 1:n - 1] == ids[i, a0:n]).float()
+                    c.setdefault("exact", {})[mode] = bool(ok.all())
+                    c.setdefault("token_acc", {})[mode] = ok.mean().item()
+            taps.rotate, taps.faults = None, {}
     set_mode(model, topk=own_topk)
     summary = {}
     for mode in modes:
@@ -889,9 +886,10 @@ def evaluate(model, taps, tok, info, lengths, positions, seeds, modes, family=nd
                 table[mode][L][p] = round(100 * sum(v) / len(v), 1)
     actual = {str(L): round(sum(c["a0"] for c in cases if c["L"] == L) / max(1, sum(1 for c in cases if c["L"] == L)))
               for L in lengths}
+    complete = [L for L in lengths if all(m in c.get("exact", {}) for c in cases if c["L"] == L for m in modes)]
     return {"family": family, "kind": kind, "seeds": seeds, "index_topk": own_topk,
             "window": model.config.sliding_window, "mean_prompt_tokens": actual,
-            "summary": summary, "table": table,
+            "summary": summary, "table": table, "lengths_complete": complete,
             "fast": fast,
             "cases": [{k: c[k] for k in ("L", "position", "seed", "a0", "needle_tok", "needle", "kind", "family",
                                          "format", "shape", "exact", "token_acc")
@@ -970,7 +968,7 @@ CARD_EVALS_V5 = [
 ]
 
 
-def release(outdir, dest, seeds, lengths, budget, card="v4"):
+def release(outdir, dest, seeds, lengths, budget, card="v4", only=None):
     """Write the release (FP8 / FP4, reference names) from DIR/weights, reload its dequantised
     weights in transformers and measure the model card's evaluations (CARD_EVALS) into
     DEST/evals; the training log and tokenizer figures go to DEST/training."""
@@ -994,6 +992,11 @@ def release(outdir, dest, seeds, lengths, budget, card="v4"):
         return
     results = {}
     evals = CARD_EVALS if card == "v4" else CARD_EVALS_V5
+    if only:
+        unknown = set(only) - {e[0] for e in evals}
+        if unknown:
+            raise SystemExit(f"release --only: no card evaluation named {', '.join(sorted(unknown))}")
+        evals = [e for e in evals if e[0] in only]
     for n, entry in enumerate(evals):
         if card == "v4":
             name, _, which, family, kind, modes = entry
@@ -1009,6 +1012,8 @@ def release(outdir, dest, seeds, lengths, budget, card="v4"):
         results[name] = run_eval(deq if which == "release" else weights, outdir, os.path.join(dest, "evals", name),
                                  seeds, lengths, modes, family, kind, left / (len(evals) - n),
                                  qat_on=which == "trained", fast=card != "v4", jsonl=jsonl)
+    if "heldout_family.json" not in results or "trained_heldout_family.json" not in results:
+        return
     rel, tr = results["heldout_family.json"], results["trained_heldout_family.json"]
     same = [a["exact"][m] == b["exact"][m] for a, b in zip(rel["cases"], tr["cases"])
             for m in tr["summary"] if m in a.get("exact", {}) and m in b.get("exact", {})]
@@ -1625,6 +1630,9 @@ def main(argv):
                                                                        help="default 1k-8k (v4), 1k-32k (v5)")
     e.add_argument("--card", choices=("v4", "v5"), default="v4",
                    help="v4: CARD_EVALS on transformers' forward; v5: CARD_EVALS_V5 on the fast forward, to 32k")
+    e.add_argument("--only", default=None,
+                   help="these of the card's evaluations (file names, comma-separated), the budget theirs alone; "
+                        "DEST/evals keeps the others' files from earlier calls")
     args = ap.parse_args(argv)
     if args.cmd == "tokenizer":
         train_tokenizer(args.dir)
@@ -1657,7 +1665,8 @@ def main(argv):
     elif args.cmd == "release":
         lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                    else V5_LENGTHS if args.card == "v5" else [1024, 2048, 4096, 8192])
-        release(args.dir, args.dest, args.seeds, lengths, args.budget, card=args.card)
+        release(args.dir, args.dest, args.seeds, lengths, args.budget, card=args.card,
+                only=args.only.split(",") if args.only else None)
     else:
         smoke(args.dir)
     return 0
