@@ -194,6 +194,49 @@ for kind in ["csa", "hca", "sliding"]:
     print(f"{kind}: gradients of {len(g1)} parameters, max difference {worst:.2e}")
     if set(g1) != set(g2) or worst > 1e-4:
         bad += 1
+# the mHC as functions (hc_weights, hc_mix; use_compile("hc")) against SPEC-dsv4 §2.2 step by
+# step in float64, token by token, and their gradients against the float64 reference's
+def hc_reference(hs, fn, base, scale, eps, iters, norm_eps):
+    B, S, N, Dm = hs.shape
+    posts, combs, cols = [], [], []
+    for b in range(B):
+        for t in range(S):
+            x = hs[b, t].double().reshape(-1)
+            mix = (fn.double() @ x) * torch.rsqrt((x * x).mean() + norm_eps)
+            pre = torch.sigmoid(mix[:N] * scale[0] + base[:N]) + eps
+            post = 2 * torch.sigmoid(mix[N:2 * N] * scale[1] + base[N:2 * N])
+            c0 = (mix[2 * N:] * scale[2] + base[2 * N:]).reshape(N, N)
+            c = torch.exp(c0 - c0.max(1, keepdim=True).values)
+            c = c / c.sum(1, keepdim=True) + eps
+            c = c / (c.sum(0, keepdim=True) + eps)
+            for _ in range(iters - 1):
+                c = c / (c.sum(1, keepdim=True) + eps)
+                c = c / (c.sum(0, keepdim=True) + eps)
+            posts.append(post); combs.append(c); cols.append((pre[:, None] * hs[b, t].double()).sum(0))
+    return (torch.stack(posts).view(B, S, N), torch.stack(combs).view(B, S, N, N), torch.stack(cols).view(B, S, Dm))
+torch.manual_seed(11)
+N, Dm = 4, 24
+hs = torch.randn(2, 7, N, Dm, requires_grad=True)
+fn = (0.2 * torch.randn((2 + N) * N, N * Dm)).requires_grad_()
+base, scale = (0.5 * torch.randn((2 + N) * N)).requires_grad_(), torch.tensor([0.7, 1.1, 0.9], requires_grad=True)
+got = nf.hc_weights(hs, fn, base, scale, 1e-6, 20, 1e-6)
+want = hc_reference(hs, fn, base, scale, 1e-6, 20, 1e-6)
+errs = [(g.double() - w).abs().max().item() for g, w in zip(got, want)]
+sums = (got[1].sum(-2) - 1).abs().max().item()
+print(f"hc_weights: post {errs[0]:.2e}, comb {errs[1]:.2e}, collapsed {errs[2]:.2e} from float64; comb columns sum to 1 within {sums:.1e}")
+if max(errs) > 1e-5 or sums > 1e-4: bad += 1
+wts = [torch.randn_like(t) for t in got]
+g1 = torch.autograd.grad(sum((g * w).sum() for g, w in zip(got, wts)), [hs, fn, base, scale])
+g2 = torch.autograd.grad(sum((g * w.double()).sum() for g, w in zip(want, wts)), [hs, fn, base, scale])
+gerr = max(((a.double() - b).abs().max() / b.abs().max()).item() for a, b in zip(g1, g2))
+print(f"hc_weights: gradients of the streams, fn, base and scale within {gerr:.2e} of float64 (relative)")
+if gerr > 1e-4: bad += 1
+out = torch.randn(2, 7, Dm)
+mixed, ref = nf.hc_mix(got[0], got[1], out, hs), nf._hc_matmul(got[0], got[1], out, hs)
+wmix = got[0].double().unsqueeze(-1) * out.double().unsqueeze(-2) + torch.einsum("bsij,bsid->bsjd", got[1].double(), hs.double())
+merr, rerr = (mixed.double() - wmix).abs().max().item(), (ref.double() - wmix).abs().max().item()
+print(f"hc_mix: {merr:.2e} from float64 (transformers' matmul form: {rerr:.2e})")
+if merr > 1e-5: bad += 1
 if bad:
     print(f"FAIL: {bad} differences")
     sys.exit(1)

@@ -15,7 +15,9 @@ transformers' eager path concatenates the compressed rows onto every token's key
 
 and the indexer scores in query chunks without gradient to pick its top-k, then again with
 gradient at the picked rows only (its distillation loss needs no more). The decoder layers' mHC,
-norms, routers and experts are transformers' own modules, called as transformers calls them.
+norms, routers and experts are transformers' own modules, called as transformers calls them;
+use_compile("hc") swaps the mHC for hc_weights / hc_mix (the same arithmetic as functions of
+tensors) through torch.compile.
 
 `forward(model, ids, faults)` returns the logits and, for each CSA layer, what the indexer's
 distillation loss needs. `tools/train_needle.py parity` holds this path to transformers' forward
@@ -287,35 +289,95 @@ def attention(attn, h, pe, positions, faults):
 # ---------------------------------------------------------------- the model
 
 
+def hc_weights(hs, fn, base, scale, hc_eps, iters, norm_eps):
+    """DeepseekV4HyperConnection.forward as a function of tensors alone (SPEC-dsv4 §2.2 steps
+    2-4), so that one compiled graph serves every layer's two mHC: the streams hs
+    [B, S, N, D] RMS-normed as one flat vector, mixed by fn [(2 + N) N, N D] into the collapse
+    weights (pre), the expansion weights (post, [B, S, N]) and the stream mix (comb, [B, S, N, N],
+    made doubly stochastic by iters Sinkhorn steps). Returns (post, comb, the collapsed input
+    [B, S, D] in hs's dtype), in transformers' order of operations."""
+    B, S, N, D = hs.shape
+    flat = hs.reshape(B, S, N * D).float()
+    flat = flat * torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
+    pre_w, post_w, comb_w = F.linear(flat, fn.float()).split([N, N, N * N], dim=-1)
+    pre_b, post_b, comb_b = base.split([N, N, N * N])
+    pre = torch.sigmoid(pre_w * scale[0] + pre_b) + hc_eps
+    post = 2 * torch.sigmoid(post_w * scale[1] + post_b)
+    comb = torch.softmax(comb_w.view(B, S, N, N) * scale[2] + comb_b.view(N, N), dim=-1) + hc_eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
+    return post, comb, (pre.unsqueeze(-1) * hs).sum(dim=2).to(hs.dtype)
+
+
+def hc_mix(post, comb, out, hs):
+    """The decoder layer's new streams after a block: post_j * out + sum_i comb[i, j] * hs_i,
+    [B, S, N, D]. Written as N multiply-adds rather than transformers' batched 4 x 4 matmul
+    (comb^T @ hs), which a compiled graph fuses into one pass over the streams; the same sums
+    up to fp32 rounding."""
+    dtype = hs.dtype
+    c = comb.to(dtype)
+    mixed = c[..., 0, :].unsqueeze(-1) * hs[..., 0:1, :]
+    for i in range(1, hs.shape[-2]):
+        mixed = mixed + c[..., i, :].unsqueeze(-1) * hs[..., i:i + 1, :]
+    return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + mixed
+
+
+def _hc_module(hc, hs):
+    return hc(hs)
+
+
+def _hc_matmul(post, comb, out, hs):
+    dtype = hs.dtype
+    return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), hs)
+
+
+# How layer_forward runs the mHC: transformers' modules and its matmul (eager), or the two
+# functions above through torch.compile (use_compile("hc")).
+_hc_pre, _hc_post = _hc_module, _hc_matmul
+
+
 def layer_forward(layer, hs, ids, pe, positions, faults):
     """DeepseekV4DecoderLayer.forward on the hidden streams hs [B, S, hc_mult, D], the attention
     through attention() above. Returns (hs, the CSA layer's distillation entry or None)."""
-    dtype = hs.dtype
-    post, comb, collapsed = layer.attn_hc(hs)
+    post, comb, collapsed = _hc_pre(layer.attn_hc, hs)
     a, distill = attention(layer.self_attn, layer.input_layernorm(collapsed), pe, positions, faults)
-    hs = post.to(dtype).unsqueeze(-1) * a.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), hs)
-    post, comb, collapsed = layer.ffn_hc(hs)
+    hs = _hc_post(post, comb, a, hs)
+    post, comb, collapsed = _hc_pre(layer.ffn_hc, hs)
     mo = layer.mlp(layer.post_attention_layernorm(collapsed), input_ids=ids)
-    hs = post.to(dtype).unsqueeze(-1) * mo.unsqueeze(-2) + torch.matmul(comb.to(dtype).transpose(-1, -2), hs)
-    return hs, distill
+    return _hc_post(post, comb, mo, hs), distill
 
 
 # layer_forward as forward() calls it: itself, or torch.compile'd by use_compile
 _layer = layer_forward
 
+COMPILE_SCOPES = ("layers", "hc")
+
 
 def use_compile(on):
-    """Run forward()'s decoder layers through torch.compile (dynamic shapes: one graph serves
-    every length; the indexer's chunked selection stays eager) or eagerly again. The compiled
-    layers compute what the eager ones do (`train_needle.py profile` compares the losses and
-    gradients of the two in fp32)."""
-    global _layer
+    """torch.compile in forward() (dynamic shapes: one graph serves every length), or eager again
+    (on False). on True or "layers": the whole decoder layers (the indexer's chunked selection
+    stays eager; the experts break the graph). "hc": only the mHC (hc_weights, hc_mix): small
+    graphs with no break, which fuse the Sinkhorn steps and stream mixes (some 5,000 kernels
+    of a 64k-token step's 14,000). Compiled and eager compute the same numbers up to fp32
+    rounding (`train_needle.py profile` compares the losses and gradients of the two in fp32)."""
+    global _layer, _hc_pre, _hc_post
+    _layer, _hc_pre, _hc_post = layer_forward, _hc_module, _hc_matmul
     if not on:
-        _layer = layer_forward
         return
+    scope = "layers" if on is True else on
+    if scope not in COMPILE_SCOPES:
+        raise ValueError(f"use_compile: scope {scope!r}, expected one of {COMPILE_SCOPES}")
     import torch._dynamo
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    _layer = torch.compile(layer_forward, dynamic=True)
+    if scope == "layers":
+        _layer = torch.compile(layer_forward, dynamic=True)
+        return
+    weights, mix = torch.compile(hc_weights, dynamic=True), torch.compile(hc_mix, dynamic=True)
+    _hc_pre = lambda hc, hs: weights(hs, hc.fn, hc.base, hc.scale, hc.hc_eps, hc.hc_sinkhorn_iters,  # noqa: E731
+                                     hc.input_norm.eps)
+    _hc_post = mix
 
 
 def load_compile_cache(path):

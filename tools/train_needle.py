@@ -706,9 +706,10 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
         model.config._experts_implementation = st["experts"]
     cache = os.environ.get("NEEDLE_COMPILE_CACHE")
     if compile:
-        _nf().use_compile(True)  # the fast forward's decoder layers through torch.compile,
+        _nf().use_compile(compile)  # the fast forward's decoder layers (or their mHC) through torch.compile,
         model.config._experts_implementation = "grouped_mm"  # experts without a host sync each
-        log({"event": "compile", "splits": splits, "cache_loaded": _nf().load_compile_cache(cache)})
+        log({"event": "compile", "scope": "layers" if compile is True else compile, "splits": splits,
+             "cache_loaded": _nf().load_compile_cache(cache)})
     try:
         while time.time() < stop_at:
             tw = time.time()
@@ -1330,7 +1331,7 @@ def _device_us(e, inclusive=False):
     return 0
 
 
-def profile(outdir, init, out, steps=4):
+def profile(outdir, init, out, steps=4, scope="layers"):
     """Where a training step's time goes on the fast forward, and what torch.compile of its
     decoder layers (needle_fast.use_compile) buys. Per prompt length (2k and 16k tokens, 64k
     tokens in one micro-batch, QAT on, sparse, window 64): two eager steps under torch.profiler
@@ -1393,6 +1394,7 @@ def profile(outdir, init, out, steps=4):
 
     for (name, lengths), data in zip(configs, prepared):
         row = {"config": name, "lengths": list(lengths), "batch": list(data[0][0].shape)}
+        row["compile_scope"] = scope
         report["configs"].append(row)
         nfm.use_compile(False)
         try:
@@ -1425,12 +1427,12 @@ def profile(outdir, init, out, steps=4):
         try:
             # transformers' eager experts sync with the host per expert (a graph break each)
             model.config._experts_implementation = row["compiled_experts"] = "grouped_mm"
-            nfm.use_compile(True)
+            nfm.use_compile(scope)
             row["compiled_first_step"] = run(data[:1])
             if name == configs[0][0]:
                 nfm.use_compile(False)
                 ref = fp32_pass(data[0])
-                nfm.use_compile(True)
+                nfm.use_compile(scope)
                 got = fp32_pass(data[0])
                 scale = ref[0].abs().max().item()
                 gscale = max(g.abs().max().item() for g in ref[2].values())
@@ -1597,8 +1599,9 @@ def main(argv):
                                   "or the release (models/needle-v4), dequantised")
     b.add_argument("--eval-seconds", type=float, default=75,
                    help="seconds kept for the quick held-out evaluation at the stage's end (0: none)")
-    b.add_argument("--compile", action="store_true",
-                   help="the fast forward's decoder layers through torch.compile (stages with fast=True)")
+    b.add_argument("--compile", nargs="?", const="layers", default=False, choices=("layers", "hc"),
+                   help="torch.compile in the fast forward (stages with fast=True): its decoder layers "
+                        "(layers, the default) or only their mHC (hc)")
     b.add_argument("--splits", type=int, help="micro-batches per step to start from (default: the stage's)")
     c = sub.add_parser("eval")
     c.add_argument("weights"), c.add_argument("--tokenizer", required=True), c.add_argument("--out", required=True)
@@ -1624,6 +1627,8 @@ def main(argv):
     pr = sub.add_parser("profile", help="where a fast-forward training step's time goes; torch.compile against eager")
     pr.add_argument("dir"), pr.add_argument("--init"), pr.add_argument("--out", required=True)
     pr.add_argument("--steps", type=int, default=4)
+    pr.add_argument("--compile", default="layers", choices=("layers", "hc"),
+                    help="what the compiled steps compile (needle_fast.use_compile)")
     e = sub.add_parser("release")
     e.add_argument("dir"), e.add_argument("dest"), e.add_argument("--seeds", type=int, default=8)
     e.add_argument("--budget", type=float, default=420), e.add_argument("--lengths", default=None,
@@ -1661,7 +1666,7 @@ def main(argv):
         speed(args.dir, init, args.out, args.steps)
     elif args.cmd == "profile":
         init = seed_dir(args.dir, args.init)
-        return profile(args.dir, init, args.out, args.steps)
+        return profile(args.dir, init, args.out, args.steps, args.compile)
     elif args.cmd == "release":
         lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                    else V5_LENGTHS if args.card == "v5" else [1024, 2048, 4096, 8192])

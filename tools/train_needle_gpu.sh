@@ -11,8 +11,9 @@
 #     profile          train_needle.py profile: where a step's time goes, torch.compile against eager
 #     train:SECONDS    stage $STAGE (default 5) for SECONDS from INIT, half of each batch from cdata;
 #     train:@T         the same until T seconds into this script
-#                      COMPILE=1: the decoder layers through torch.compile; COMPILE=auto: when the
-#                      profile step found it faster and equal to eager in fp32; SPLITS=N: micro-batches.
+#                      COMPILE=1 (or layers): the decoder layers through torch.compile; COMPILE=hc: only
+#                      their mHC; COMPILE=auto: what the profile step compiled (PROFILE_COMPILE=layers|hc),
+#                      when it found it faster and equal to eager in fp32; SPLITS=N: micro-batches.
 #                      Compiled, torch.compile's artifacts load from .compile-cache/needle.bin when it
 #                      was carried and are saved to OUT/compile-cache.bin (carry it back as
 #                      .compile-cache/needle.bin: compiling took 302 s on a fresh machine)
@@ -58,7 +59,8 @@ for s in "$@"; do
         | grep -v Warning | tee "$out/logs/speed.txt" ;;
     profile)
       step profile
-      python3 tools/train_needle.py profile "$dir" --init "$init" --out "$out/logs/profile.json" 2>&1 \
+      python3 tools/train_needle.py profile "$dir" --init "$init" --out "$out/logs/profile.json" \
+        --compile "${PROFILE_COMPILE:-layers}" 2>&1 \
         | grep -v Warning | tee "$out/logs/profile.txt" ;;
     train:*)
       step "$s"
@@ -75,13 +77,14 @@ eq = [r["compiled_vs_eager_fp32"] for r in rows if "compiled_vs_eager_fp32" in r
 fast = [r.get("compiled_vs_eager", 0) for r in rows]
 ok = (eq and eq[0]["logits_max_diff_over_max"] < 1e-4 and eq[0]["grads_max_diff_over_max"] < 1e-3
       and eq[0]["same_parameters"] and fast and min(fast) >= 1.15)
-print(1 if ok else 0)
+print(rows[0].get("compile_scope", "layers") if ok else 0)
 PY
 )
         echo "COMPILE=auto: $c"
       fi
-      if [ "$c" = 1 ]; then
-        j+=(--compile)
+      [ "$c" = 1 ] && c=layers
+      if [ "$c" = layers ] || [ "$c" = hc ]; then
+        j+=(--compile "$c")
         mkdir -p .compile-cache
         export NEEDLE_COMPILE_CACHE=$PWD/.compile-cache/needle.bin
       fi
