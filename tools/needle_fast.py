@@ -359,7 +359,7 @@ def use_compile(on):
     """torch.compile in forward() (dynamic shapes: one graph serves every length), or eager again
     (on False). on True or "layers": the whole decoder layers (the indexer's chunked selection
     stays eager; the experts break the graph). "hc": only the mHC (hc_weights, hc_mix): small
-    graphs with no break, which fuse the Sinkhorn steps and stream mixes (some 5,000 kernels
+    graphs with no break, which fuse the Sinkhorn steps and stream mixes (about 4,000 kernels
     of a 64k-token step's 14,000). Compiled and eager compute the same numbers up to fp32
     rounding (`train_needle.py profile` compares the losses and gradients of the two in fp32)."""
     global _layer, _hc_pre, _hc_post
