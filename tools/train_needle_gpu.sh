@@ -5,7 +5,10 @@
 #
 #   tools/train_needle_gpu.sh OUT STEP...
 #     cdata            `needle make --batch` training examples (train split, every kind but the
-#                      Python generator's held-out `branch`), 1k-32k tokens, in parallel
+#                      Python generator's held-out `branch`), 1k-32k tokens, in parallel. CDATA_KINDS:
+#                      the kinds drawn from, a kind named twice drawn twice as often (default: key,
+#                      commit and random twice, the random strings step 7442 could not copy: 6, 0 and
+#                      0 of 24 in its engine sweeps)
 #     parity           train_needle.py parity against the release in INIT (default models/needle-v4)
 #     speed            train_needle.py speed
 #     profile          train_needle.py profile: where a step's time goes, torch.compile against eager
@@ -43,7 +46,7 @@ for s in "$@"; do
       for i in $(seq 0 13); do
         .bundle/bin/sparsetrace needle make --batch 220 --jsonl "$cdata/$i.jsonl" --seed $((1000 + i)) \
           --model models/needle-v4 --lengths 1k,2k,4k,8k,16k,32k --split train \
-          --kinds path,host,key,number,ticket,url,commit,random --quiet &
+          --kinds "${CDATA_KINDS:-path,host,key,number,ticket,url,commit,random,key,commit,random}" --quiet &
       done
       wait
       cat "$cdata"/[0-9]*.jsonl > "$cdata/train.jsonl"
