@@ -133,12 +133,18 @@ def _no_compile(fn):
     return disable(fn) if disable else fn
 
 
+def _query_chunk(q, k):
+    """Queries per chunk such that a [B, chunk, heads, R] score product stays within
+    SCORE_CHUNK_ELEMS (at least one)."""
+    return max(1, SCORE_CHUNK_ELEMS // max(1, q.shape[0] * q.shape[2] * k.shape[1]))
+
+
 def _scores(q, k, w, scale):
     """sum_h w[b, s, h] * relu(q[b, s, h] . k[b, r]) * scale as transformers' scorer computes it:
     q [B, c, Hi, Di], k [B, R, Di], w [B, c, Hi] -> [B, c, R], fp32. Without gradient (evaluation),
     in chunks of queries within SCORE_CHUNK_ELEMS: [B, S, heads, R] at 32k tokens is 17 GiB a
     prompt, and each score is computed alike in either case."""
-    c = max(1, SCORE_CHUNK_ELEMS // max(1, q.shape[0] * q.shape[2] * k.shape[1]))
+    c = _query_chunk(q, k)
     if not torch.is_grad_enabled() and c < q.shape[1]:
         return torch.cat([_scores(q[:, c0:c0 + c], k, w[:, c0:c0 + c], scale) for c0 in range(0, q.shape[1], c)], 1)
     s = torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1))
@@ -151,7 +157,7 @@ def _select(q, k, w, scale, visible, topk):
     [B, chunk, heads, R] stays within SCORE_CHUNK_ELEMS: [B, S, topk], -1 past the visible rows."""
     B, S, R = q.shape[0], q.shape[1], k.shape[1]
     rows = torch.arange(R, device=q.device)
-    chunk = max(1, SCORE_CHUNK_ELEMS // max(1, B * q.shape[2] * R))
+    chunk = _query_chunk(q, k)
     picks = []
     with torch.no_grad():
         for c0 in range(0, S, chunk):

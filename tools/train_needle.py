@@ -836,25 +836,31 @@ def evaluate(model, taps, tok, info, lengths, positions, seeds, modes, family=nd
         bs = max(1, (131072 if fast else 16384) // (L + 64))
         if fast and dense:
             bs = max(1, min(bs, DENSE_EVAL_ELEMS // (model.config.num_attention_heads * (L + 64) * (L // 4 + 1))))
+        out = []
         for j in range(0, len(group), bs):
             part = group[j:j + bs]
             width = max(len(c["seq"]) for c in part)
             ids = torch.full((len(part), width), tok.token_to_id(nd.PAD), dtype=torch.long)
             for i, c in enumerate(part):
                 ids[i, :len(c["seq"])] = torch.tensor(c["seq"])
-            yield part, ids.to(dev)
+            out.append((part, ids.to(dev)))
+        return out
     for mode in modes:
         if not fast and mode in FAST_ONLY_MODES:
             raise SystemExit(f"evaluate: mode {mode} runs on the fast forward only")
     # Length by length, every mode at each: a deadline leaves the longest lengths out, never a mode.
     late = False
     for L in lengths:
+        made = {}  # this length's batches, made once for the dense modes and once for the others
         for mode in modes:
             spec = MODES[mode]
             set_mode(model, topk=own_topk if spec["topk"] is None else spec["topk"])
             taps.rotate = spec["rotate"]
             taps.faults = dict(spec.get("faults", {}), rotate=spec["rotate"])
-            for part, ids in batches_of(L, spec["topk"] is not None and spec["topk"] >= 1 << 20):
+            dense = spec["topk"] is not None and spec["topk"] >= 1 << 20
+            if dense not in made:
+                made[dense] = batches_of(L, dense)
+            for part, ids in made[dense]:
                 late = late or bool(deadline and time.time() > deadline)
                 if late:
                     break
