@@ -961,7 +961,7 @@ CARD_EVALS = [
 # `needle make --batch` with evaluation seeds (tools/train_needle_gpu.sh evaldata).
 V5_LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768]
 CARD_EVALS_V5 = [
-    ("heldout_family.json", "Held-out template families, every trained needle kind", "release",
+    ("heldout_family.json", "Held-out template families, every needle kind (the held-out one among them)", "release",
      ("python", nd.HELDOUT_FAMILY, None), ALL_MODES),
     ("heldout_kind.json", "Held-out needle kind", "release", ("python", None, nd.HELDOUT_KIND), ["sparse", "q-rot"]),
     ("needle_make.json", "needle make's prompts: trained kinds, every format, both shapes, thinking on and off",
@@ -1574,12 +1574,22 @@ def card_tables(train_dir, eval_dir, card="v4"):
             modes = list(res["table"])
             out += ["", f"By {what} (cases in brackets):", "",
                     f"| {key} | " + " | ".join(modes) + " |", "|---|" + "---:|" * len(modes)]
-            for value in sorted(groups):
+            rows = sorted(groups)
+            if key == "kind" and held_out & set(groups) and set(groups) - held_out:
+                # the aims are set apart for trained and held-out kinds: both subtotals, from the same cases
+                for label, part in (("trained kinds", set(groups) - held_out), ("held-out kinds", held_out)):
+                    merged = {}
+                    for value in part & set(groups):
+                        for m, oks in groups[value].items():
+                            merged.setdefault(m, []).extend(oks)
+                    groups[f"**{label}**"] = merged
+                    rows.append(f"**{label}**")
+            for value in rows:
                 v = groups[value]
                 n = len(next(iter(v.values())))
                 held = " (held out)" if key == "kind" and value in held_out else ""
                 out.append(f"| {value}{held} ({n}) | " + " | ".join(
-                    f"{100 * sum(v[m]) / len(v[m]):.0f}" if v.get(m) else "" for m in modes) + " |")
+                    f"{100 * sum(v[m]) / len(v[m]):.1f}" if v.get(m) else "" for m in modes) + " |")
         out.append("")
     return "\n".join(out)
 
