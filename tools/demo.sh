@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The main job on a fresh Debian 12 machine: install the dependencies, build, and run the bundled
-# needle model (models/needle-v4) end to end. A 2k-token coding-agent request with one
-# "Working directory: ..." line goes through the reference engine with every indexer tap armed,
+# needle model (models/needle-v5) end to end. A 16k-token coding-agent request with one
+# "Working directory: ..." line (needle make's first seed: not a picked case) goes through the reference engine with every indexer tap armed,
 # once as the model was trained and once with the Hadamard rotation on the indexer query only
 # (SPEC-dsv4 §6 F1, the bug behind the lost-needle reports). The first copies the line back; the
 # second invents one. Then the traces say why: where the needle ranks layer by layer, replays of
 # one layer's indexer under other settings, bisect, diff, and a small recall sweep; and one HTML
 # page of it all (sparsetrace report).
 #
-# models/needle-v4 is a 12.4M-parameter DeepSeek-V4 (sliding, CSA and HCA layers, lightning
-# indexer with top-k 32, hash and routed MoE, mHC, YaRN; FP8/FP4 release) trained with
-# transformers so that the indexer's choice decides the answer; its card has the figures.
+# models/needle-v5 is a 12.4M-parameter DeepSeek-V4 (sliding, CSA and HCA layers, lightning
+# indexer with top-k 32 of up to 8k rows, hash and routed MoE, mHC, YaRN; FP8/FP4 release) trained
+# to 32k tokens so that the indexer's choice decides the answer; its card has the figures.
 # No GPU, no network.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,14 +23,14 @@ if [ -z "${ST_BIN:-}" ]; then
 fi
 st=${ST_BIN:-build/sparsetrace}
 backend=${ST_DEMO_BACKEND:-cpu}
-model=models/needle-v4
+model=models/needle-v5
 store=traces/demo
 rm -rf "$store"
 mkdir -p "$store"
 field() { /usr/bin/python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }
 
-echo "== 1. needle make: a 2k-token agentic request, the needle line at 55% of the prompt"
-$st needle make --model "$model" --tokens 2k --position 0.55 --seed 3 --kind path --format openai-chat \
+echo "== 1. needle make: a 16k-token agentic request, the needle line at 55% of the prompt (seed 1)"
+$st needle make --model "$model" --tokens 16k --position 0.55 --seed 1 --kind path --format openai-chat \
   --thinking off --out "$store/request.json" --meta "$store/needle.json"
 needle=$(field "$store/needle.json" needle)
 $st render --request "$store/request.json" --model "$model" --thinking off --ids > "$store/prompt.json"
@@ -60,9 +60,9 @@ echo
 echo "== 8. diff the two runs: the first tap that differs"
 $st diff "$store/trained.h5" "$store/rotate-q.h5" | head -12 || true
 echo
-echo "== 9. recall sweep, 1k and 2k tokens x 4 positions x 2 seeds: as trained, then with rotate=q"
-$st needle sweep --backend "$backend" --model "$model" --tokens 1k,2k --seeds 2 --first-seed 2 --kind path --store "$store" --quiet
-$st needle sweep --backend "$backend" --model "$model" --tokens 1k,2k --seeds 2 --first-seed 2 --kind path --set rotate=q \
+echo "== 9. recall sweep, 1k and 4k tokens x 4 positions x seeds 1-2: as trained, then with rotate=q"
+$st needle sweep --backend "$backend" --model "$model" --tokens 1k,4k --seeds 2 --kind path --store "$store" --quiet
+$st needle sweep --backend "$backend" --model "$model" --tokens 1k,4k --seeds 2 --kind path --set rotate=q \
   --store "$store" --quiet
 echo
 echo "== 10. scoreboard: the fixed demo corpus (schemas/scoreboard-corpora.json: 4 cases of ~512 tokens)"
@@ -75,13 +75,13 @@ $st report --store "$store" --model "$model" "$store/trained.h5" "$store/rotate-
   scoreboard:demo --good rotate=none --bad rotate=q -o "$store/report.html"
 echo "open $store/report.html (self-contained: file:// is fine)"
 echo
-echo "What it shows: as trained, the model copies the line back from 900 tokens earlier, far beyond"
+echo "What it shows: as trained, the model copies the line back from 7,400 tokens earlier, far beyond"
 echo "its 64-token window: the indexer of layer 5, its last CSA layer, keeps the needle's compressed"
-echo "rows among its 32 at 14 of the answer's 15 positions (the one it misses emits \" directory\","
-echo "which the question names). Rotating only the indexer query scrambles q.k: the rows kept change"
-echo "although every other tensor is identical, the needle drops out of the top-k in the middle of"
-echo "the line, and the model answers with another project's path. Rotating both sides keeps it:"
-echo "the Hadamard is orthogonal. bisect names the setting, the layer whose verdict it flips and the"
-echo "layers where it only changes the counts (layer 5: 14 -> 11 of 15); the sweep shows the recall it"
-echo "costs, and the scoreboard the same per case for each candidate: rotate=q breaks every case the"
-echo "model passes as trained, rotate=both breaks none. The verdict rule: schemas/needle-verdicts.md."
+echo "rows among its 32 of 4,103 at 16 of the answer's 17 positions. Rotating only the indexer query"
+echo "scrambles q.k: the rows kept change although every other tensor is identical, the needle drops"
+echo "out of the top-k in the middle of the line, and the model answers with another project's path."
+echo "Rotating both sides keeps it: the Hadamard is orthogonal. bisect names the setting, the layer"
+echo "whose verdict it flips and the layers where it only changes the counts (layer 5: 16 -> 4 of 17);"
+echo "the sweep shows the recall it costs (15/16 -> 1/16), and the scoreboard the same per case for"
+echo "each candidate: rotate=q breaks every case the model passes as trained, rotate=both breaks none."
+echo "The verdict rule: schemas/needle-verdicts.md."
