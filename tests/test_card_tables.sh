@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# tools/train_needle.py card_tables, the model card's recall tables, on evaluation files made
+# here with known verdicts: a table that mixes trained and held-out needle kinds gets one
+# subtotal row for each (the aims are set apart for the two), counted from the same cases as
+# the rows by kind, and a table of one kind alone gets none.
+set -uo pipefail
+src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+exec /usr/bin/python3 - "$src" "$work" <<'PY'
+import json, os, sys
+src, work = sys.argv[1:]
+sys.path.insert(0, os.path.join(src, "tools"))
+import train_needle as tn
+
+open(os.path.join(work, "log.jsonl"), "w").close()
+# (kind, sparse, q-rot): path 2 of 3, host 1 of 1, branch (held out) 0 of 2 as trained;
+# trained kinds 3 of 4 = 75.0%, held-out kinds 0 of 2 = 0.0%; q-rot: path 1 of 3, the others 0
+verdicts = [("path", True, True), ("path", True, False), ("path", False, False), ("host", True, False),
+            ("branch", False, False), ("branch", False, False)]
+def write(name, rows):
+    cases = [{"L": 1024, "position": 0.25, "seed": i, "a0": 1000, "needle_tok": 500, "needle": "x: y",
+              "kind": k, "family": "f", "exact": {"sparse": s, "q-rot": q}} for i, (k, s, q) in enumerate(rows)]
+    res = {"family": "f", "kind": None, "seeds": 1, "index_topk": 32, "window": 64,
+           "mean_prompt_tokens": {"1024": 1024}, "summary": {}, "table": {"sparse": {}, "q-rot": {}}, "cases": cases}
+    for mode, at in (("sparse", 1), ("q-rot", 2)):
+        res["summary"][mode] = round(100 * sum(r[at] for r in rows) / len(rows), 1)
+        res["table"][mode] = {"1024": {"0.25": res["summary"][mode]}}
+    json.dump(res, open(os.path.join(work, name), "w"))
+
+write("heldout_family.json", verdicts)
+text = tn.card_tables(work, work, "v5")
+rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+        for line in text.splitlines() if line.startswith("| ") and "(" in line.split("|")[1]}
+want = {"path (3)": ["66.7", "33.3"], "host (1)": ["100.0", "0.0"], "branch (held out) (2)": ["0.0", "0.0"],
+        "**trained kinds** (4)": ["75.0", "25.0"], "**held-out kinds** (2)": ["0.0", "0.0"]}
+for label, cells in want.items():
+    if rows.get(label) != cells:
+        sys.exit(f"FAIL: row {label!r}: {rows.get(label)}, expected {cells}\n{text}")
+print("ok: rows by kind, and the trained / held-out subtotals, count the cases")
+
+write("heldout_family.json", [v for v in verdicts if v[0] == "path"])
+text = tn.card_tables(work, work, "v5")
+if "kinds**" in text or "By needle kind" in text:
+    sys.exit(f"FAIL: one kind alone got rows by kind or a subtotal\n{text}")
+print("ok: a table of one kind has no subtotal")
+PY
