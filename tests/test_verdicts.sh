@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Needle verdicts end to end on the bundled needle model (the README walk-through's request: a
-# 2k-token agentic prompt with a "Working directory: ..." line at 55%, answered correctly):
+# Needle verdicts end to end on the needle model needle-v4 (a 2k-token agentic prompt with a
+# "Working directory: ..." line at 55%, answered correctly), and the README walk-through's quotes
+# on its own request (needle-v5, 16k tokens):
 #  - --needle TEXT is matched in the prompt only, by one function, in run, replay and bisect;
 #  - the one needle verdict (schemas/needle-verdicts.md): run's lines, the views, replay, bisect
 #    and needle sweep give the same counts and the same verdict for every layer;
 #  - bisect: a flip in either direction is a flip; a change of counts is called one;
 #  - replay --json: bit_exact is null when no recorded-settings cell ran.
-# Bounded: about 20 s.
+# Bounded: about 30 s.
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
@@ -97,8 +98,6 @@ print(json.dumps(out))
 PY
 )
 consistent "run's lines" "$got"
-line=$(grep "^needle layer 5 " "$work/run.txt")
-if grep -qF -- "#   $line" "$src/README.md"; then ok "the README quotes run's line for layer 5"; else bad "the README lacks run's line '$line'"; fi
 $st run --model "$model" --prompt-tokens "$work/prompt.json" --max-new-tokens 32 --positions last \
   --needle "$needle" --store "$work/s2" --trace "$work/t2.h5" --json >"$work/run.json"
 got=$($py -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps({str(L["layer"]): L for L in d["needle"]["layers"]}))' "$work/run.json" 2>&1)
@@ -163,9 +162,24 @@ rc=$?
 if [ $rc -eq 1 ] && grep -q "changes no layer's verdict; at layer 3 it changes the counts .*a change in counts, not of the verdict" "$work/b16.txt"; then
   ok "bisect topk=16: no flip, a change in counts at layer 3, said so (exit 1)"
 else bad "bisect topk=16 (exit $rc): $(tail -3 "$work/b16.txt")"; fi
-# the README walk-through quotes the sentence bisect prints
-if $py - "$src/README.md" "$sentence" <<'PY'
-import sys, re
+# ---------------------------------------------------------------- 7. the README walk-through
+# its request (models/needle-v5, 16k tokens, needle make's first seed, the path at 55%): the run's
+# line for layer 5 and bisect's sentence are quoted as the commands print them
+wmodel=$src/models/needle-v5
+if [ -f "$wmodel/model.safetensors" ]; then
+  $st needle make --model "$wmodel" --tokens 16k --position 0.55 --seed 1 --kind path --format openai-chat \
+    --thinking off --out "$work/wreq.json" --meta "$work/wneedle.json" 2>/dev/null
+  $st render --request "$work/wreq.json" --model "$wmodel" --thinking off --ids >"$work/wprompt.json"
+  $st run --model "$wmodel" --prompt-tokens "$work/wprompt.json" --max-new-tokens 32 --positions last \
+    --needle "$(field "$work/wneedle.json" needle)" --store "$work/w" --trace "$work/w.h5" >"$work/wrun.txt" || bad "the walk-through's run"
+  line=$(grep "^needle layer 5 " "$work/wrun.txt")
+  if [ -n "$line" ] && grep -qF -- "#   $line" "$src/README.md"; then ok "the README quotes run's line for layer 5"
+  else bad "the README lacks run's line '$line'"; fi
+  wa=$(field "$work/wneedle.json" needle_token) wb=$(field "$work/wneedle.json" needle_token_end)
+  $st bisect --trace "$work/w.h5" --model "$wmodel" --good rotate=none --bad rotate=q --needle-tokens "$wa:$wb" >"$work/wb.txt"
+  sentence=$(tail -2 "$work/wb.txt" | head -1)
+  if $py - "$src/README.md" "$sentence" <<'PY'
+import sys
 lines = open(sys.argv[1]).read().splitlines()
 at = next(i for i, l in enumerate(lines) if l.startswith("$st bisect") and "--bad rotate=q" in l)
 quoted = []
@@ -175,7 +189,8 @@ for l in lines[at + 1:]:
 norm = lambda s: " ".join(s.split())
 assert norm(" ".join(quoted)).startswith(norm(sys.argv[2])), (quoted, sys.argv[2])
 PY
-then ok "the README quotes bisect's sentence"; else bad "the README's bisect sentence is not what bisect prints: $sentence"; fi
+  then ok "the README quotes bisect's sentence"; else bad "the README's bisect sentence is not what bisect prints: $sentence"; fi
+else bad "the walk-through's model $wmodel is missing"; fi
 
 # ---------------------------------------------------------------- 6. replay --json bit_exact
 # no recorded-settings cell ran: nothing was checked, so bit_exact is null (not true)
