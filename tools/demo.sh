@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job on a fresh Debian 12 machine: install the dependencies, build, and run the bundled
 # needle model (models/needle-v5) end to end. A 16k-token coding-agent request with one
-# "Working directory: ..." line (needle make's first seed: not a picked case) goes through the reference engine with every indexer tap armed,
-# once as the model was trained and once with the Hadamard rotation on the indexer query only
+# "Working directory: ..." line (needle make's first seed: not a picked case) goes through the
+# reference engine with every indexer tap armed, once as the model was trained and once with the Hadamard rotation on the indexer query only
 # (SPEC-dsv4 §6 F1, the bug behind the lost-needle reports). The first copies the line back; the
 # second invents one. Then the traces say why: where the needle ranks layer by layer, replays of
 # one layer's indexer under other settings, bisect, diff, and a small recall sweep; and one HTML

@@ -1574,12 +1574,12 @@ def card_tables(train_dir, eval_dir, card="v4"):
             modes = list(res["table"])
             out += ["", f"By {what} (cases in brackets):", "",
                     f"| {key} | " + " | ".join(modes) + " |", "|---|" + "---:|" * len(modes)]
-            rows = sorted(groups)
-            if key == "kind" and held_out & set(groups) and set(groups) - held_out:
+            rows, kinds = sorted(groups), set(groups)
+            if key == "kind" and kinds & held_out and kinds - held_out:
                 # the aims are set apart for trained and held-out kinds: both subtotals, from the same cases
-                for label, part in (("trained kinds", set(groups) - held_out), ("held-out kinds", held_out)):
+                for label, part in (("trained kinds", kinds - held_out), ("held-out kinds", kinds & held_out)):
                     merged = {}
-                    for value in part & set(groups):
+                    for value in part:
                         for m, oks in groups[value].items():
                             merged.setdefault(m, []).extend(oks)
                     groups[f"**{label}**"] = merged
