@@ -166,14 +166,19 @@ for S, elems in [(37, 2 * Hi * 9), (64, 5 * 2 * Hi * 16), (64, 1)]:
     whole = nf.attention(a, h, pe, pos, f)
     nf.SCORE_CHUNK_ELEMS = elems
     matmul, largest = torch.matmul, [0]
+    broadcast = []
     def counted(x, y):  # the indexer's q . k products ([B, c, heads, R]) are needle_fast's only matmuls here
+        if x.dim() > 2 and y.dim() > 2 and x.shape[:-2] != y.shape[:-2]:
+            broadcast.append((tuple(x.shape), tuple(y.shape)))  # torch.matmul copies the broadcast operand
         r = matmul(x, y); largest[0] = max(largest[0], r.numel()); return r
     torch.matmul = counted
     with torch.no_grad():
         got, d1 = nf.attention(a, h, pe, pos, f)
     torch.matmul, nf.SCORE_CHUNK_ELEMS = matmul, saved
     R = S // 4
-    if largest[0] > max(elems, 2 * Hi * R):
+    if broadcast:
+        bad += 1; print(f"no-grad dense, S={S}: a score product broadcasts its batch dimensions {broadcast[0]} (a copy per query)")
+    if largest[0] == 0 or largest[0] > max(elems, 2 * Hi * R):
         bad += 1; print(f"no-grad dense, S={S}: a score product of {largest[0]} elements, over {max(elems, 2 * Hi * R)}")
     want, _ = reference(a, h, pos, f)
     err = (got - want).abs().max().item()

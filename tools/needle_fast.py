@@ -147,7 +147,11 @@ def _scores(q, k, w, scale):
     c = _query_chunk(q, k)
     if not torch.is_grad_enabled() and c < q.shape[1]:
         return torch.cat([_scores(q[:, c0:c0 + c], k, w[:, c0:c0 + c], scale) for c0 in range(0, q.shape[1], c)], 1)
-    s = torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1))
+    B, c, Hi, Di = q.shape
+    # one [c * Hi, Di] x [Di, R] product per sequence. Broadcasting k over the queries instead
+    # ([B, 1, Di, R] against [B, c, Hi, Di]) makes torch.matmul copy k once per query before its
+    # bmm: [B, c, Di, R], eight times the size of the scores themselves.
+    s = torch.matmul(q.float().reshape(B, c * Hi, Di), k.float().transpose(-1, -2)).view(B, c, Hi, -1)
     return (F.relu(s) * scale * w.unsqueeze(-1)).sum(dim=2)
 
 

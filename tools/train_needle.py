@@ -1255,12 +1255,28 @@ def parity(outdir, init, out):
     return 0 if not failed else 1
 
 
-def speed(outdir, init, out, steps=8):
+def _scores_broadcast(q, k, w, scale):
+    """The indexer's scorer as needle_fast had it until 2026-12-04, for speed's side-by-side row:
+    k broadcast over the queries, which torch.matmul expands into a [B, c, Di, R] copy."""
+    import torch
+    import torch.nn.functional as F
+    nfm = _nf()
+    c = nfm._query_chunk(q, k)
+    if not torch.is_grad_enabled() and c < q.shape[1]:
+        return torch.cat([_scores_broadcast(q[:, c0:c0 + c], k, w[:, c0:c0 + c], scale)
+                          for c0 in range(0, q.shape[1], c)], 1)
+    s = torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1))
+    return (F.relu(s) * scale * w.unsqueeze(-1)).sum(dim=2)
+
+
+def speed(outdir, init, out, steps=8, only=None):
     """Training throughput, side by side in one process: the path needle-v4 trained on
     (transformers' eager forward, 32k tokens per step) against the fast forward (256k tokens
-    per step), on the same prompt lengths, then the fast forward at 8k and 32k tokens. Tokens
-    per second, model TFLOP/s (needle_fast.model_flops) and the share of the bf16 peak measured
-    on this H200 (bench/gpu-results.md). Batches are made before the clock starts."""
+    per step), on the same prompt lengths, then the fast forward at 8k, 16k and 32k tokens, and
+    at 16k with the indexer's scorer as it was (_scores_broadcast). Tokens per second, model
+    TFLOP/s (needle_fast.model_flops) and the share of the bf16 peak measured on this H200
+    (bench/gpu-results.md). Batches are made before the clock starts. only: the configs whose
+    names contain one of these strings (the v4 path, the peer of every ratio, always runs)."""
     import torch
     tok, info = load_tokenizer(outdir)
     # (name, prompt lengths, tokens per step, fast forward, experts, micro-batches): fewer
@@ -1271,7 +1287,12 @@ def speed(outdir, init, out, steps=8):
                ("fast forward, grouped_mm, 2 micro-batches", (512, 2048), 262144, True, "grouped_mm", 2),
                ("fast forward, grouped_mm, 1 micro-batch", (512, 2048), 262144, True, "grouped_mm", 1),
                ("fast forward, grouped_mm, 8k prompts", (8192, 8192), 262144, True, "grouped_mm", 4),
+               ("fast forward, grouped_mm, 16k prompts", (16384, 16384), 262144, True, "grouped_mm", 4),
+               ("fast forward, grouped_mm, 16k prompts, the broadcast scorer", (16384, 16384), 262144, True,
+                "grouped_mm", 4),
                ("fast forward, grouped_mm, 32k prompts", (32768, 32768), 262144, True, "grouped_mm", 4)]
+    if only:
+        configs = configs[:1] + [c for c in configs[1:] if any(o in c[0] for o in only)]
     prepared = []  # the workers fork before CUDA starts in this process
     for name, lengths, per_step, fast, experts, _ in configs:
         st = dict(STAGES[4], lengths=lengths, tokens=per_step)
@@ -1289,8 +1310,10 @@ def speed(outdir, init, out, steps=8):
     nfm = _nf()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     rows = []
+    scorer = nfm._scores
     for (name, lengths, per_step, fast, experts, splits), data in zip(configs, prepared):
         model.config._experts_implementation = experts
+        nfm._scores = _scores_broadcast if "broadcast scorer" in name else scorer
         set_mode(model, window=64, topk=model.config.index_topk)
         torch.cuda.reset_peak_memory_stats()
         try:
@@ -1317,6 +1340,7 @@ def speed(outdir, init, out, steps=8):
         torch.cuda.empty_cache()
         rows.append(row)
         print(json.dumps(row), flush=True)
+    nfm._scores = scorer
     base = rows[0].get("tokens_per_s")
     for row in rows[1:]:
         if base and "tokens_per_s" in row:
@@ -1465,22 +1489,29 @@ def profile(outdir, init, out, steps=4, scope="layers"):
     return 0
 
 
-def oracle_fixture(weights, tokdir, out, count, new_tokens):
+def oracle_fixture(weights, tokdir, out, count, new_tokens, lengths=(1024, 2048), jsonl=None):
     """transformers' own greedy continuations of needle prompts under the release's weights, in
     fp32 without autocast and without a cache (each step a full forward): what the engine must
-    reproduce token for token on the release (tests/test_needle_model.sh)."""
+    reproduce token for token on the release (tests/test_needle_model.sh). count prompts from
+    needle_data's held-out wording, their sizes cycling through lengths; then, with jsonl (the
+    output of `sparsetrace needle make --batch`), every example in it: the harness's own prompts,
+    ids as the engine rendered them."""
     import torch
     tok, info = load_tokenizer(tokdir)
     model = load_trained(weights)
     eos = tok.token_to_id(nd.EOS)
     fams = list(nd.FAMILIES)
     kinds = nd.EVAL_KINDS
+    cases = []  # (family, kind, needle, prompt ids, the text that counts as recalled)
+    for i in range(count):
+        L = lengths[i % len(lengths)]
+        s = nd.make_sample(f"oracle:{i}", fams[i % len(fams)], kinds[i % len(kinds)],
+                           int(L * info["chars_per_token"]), (0.3, 0.6, 0.85, 0.97)[i % 4], False, train=False)
+        cases.append((s.family, s.kind, s.needle, tok.encode(s.prompt, add_special_tokens=False).ids, s.needle))
+    for s in (nd.read_jsonl(jsonl, split="heldout") if jsonl else []):
+        cases.append((s.family, s.kind, s.needle, list(s.ids), s.answer))
     with open(out, "w") as f:
-        for i in range(count):
-            L = (1024, 2048)[i % 2]
-            s = nd.make_sample(f"oracle:{i}", fams[i % len(fams)], kinds[i % len(kinds)],
-                               int(L * info["chars_per_token"]), (0.3, 0.6, 0.85, 0.97)[i % 4], False, train=False)
-            ids = tok.encode(s.prompt, add_special_tokens=False).ids
+        for i, (family, kind, needle, ids, answer) in enumerate(cases):
             gen = []
             with torch.no_grad():
                 for _ in range(new_tokens):
@@ -1490,10 +1521,10 @@ def oracle_fixture(weights, tokdir, out, count, new_tokens):
                     if nxt == eos:
                         break
             text = tok.decode(gen, skip_special_tokens=False)
-            f.write(json.dumps({"family": s.family, "kind": s.kind, "needle": s.needle, "prompt_ids": ids,
-                                "generated": gen, "text": text, "recalled": text.startswith(s.needle)},
+            f.write(json.dumps({"family": family, "kind": kind, "needle": needle, "prompt_ids": ids,
+                                "generated": gen, "text": text, "recalled": text.startswith(answer)},
                                ensure_ascii=False) + "\n")
-            print(f"oracle {i}: {len(ids)} tokens, {s.family}/{s.kind}: {text[:80]!r}", flush=True)
+            print(f"oracle {i}: {len(ids)} tokens, {family}/{kind}: {text[:80]!r}", flush=True)
 
 
 def tokenizer_fixture(tokdir, out, count):
@@ -1635,11 +1666,14 @@ def main(argv):
     h = sub.add_parser("oracle-fixture", help="transformers' greedy continuations, for the engine's test")
     h.add_argument("weights"), h.add_argument("dir"), h.add_argument("out")
     h.add_argument("--count", type=int, default=8), h.add_argument("--new-tokens", type=int, default=40)
+    h.add_argument("--lengths", default="1024,2048", help="the held-out wording's prompt sizes, cycled")
+    h.add_argument("--jsonl", help="`sparsetrace needle make --batch` output: its examples too")
     pa = sub.add_parser("parity", help="the fast forward against transformers' on the same weights")
     pa.add_argument("dir"), pa.add_argument("--init"), pa.add_argument("--out", required=True)
     sp = sub.add_parser("speed", help="training throughput: the v4 path against the fast forward")
     sp.add_argument("dir"), sp.add_argument("--init"), sp.add_argument("--out", required=True)
     sp.add_argument("--steps", type=int, default=8)
+    sp.add_argument("--only", help="comma-separated: the configs whose names contain one of these (and the v4 path)")
     pr = sub.add_parser("profile", help="where a fast-forward training step's time goes; torch.compile against eager")
     pr.add_argument("dir"), pr.add_argument("--init"), pr.add_argument("--out", required=True)
     pr.add_argument("--steps", type=int, default=4)
@@ -1671,7 +1705,9 @@ def main(argv):
         seed_dir(args.dir, None)
         tokenizer_fixture(args.dir, args.out, args.count)
     elif args.cmd == "oracle-fixture":
-        oracle_fixture(args.weights, args.dir, args.out, args.count, args.new_tokens)
+        args.weights = seed_dir(args.dir, args.weights)  # a release: dequantised into DIR/init-weights
+        oracle_fixture(args.weights, args.dir, args.out, args.count, args.new_tokens,
+                       [int(x) for x in args.lengths.split(",")], args.jsonl)
     elif args.cmd == "card":
         write_card(args.card, args.train, args.evals, args.which)
     elif args.cmd == "parity":
@@ -1679,7 +1715,7 @@ def main(argv):
         return parity(args.dir, init, args.out)
     elif args.cmd == "speed":
         init = seed_dir(args.dir, args.init)
-        speed(args.dir, init, args.out, args.steps)
+        speed(args.dir, init, args.out, args.steps, args.only.split(",") if args.only else None)
     elif args.cmd == "profile":
         init = seed_dir(args.dir, args.init)
         return profile(args.dir, init, args.out, args.steps, args.compile)

@@ -10,7 +10,8 @@
 #                      commit and random twice, the random strings step 7442 could not copy: 6, 0 and
 #                      0 of 24 in its engine sweeps)
 #     parity           train_needle.py parity against the release in INIT (default models/needle-v4)
-#     speed            train_needle.py speed
+#     check            tests/needle_fast_check.py: the fast forward against brute force (CPU, float64)
+#     speed            train_needle.py speed (SPEED_ONLY=a,b: those configs and the v4 path)
 #     profile          train_needle.py profile: where a step's time goes, torch.compile against eager
 #     train:SECONDS    stage $STAGE (default 5) for SECONDS from INIT, half of each batch from cdata;
 #     train:@T         the same until T seconds into this script
@@ -21,6 +22,9 @@
 #                      was carried and are saved to OUT/compile-cache.bin (carry it back as
 #                      .compile-cache/needle.bin: compiling took 302 s on a fresh machine)
 #     release          the trained weights as a release in OUT/needle-release.tgz (no evaluation)
+#     oracle           transformers' greedy continuations on ORACLE (default: this call's release when
+#                      there is one, else INIT): 6 prompts of held-out wording at 1k-4k and 6 of `needle
+#                      make --batch` at 1k-4k, into OUT/oracle.jsonl (tests/test_needle_model.sh's fixture)
 #     evaldata         `needle make --batch` evaluation sets with their own seeds, 1k-32k tokens
 #                      (train_needle.py CARD_EVALS_V5): make-train (trained kinds, every format and
 #                      shape), make-heldout (held-out kinds and question families), toollist-heldout
@@ -51,6 +55,10 @@ for s in "$@"; do
       wait
       cat "$cdata"/[0-9]*.jsonl > "$cdata/train.jsonl"
       python3 tools/needle_data.py jsonl "$cdata/train.jsonl" | tee "$out/logs/cdata.txt" ;;
+    check)
+      step check
+      python3 tests/needle_fast_check.py 2>&1 | tee "$out/logs/needle_fast_check.txt" | tail -4
+      [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "needle_fast_check failed: no training on the fast forward"; break; } ;;
     parity)
       step parity
       python3 tools/train_needle.py parity "$dir" --init "$init" --out "$out/logs/parity.json" 2>&1 \
@@ -58,7 +66,8 @@ for s in "$@"; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "parity failed: no training on the fast forward"; break; } ;;
     speed)
       step speed
-      python3 tools/train_needle.py speed "$dir" --init "$init" --out "$out/logs/speed.json" --steps "${SPEED_STEPS:-8}" 2>&1 \
+      python3 tools/train_needle.py speed "$dir" --init "$init" --out "$out/logs/speed.json" --steps "${SPEED_STEPS:-8}" \
+        ${SPEED_ONLY:+--only "$SPEED_ONLY"} 2>&1 \
         | grep -v Warning | tee "$out/logs/speed.txt" ;;
     profile)
       step profile
@@ -101,6 +110,15 @@ PY
       step release
       rm -rf "$dir/release" && python3 tools/train_needle.py release "$dir" "$dir/release" --budget 0 2>&1 | tail -3
       tar -C "$dir/release" -czf "$out/needle-release.tgz" . ;;
+    oracle)
+      step oracle
+      w=${ORACLE:-$init}; [ -z "${ORACLE:-}" ] && [ -f "$dir/release/hf_config.json" ] && w=$dir/release
+      echo "oracle on $w"
+      .bundle/bin/sparsetrace needle make --batch 6 --jsonl /tmp/oracle-make.jsonl --seed 4242 \
+        --model models/needle-v4 --lengths 1k,2k,4k --quiet
+      rm -rf /tmp/needle-oracle
+      python3 tools/train_needle.py oracle-fixture "$w" /tmp/needle-oracle "$out/oracle.jsonl" --count 6 \
+        --lengths 1024,2048,4096 --jsonl /tmp/oracle-make.jsonl 2>&1 | grep -v Warning | tee "$out/logs/oracle.txt" ;;
     evaldata)
       step evaldata
       mk() { .bundle/bin/sparsetrace needle make --batch "$2" --jsonl "$dir/evals-$1.jsonl" --seed "$3" \
