@@ -975,25 +975,35 @@ CARD_EVALS_V5 = [
 ]
 
 
-def release(outdir, dest, seeds, lengths, budget, card="v4", only=None):
+def release(outdir, dest, seeds, lengths, budget, card="v4", only=None, source=None):
     """Write the release (FP8 / FP4, reference names) from DIR/weights, reload its dequantised
     weights in transformers and measure the model card's evaluations (CARD_EVALS) into
-    DEST/evals; the training log and tokenizer figures go to DEST/training."""
+    DEST/evals; the training log and tokenizer figures go to DEST/training. source: an existing
+    release (a committed model directory) copied to DEST and measured as it is, for a machine
+    that did not train it (its "trained" evaluations are left out: there are no weights under
+    QAT to measure)."""
     import shutil
     import subprocess
     t0 = time.time()
     here = os.path.dirname(os.path.abspath(__file__))
     weights = os.path.join(outdir, "weights")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(outdir, name), os.path.join(weights, name))
     conv = [sys.executable, os.path.join(here, "convert_release.py")]
-    subprocess.run(conv + ["to-release", weights, dest], check=True)
+    if source:
+        if os.path.abspath(source) != os.path.abspath(dest):
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(source, dest, ignore=shutil.ignore_patterns("evals"))
+    else:
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(outdir, name), os.path.join(weights, name))
+        subprocess.run(conv + ["to-release", weights, dest], check=True)
     deq = os.path.join(outdir, "release-dequantised")
+    shutil.rmtree(deq, ignore_errors=True)
     subprocess.run(conv + ["to-hf", dest, deq, "--dtype", "float32"], check=True)
     os.makedirs(os.path.join(dest, "training"), exist_ok=True)
     os.makedirs(os.path.join(dest, "evals"), exist_ok=True)
-    for name in ("log.jsonl", "tokenizer_info.json"):
-        shutil.copy(os.path.join(outdir, name), os.path.join(dest, "training", name))
+    if not source:
+        for name in ("log.jsonl", "tokenizer_info.json"):
+            shutil.copy(os.path.join(outdir, name), os.path.join(dest, "training", name))
     if budget <= 0:  # the release alone: it carries the lineage to the next session's --init
         print(f"release: {dest} written, no evaluation", flush=True)
         return
@@ -1004,6 +1014,8 @@ def release(outdir, dest, seeds, lengths, budget, card="v4", only=None):
         if unknown:
             raise SystemExit(f"release --only: no card evaluation named {', '.join(sorted(unknown))}")
         evals = [e for e in evals if e[0] in only]
+    if source:
+        evals = [e for e in evals if e[2] != "trained"]
     for n, entry in enumerate(evals):
         if card == "v4":
             name, _, which, family, kind, modes = entry
@@ -1685,6 +1697,8 @@ def main(argv):
                                                                        help="default 1k-8k (v4), 1k-32k (v5)")
     e.add_argument("--card", choices=("v4", "v5"), default="v4",
                    help="v4: CARD_EVALS on transformers' forward; v5: CARD_EVALS_V5 on the fast forward, to 32k")
+    e.add_argument("--from", dest="source", default=None,
+                   help="measure this existing release (copied to DEST) instead of writing one from DIR/weights")
     e.add_argument("--only", default=None,
                    help="these of the card's evaluations (file names, comma-separated), the budget theirs alone; "
                         "DEST/evals keeps the others' files from earlier calls")
@@ -1722,8 +1736,10 @@ def main(argv):
     elif args.cmd == "release":
         lengths = ([int(x) for x in args.lengths.split(",")] if args.lengths
                    else V5_LENGTHS if args.card == "v5" else [1024, 2048, 4096, 8192])
+        if args.source:
+            seed_dir(args.dir, None)  # the tokenizer and its ratio, on a machine that did not train
         release(args.dir, args.dest, args.seeds, lengths, args.budget, card=args.card,
-                only=args.only.split(",") if args.only else None)
+                only=args.only.split(",") if args.only else None, source=args.source)
     else:
         smoke(args.dir)
     return 0

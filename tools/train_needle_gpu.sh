@@ -28,7 +28,8 @@
 #     evaldata         `needle make --batch` evaluation sets with their own seeds, 1k-32k tokens
 #                      (train_needle.py CARD_EVALS_V5): make-train (trained kinds, every format and
 #                      shape), make-heldout (held-out kinds and question families), toollist-heldout
-#     card             the release's card evaluations (EVAL_SECONDS; CARD=v5: CARD_EVALS_V5; CARD_ONLY=a.json,b.json:
+#     card             the release's card evaluations (of this machine's training, else of INIT's release as
+#                      it is) (EVAL_SECONDS; CARD=v5: CARD_EVALS_V5; CARD_ONLY=a.json,b.json:
 #                      those alone, the others' files of an earlier call on this machine kept). Each runs
 #                      length by length, every mode at each: a short budget leaves out long lengths, not modes
 #
@@ -129,7 +130,9 @@ PY
       for f in "$dir"/evals-*.jsonl; do echo "$(basename "$f"): $(wc -l < "$f") examples"; done | tee "$out/logs/evaldata.txt" ;;
     card)
       step card
+      from=(); [ -f "$dir/weights/config.json" ] || from=(--from "$init")
       python3 tools/train_needle.py release "$dir" "$dir/release" --budget "${EVAL_SECONDS:-240}" --card "${CARD:-v4}" \
+        "${from[@]}" \
         ${CARD_ONLY:+--only "$CARD_ONLY"} 2>&1 \
         | grep -v Warning | tee "$out/logs/card.txt" | tail -30
       tar -C "$dir/release" -czf "$out/needle-release.tgz" . ;;
