@@ -43,7 +43,9 @@
 ** is answered 429 with Retry-After. The model is loaded once; each request gets its own session
 ** (its settings may differ: X-Sparsetrace-Set). SIGTERM or SIGINT: requests still waiting get a
 ** 503, the one in flight finishes and is answered, then the listener stops and the store writer
-** drains before the command returns.
+** drains before the command returns. The tokenizer is shared as well: a request is rendered and
+** encoded before it queues (a 400 or a 429 needs no turn of the engine), and the encoder is not
+** reentrant (its word cache and scratch), so encodes take turns under a lock of their own.
 **
 ** Per request, headers override the server's flags: X-Sparsetrace-Set: rotate=q,topk=64 (on top
 ** of --set), X-Sparsetrace-Tap: GLOB[,GLOB] (instead of --tap; "none" disarms),
@@ -129,6 +131,9 @@ typedef struct server {
   st_model *model;
   st_backend backend;
   st_tokenizer *tok;
+  /* tok's encoder keeps a word cache and scratch buffers (tokenizer.h: one encode at a time):
+  ** workers render concurrently, so every encode takes this lock; decode is read-only */
+  pthread_mutex_t tok_mu;
   st_served *served;
   json_t *script;              /* --script-answers: an array of strings, or NULL */
   size_t script_next;          /* the next one (under the engine) */
@@ -878,6 +883,16 @@ static void engine_release(server *sv) {
 
 /* ---- one generation ------------------------------------------------------------------------------ */
 
+/* st_tokenizer_encode on the server's tokenizer, one worker at a time (see server.tok_mu). */
+static st_status encode_locked(server *sv, const st_chat_prompt *prompt, const char *text,
+                               size_t len, st_token_ids *out) {
+  pthread_mutex_lock(&sv->tok_mu);
+  st_status rc = prompt ? st_chat_prompt_ids(sv->tok, prompt, out)
+                        : st_tokenizer_encode(sv->tok, text, len, 0, out);
+  pthread_mutex_unlock(&sv->tok_mu);
+  return rc;
+}
+
 /* Splits "a,b,c" into at most max pieces (trimmed) in buf; returns the count. */
 static int split_list(const char *text, char *buf, size_t buf_len, const char **out, int max) {
   snprintf(buf, buf_len, "%s", text);
@@ -958,7 +973,7 @@ static void serve_generate(server *sv, st_served_exchange *x, api_kind api) {
   opt.profile = sv->profile;
   opt.api = api == API_CHAT ? ST_API_CHAT : api == API_MESSAGES ? ST_API_ANTHROPIC : ST_API_RESPONSES;
   st_status rc = st_chat_render_request(body, &opt, &prompt);
-  if (!rc) rc = st_chat_prompt_ids(sv->tok, &prompt, &ids);
+  if (!rc) rc = encode_locked(sv, &prompt, NULL, 0, &ids);
   if (rc) {
     reply_error(x, api, 400, rc == ST_EUNSUPPORTED ? "unsupported_content" : "invalid_request", "%s", st_errmsg());
     goto out;
@@ -1022,7 +1037,7 @@ static void serve_generate(server *sv, st_served_exchange *x, api_kind api) {
   held = 1;
   if (sv->script) { /* --script-answers: this request's text, as tokens, then EOS */
     json_t *t = json_array_get(sv->script, sv->script_next++ % json_array_size(sv->script));
-    if (st_tokenizer_encode(sv->tok, json_string_value(t), json_string_length(t), 0, &script)) {
+    if (encode_locked(sv, NULL, json_string_value(t), json_string_length(t), &script)) {
       reply_error(x, api, 500, "server_error", "--script-answers: %s", st_errmsg());
       goto out;
     }
@@ -1240,6 +1255,7 @@ int st_cmd_serve(int argc, char **argv) {
   st_settings_default(&sv.settings);
   pthread_mutex_init(&sv.mu, NULL);
   pthread_cond_init(&sv.cv, NULL);
+  pthread_mutex_init(&sv.tok_mu, NULL);
   const char *ready_file = NULL, *listen = NULL;
   int port = 8788, c, exit_code = 2;
   int64_t v;
