@@ -13,7 +13,9 @@
 # JSON, values out of range, unknown fields, non-text content, a prompt past --context, unknown
 # paths and bad settings as 4xx in each API's error shape, each a rejected row; 429 with
 # Retry-After on queue overflow; SIGTERM with a request in flight (it is answered, the server
-# exits 0, every request is a row); no API key written anywhere.
+# exits 0, every request is a row); no API key written anywhere. A failed check prints the end of
+# serve's log (a crash report whole) to stderr and says whether serve died; a failed run keeps the
+# whole log in $ST_BUILD_DIR/Testing/Temporary/test_serve.serve.log.
 set -u
 BIN=${ST_BIN:?ST_BIN must point at the sparsetrace binary}
 SRC=$(cd "${ST_SOURCE_DIR:-$(dirname "$0")/..}" && pwd)
@@ -21,19 +23,47 @@ MODEL=$SRC/models/needle-v4
 [ -f "$MODEL/model.safetensors" ] || { echo "skip: models/needle-v4 is not there"; exit 77; }
 T=$(mktemp -d /tmp/st_serve_sh.XXXXXX)
 PIDS=()
+fails=0
+SERVER_LOG=
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
+  # a failed run keeps serve's whole log beside ctest's own (the tails below are in its output)
+  if [ "$fails" != 0 ] && [ -s "$SERVER_LOG" ] && [ -d "${ST_BUILD_DIR:-}" ]; then
+    mkdir -p "$ST_BUILD_DIR/Testing/Temporary" &&
+      cp "$SERVER_LOG" "$ST_BUILD_DIR/Testing/Temporary/test_serve.serve.log" &&
+      echo "serve's log kept in $ST_BUILD_DIR/Testing/Temporary/test_serve.serve.log" >&2
+  fi
   rm -rf "$T"
 }
 trap cleanup EXIT
 unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY ALL_PROXY all_proxy
 PY=/usr/bin/python3
-fails=0
+SERVER_STOPPED=0 # 1 once the test has stopped serve itself (SIGTERM)
+LOG_SHOWN=
+server_log_tail() { # on stderr: whether serve still runs, and the end of its log (from the first
+                    # line of a crash report when it has one); once per state of the log
+  [ -n "$SERVER_LOG" ] || return 0
+  if [ "$SERVER_STOPPED" = 0 ] && ! kill -0 "$SERVER_PID" 2> /dev/null; then
+    echo "serve (pid $SERVER_PID) is not running: it died" >&2
+  fi
+  local size from
+  size=$(wc -c < "$SERVER_LOG" 2> /dev/null || echo 0)
+  if [ "$SERVER_LOG:$size" = "$LOG_SHOWN" ]; then
+    echo "(serve's log: nothing new since it was shown above)" >&2
+    return 0
+  fi
+  LOG_SHOWN=$SERVER_LOG:$size
+  from=$(grep -n -m1 -E 'Sanitizer|runtime error|Assertion|double free|corrupted|free\(\)' "$SERVER_LOG" | cut -d: -f1)
+  echo "---- serve's log ($SERVER_LOG, $size bytes)${from:+, from line $from} ----" >&2
+  if [ -n "$from" ]; then tail -n +"$from" "$SERVER_LOG" | head -n 80 >&2; else tail -n 40 "$SERVER_LOG" >&2; fi
+  echo "----" >&2
+}
 check() { # check "what" command...
   local what=$1; shift
-  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fails=$((fails + 1)); fi
+  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fails=$((fails + 1)); server_log_tail; fi
 }
+alive() { kill -0 "$1" 2> /dev/null; }
 KEY_OPENAI=sk-SERVEPLANTED-openai-0123456789
 KEY_ANTHROPIC=sk-ant-SERVEPLANTED-anthropic-9876543210
 
@@ -42,6 +72,7 @@ start_server() { # start_server NAME extra-args... -> URL, SERVER_PID
   "$BIN" serve --model "$MODEL" --store "$T/store" --port 0 --ready-file "$T/$1.ready" "${@:2}" \
     2> "$T/$1.log" &
   SERVER_PID=$!
+  SERVER_LOG=$T/$1.log
   PIDS+=($SERVER_PID)
   for _ in $(seq 300); do [ -s "$T/$1.ready" ] && break; sleep 0.05; done
   URL=$(cat "$T/$1.ready" 2>/dev/null)
@@ -423,6 +454,7 @@ wait_curls
 n200=$(grep -l '^HTTP/1.1 200' "$T"/q?.head | wc -l)
 n429=$(grep -l '^HTTP/1.1 429' "$T"/q?.head | wc -l)
 echo "queue --queue 1, 4 at once: $n200 answered, $n429 refused"
+check "serve is still running after 4 requests at once" alive "$SERVER_PID"
 check "a full queue answers 429 (--queue 1: one runs, one waits, the rest refused)" bash -c "[ $n429 -ge 1 ] && [ $n200 -ge 2 ] && [ $((n200 + n429)) = 4 ]"
 q429=$(grep -l '^HTTP/1.1 429' "$T"/q?.head | head -1)
 check "429 carries Retry-After and the API's error shape" bash -c "grep -qi '^Retry-After: ' '$q429' && $PY -c 'import json,sys; assert json.load(open(sys.argv[1]))[\"error\"][\"code\"] == \"rate_limit_exceeded\"' '${q429%.head}.body'"
@@ -439,6 +471,7 @@ curl -s -D "$T/late.head" -o "$T/late.body" -H 'content-type: application/json' 
 wait "$CURL_PID"
 wait "$SERVER_PID"
 server_rc=$?
+SERVER_STOPPED=1
 check "SIGTERM: the request in flight is answered whole" bash -c "grep -q '^HTTP/1.1 200' '$T/inflight.head' && $PY -c 'import json,sys; json.load(open(sys.argv[1]))[\"choices\"]' '$T/inflight.body'"
 check "SIGTERM: a request arriving meanwhile gets 503 (or no connection)" bash -c "[ ! -s '$T/late.head' ] || grep -q '^HTTP/1.1 503' '$T/late.head'"
 check "SIGTERM: the server exits 0" test "$server_rc" = 0
