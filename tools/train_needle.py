@@ -989,9 +989,8 @@ def release(outdir, dest, seeds, lengths, budget, card="v4", only=None, source=N
     weights = os.path.join(outdir, "weights")
     conv = [sys.executable, os.path.join(here, "convert_release.py")]
     if source:
-        if os.path.abspath(source) != os.path.abspath(dest):
-            shutil.rmtree(dest, ignore_errors=True)
-            shutil.copytree(source, dest, ignore=shutil.ignore_patterns("evals"))
+        if os.path.abspath(source) != os.path.abspath(dest):  # DEST/evals: an earlier call's, kept (--only)
+            shutil.copytree(source, dest, ignore=shutil.ignore_patterns("evals"), dirs_exist_ok=True)
     else:
         for name in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(os.path.join(outdir, name), os.path.join(weights, name))
