@@ -1,21 +1,34 @@
 #!/usr/bin/env bash
-# The bundled needle model (models/needle-v4, FP8/FP4 release) through the engine, against
-# transformers: tests/data/needle-v4/oracle.jsonl holds needle prompts and the greedy
-# continuation DeepseekV4ForCausalLM produced for each on the same weights (dequantised, fp32,
-# no cache; tools/train_needle.py oracle-fixture on the GPU machine). The engine in exact mode
-# must produce the same ids, token for token, so it recalls exactly the needles transformers
-# recalls and invents exactly what transformers invents; the text run prints for them must be
-# what HF tokenizers decodes.
+# The bundled needle models (models/needle-v4 and models/needle-v5, FP8/FP4 releases) through the
+# engine, against transformers: tests/data/<model>/oracle.jsonl holds needle prompts and the
+# greedy continuation DeepseekV4ForCausalLM produced for each on the same weights (dequantised,
+# fp32, no cache; tools/train_needle.py oracle-fixture on the GPU machine, which for needle-v5
+# also takes `needle make --batch`'s own prompts: tools/train_needle_gpu.sh oracle). The engine in
+# exact mode must produce the same ids, token for token, so it recalls exactly the needles
+# transformers recalls and invents exactly what transformers invents; the text run prints for them
+# must be what HF tokenizers decodes. ST_NEEDLE_MODEL and ST_NEEDLE_ORACLE: one model and fixture.
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
-model=${ST_NEEDLE_MODEL:-$src/models/needle-v4}
-fixture=${ST_NEEDLE_ORACLE:-$src/tests/data/needle-v4/oracle.jsonl}
-if [ ! -f "$model/model.safetensors" ] || [ ! -f "$fixture" ]; then
-  echo "skip: the needle model's release or its oracle fixture is not committed yet"; exit 77
+if [ -n "${ST_NEEDLE_MODEL:-}${ST_NEEDLE_ORACLE:-}" ]; then
+  pairs=("${ST_NEEDLE_MODEL:?}:${ST_NEEDLE_ORACLE:?}")
+else
+  pairs=("$src/models/needle-v4:$src/tests/data/needle-v4/oracle.jsonl"
+         "$src/models/needle-v5:$src/tests/data/needle-v5/oracle.jsonl")
 fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+for pair in "${pairs[@]}"; do
+  if [ ! -f "${pair%%:*}/model.safetensors" ] || [ ! -f "${pair#*:}" ]; then
+    echo "skip: ${pair%%:*}'s release or its oracle fixture ${pair#*:} is not committed"; exit 77
+  fi
+done
+top=$(mktemp -d)
+trap 'rm -rf "$top"' EXIT
+failures=0 n=0
+for pair in "${pairs[@]}"; do
+model=${pair%%:*} fixture=${pair#*:}
+work=$top/$(basename "$model")
+mkdir -p "$work"
+echo "== $(basename "$model"): $fixture"
 /usr/bin/python3 - "$fixture" "$work" <<'PY' || { echo "FAIL: reading $fixture"; exit 1; }
 import json, sys
 for i, line in enumerate(open(sys.argv[1], encoding="utf-8")):
@@ -24,7 +37,6 @@ for i, line in enumerate(open(sys.argv[1], encoding="utf-8")):
     json.dump(case, open(f"{sys.argv[2]}/{i}.case.json", "w"))
     open(f"{sys.argv[2]}/{i}.length", "w").write(str(len(case["generated"])))
 PY
-failures=0 n=0
 for prompt in "$work"/*.prompt.json; do
   i=$(basename "$prompt" .prompt.json)
   want=$(cat "$work/$i.length")
@@ -50,6 +62,7 @@ print(f"FAIL: case {sys.argv[3]}: ids differ from transformers at {where if wher
 sys.exit(1)
 PY
 done
+done
 [ "$n" -gt 0 ] || { echo "FAIL: no case ran"; exit 1; }
 [ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
-echo "engine = transformers on all $n cases"
+echo "engine = transformers on all $n cases of ${#pairs[@]} model(s)"
