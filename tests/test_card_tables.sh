@@ -2,7 +2,8 @@
 # tools/train_needle.py card_tables, the model card's recall tables, on evaluation files made
 # here with known verdicts: a table that mixes trained and held-out needle kinds gets one
 # subtotal row for each (the aims are set apart for the two), counted from the same cases as
-# the rows by kind, and a table of one kind alone gets none.
+# the rows by kind, and a table of one kind alone gets none. And the time the card's evaluations
+# share (train_needle.eval_share): by mode, against an even split.
 set -uo pipefail
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
 work=$(mktemp -d)
@@ -44,4 +45,14 @@ text = tn.card_tables(work, work, "v5")
 if "kinds**" in text or "By needle kind" in text:
     sys.exit(f"FAIL: one kind alone got rows by kind or a subtotal\n{text}")
 print("ok: a table of one kind has no subtotal")
+
+# the card's evaluation budget (tn.eval_share): 600 s for three evaluations of 11, 2 and 2 modes
+# go 440 / 80 / 80 (by mode): 160 left for the last two is 80 each, and the last gets all that is left
+evals = [("a.json", "A", "release", ("python", None, None), ["m"] * 11),
+         ("b.json", "B", "release", ("jsonl", "x", "train"), ["m", "n"]),
+         ("c.json", "C", "release", ("jsonl", "y", "train"), ["m", "n"])]
+got = [round(tn.eval_share(600, evals, n), 6) for n in range(3)]
+if got[0] != 440 or round(tn.eval_share(160, evals, 1), 6) != 80 or round(tn.eval_share(500, evals, 2), 6) != 500:
+    sys.exit(f"FAIL: eval_share: {got}, expected 440 for 11 of 15 modes")
+print("ok: the card's evaluations share their budget by mode, the unused passed on")
 PY
