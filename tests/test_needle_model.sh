@@ -27,11 +27,11 @@ top=$(mktemp -d)
 trap 'rm -rf "$top"' EXIT
 failures=0 n=0
 for pair in "${pairs[@]}"; do
-model=${pair%%:*} fixture=${pair#*:}
-work=$top/$(basename "$model")
-mkdir -p "$work"
-echo "== $(basename "$model"): $fixture"
-/usr/bin/python3 - "$fixture" "$work" "${ST_SANITIZE:-0}" <<'PY' || { echo "FAIL: reading $fixture"; exit 1; }
+  model=${pair%%:*} fixture=${pair#*:}
+  work=$top/$(basename "$model")
+  mkdir -p "$work"
+  echo "== $(basename "$model"): $fixture"
+  /usr/bin/python3 - "$fixture" "$work" "${ST_SANITIZE:-0}" <<'PY' || { echo "FAIL: reading $fixture"; exit 1; }
 import json, sys
 for i, line in enumerate(open(sys.argv[1], encoding="utf-8")):
     case = json.loads(line)
@@ -42,15 +42,15 @@ for i, line in enumerate(open(sys.argv[1], encoding="utf-8")):
     json.dump(case, open(f"{sys.argv[2]}/{i}.case.json", "w"))
     open(f"{sys.argv[2]}/{i}.length", "w").write(str(len(case["generated"])))
 PY
-for prompt in "$work"/*.prompt.json; do
-  i=$(basename "$prompt" .prompt.json)
-  want=$(cat "$work/$i.length")
-  if ! $st run --model "$model" --prompt-tokens "$prompt" --max-new-tokens "$want" --store "$work/store" \
-       --trace "$work/$i.h5" --json > "$work/$i.out" 2> "$work/$i.err"; then
-    echo "FAIL: case $i: engine: $(tail -1 "$work/$i.err")"; failures=$((failures + 1)); continue
-  fi
-  n=$((n + 1))
-  /usr/bin/python3 - "$work/$i.case.json" "$work/$i.out" "$i" <<'PY' || failures=$((failures + 1))
+  for prompt in "$work"/*.prompt.json; do
+    i=$(basename "$prompt" .prompt.json)
+    want=$(cat "$work/$i.length")
+    if ! $st run --model "$model" --prompt-tokens "$prompt" --max-new-tokens "$want" --store "$work/store" \
+         --trace "$work/$i.h5" --json > "$work/$i.out" 2> "$work/$i.err"; then
+      echo "FAIL: case $i: engine: $(tail -1 "$work/$i.err")"; failures=$((failures + 1)); continue
+    fi
+    n=$((n + 1))
+    /usr/bin/python3 - "$work/$i.case.json" "$work/$i.out" "$i" <<'PY' || failures=$((failures + 1))
 import json, sys
 case, out = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 want, got = case["generated"], out["generated"]
@@ -66,7 +66,7 @@ print(f"FAIL: case {sys.argv[3]}: ids differ from transformers at {where if wher
       f"engine {got[:12]}..., transformers {want[:12]}...")
 sys.exit(1)
 PY
-done
+  done
 done
 [ "$n" -gt 0 ] || { echo "FAIL: no case ran"; exit 1; }
 [ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }

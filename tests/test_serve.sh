@@ -23,47 +23,16 @@ MODEL=$SRC/models/needle-v4
 [ -f "$MODEL/model.safetensors" ] || { echo "skip: models/needle-v4 is not there"; exit 77; }
 T=$(mktemp -d /tmp/st_serve_sh.XXXXXX)
 PIDS=()
-fails=0
-SERVER_LOG=
+. "$SRC/tests/serve_checks.sh"
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
-  # a failed run keeps serve's whole log beside ctest's own (the tails below are in its output)
-  if [ "$fails" != 0 ] && [ -s "$SERVER_LOG" ] && [ -d "${ST_BUILD_DIR:-}" ]; then
-    mkdir -p "$ST_BUILD_DIR/Testing/Temporary" &&
-      cp "$SERVER_LOG" "$ST_BUILD_DIR/Testing/Temporary/test_serve.serve.log" &&
-      echo "serve's log kept in $ST_BUILD_DIR/Testing/Temporary/test_serve.serve.log" >&2
-  fi
+  keep_server_log test_serve
   rm -rf "$T"
 }
 trap cleanup EXIT
 unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY ALL_PROXY all_proxy
 PY=/usr/bin/python3
-SERVER_STOPPED=0 # 1 once the test has stopped serve itself (SIGTERM)
-LOG_SHOWN=
-server_log_tail() { # on stderr: whether serve still runs, and the end of its log (from the first
-                    # line of a crash report when it has one); once per state of the log
-  [ -n "$SERVER_LOG" ] || return 0
-  if [ "$SERVER_STOPPED" = 0 ] && ! kill -0 "$SERVER_PID" 2> /dev/null; then
-    echo "serve (pid $SERVER_PID) is not running: it died" >&2
-  fi
-  local size from
-  size=$(wc -c < "$SERVER_LOG" 2> /dev/null || echo 0)
-  if [ "$SERVER_LOG:$size" = "$LOG_SHOWN" ]; then
-    echo "(serve's log: nothing new since it was shown above)" >&2
-    return 0
-  fi
-  LOG_SHOWN=$SERVER_LOG:$size
-  from=$(grep -n -m1 -E 'Sanitizer|runtime error|Assertion|double free|corrupted|free\(\)' "$SERVER_LOG" | cut -d: -f1)
-  echo "---- serve's log ($SERVER_LOG, $size bytes)${from:+, from line $from} ----" >&2
-  if [ -n "$from" ]; then tail -n +"$from" "$SERVER_LOG" | head -n 80 >&2; else tail -n 40 "$SERVER_LOG" >&2; fi
-  echo "----" >&2
-}
-check() { # check "what" command...
-  local what=$1; shift
-  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fails=$((fails + 1)); server_log_tail; fi
-}
-alive() { kill -0 "$1" 2> /dev/null; }
 KEY_OPENAI=sk-SERVEPLANTED-openai-0123456789
 KEY_ANTHROPIC=sk-ant-SERVEPLANTED-anthropic-9876543210
 

@@ -21,39 +21,20 @@ MODEL=$SRC/models/needle-v4
 [ -f "$MODEL/model.safetensors" ] || { echo "skip: models/needle-v4 is not there"; exit 77; }
 T=$(mktemp -d /tmp/st_serve_concurrent.XXXXXX)
 PIDS=()
-fails=0
+. "$SRC/tests/serve_checks.sh"
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
-  if [ "$fails" != 0 ] && [ -s "$T/serve.log" ] && [ -d "${ST_BUILD_DIR:-}" ]; then
-    mkdir -p "$ST_BUILD_DIR/Testing/Temporary" &&
-      cp "$T/serve.log" "$ST_BUILD_DIR/Testing/Temporary/test_serve_concurrent.serve.log" &&
-      echo "serve's log kept in $ST_BUILD_DIR/Testing/Temporary/test_serve_concurrent.serve.log" >&2
-  fi
+  keep_server_log test_serve_concurrent
   rm -rf "$T"
 }
 trap cleanup EXIT
 unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY ALL_PROXY all_proxy
 PY=/usr/bin/python3
-LOG_SHOWN=-1
-log_tail() { # the end of serve's log, on stderr (a sanitizer's report from its first line)
-  local from size
-  size=$(wc -c < "$T/serve.log" 2>/dev/null || echo 0)
-  if [ "$size" = "$LOG_SHOWN" ]; then echo "(serve's log: nothing new since it was shown above)" >&2; return; fi
-  LOG_SHOWN=$size
-  from=$(grep -n -m1 -E 'Sanitizer|runtime error|Assertion|double free|corrupted' "$T/serve.log" | cut -d: -f1)
-  echo "---- serve's log ($T/serve.log)${from:+, from line $from} ----" >&2
-  if [ -n "$from" ]; then tail -n +"$from" "$T/serve.log" | head -80 >&2; else tail -n 40 "$T/serve.log" >&2; fi
-  echo "----" >&2
-}
-check() { # check "what" command...
-  local what=$1; shift
-  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fails=$((fails + 1)); log_tail; fi
-}
 
 "$BIN" serve --model "$MODEL" --store "$T/store" --port 0 --ready-file "$T/ready" --queue 1 \
   --context 64 --quiet 2> "$T/serve.log" &
-SERVER_PID=$!
+SERVER_PID=$! SERVER_LOG=$T/serve.log
 PIDS+=($SERVER_PID)
 for _ in $(seq 600); do [ -s "$T/ready" ] && break; sleep 0.05; done
 URL=$(cat "$T/ready" 2>/dev/null)
@@ -114,9 +95,9 @@ PY
 client_rc=$?
 cat "$T/client.out"
 check "8 requests encoded at once: each counts the tokens it counts alone" test "$client_rc" = 0
-alive() { kill -0 "$1" 2> /dev/null; }
 check "serve is still running after the rounds" alive "$SERVER_PID"
 
+SERVER_STOPPED=1
 kill -TERM "$SERVER_PID" 2>/dev/null
 wait "$SERVER_PID"
 server_rc=$?
