@@ -151,8 +151,20 @@ def _scores(q, k, w, scale):
     # one [c * Hi, Di] x [Di, R] product per sequence. Broadcasting k over the queries instead
     # ([B, 1, Di, R] against [B, c, Hi, Di]) makes torch.matmul copy k once per query before its
     # bmm: [B, c, Di, R], eight times the size of the scores themselves.
-    s = torch.matmul(q.float().reshape(B, c * Hi, Di), k.float().transpose(-1, -2)).view(B, c, Hi, -1)
-    return (F.relu(s) * scale * w.unsqueeze(-1)).sum(dim=2)
+    s = torch.matmul(q.float().reshape(B, c * Hi, Di), k.float().transpose(-1, -2))
+    return _head_sum(s.view(B, c, Hi, k.shape[1]), w, scale)
+
+
+def _head_sum(s, w, scale):
+    """sum_h w[..., h] * relu(s[..., h, r]) * scale: s [..., Hi, R], w [..., Hi] -> [..., R], fp32.
+    One [1, Hi] x [Hi, R] product per query, so the per-head scores are read once: multiplying by
+    w and summing over heads elementwise wrote and read them three times more (the largest kernel
+    of a 16k training step, bench/needle-train-results.md, 2026-12-04). Without gradient the ReLU
+    is taken in place."""
+    lead, (Hi, R) = s.shape[:-2], s.shape[-2:]
+    n = math.prod(lead)
+    s = F.relu(s) if torch.is_grad_enabled() else s.relu_()
+    return torch.bmm((w.float() * scale).reshape(n, 1, Hi), s.reshape(n, Hi, R)).view(*lead, R)
 
 
 @_no_compile
@@ -206,8 +218,7 @@ def indexer(idx, h, q_res, positions, cs, faults, topk):
         return torch.where(rows[None, :] < visible[:, None], sel, -1), s, R
     sel = _select(q, k, w, sc.softmax_scale, visible, topk)              # [B, S, k]
     ks = k[torch.arange(B, device=h.device)[:, None, None], sel.clamp_min(0)]   # [B, S, k, Di]
-    s = torch.einsum("bshd,bskd->bshk", q.float(), ks.float())
-    s = (F.relu(s) * sc.softmax_scale * w.unsqueeze(-1)).sum(dim=2)
+    s = _head_sum(torch.einsum("bshd,bskd->bshk", q.float(), ks.float()), w, sc.softmax_scale)
     return sel, s, R
 
 

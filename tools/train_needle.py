@@ -119,6 +119,7 @@ VOCAB = 4096
 # transformers' routed-expert kernels: "eager" loops over experts (a host sync per expert and
 # layer); "grouped_mm" is one grouped GEMM. The smoke test compares the two.
 EXPERTS = os.environ.get("NEEDLE_EXPERTS", "eager")
+DECAY_FLOOR = 0.1    # stage --decay A:B: the learning rate falls linearly to this share of the stage's
 FOLLOWUPS = 3         # up to this many further questions per training prompt (more answer signal)
 
 # ---------------------------------------------------------------- tokenizer (ENCODING §2)
@@ -651,8 +652,22 @@ def seed_dir(outdir, init):
     return init
 
 
+def lr_scale(step, step0, warmup, decay=None, floor=DECAY_FLOOR):
+    """The learning rate's multiplier at `step` (the steps done before this one), the stage started
+    at step0: a linear warmup over `warmup` steps, then constant, or with decay = (A, B) falling
+    linearly from 1 at step A to `floor` at step B and staying there (a warmup-stable-decay
+    schedule's cooldown). By steps, not seconds, so a stage resumed in another call goes on along
+    the same line."""
+    warm = min(1.0, (step - step0 + 1) / warmup)
+    if not decay:
+        return warm
+    a, b = decay
+    frac = min(1.0, max(0.0, (step - a) / max(1, b - a)))
+    return warm * (1.0 - (1.0 - floor) * frac)
+
+
 def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=None, jsonl=None, compile=False,
-              splits=None):
+              splits=None, decay=None):
     import torch
     t0 = time.time()
     st = STAGES[stage_no]
@@ -697,7 +712,8 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
     taps = Taps(model)
     model.train()
     per_step = st.get("tokens", TOKENS_PER_STEP)
-    log({"event": "stage", "stage": stage_no, **st, "params": n_params, "tokens_per_step": per_step})
+    log({"event": "stage", "stage": stage_no, **st, "params": n_params, "tokens_per_step": per_step,
+         **({"decay": list(decay), "decay_floor": DECAY_FLOOR} if decay else {})})
     stop_at = t0 + budget - max(eval_seconds, 30)
     step0, tokens, agg = step, 0, {}
     last, flops, waited, agg_tokens = time.time(), 0.0, 0.0, 0
@@ -719,9 +735,9 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
             ids, valid, answer, needle, dist = (x.to(dev, non_blocking=True) for x in batch)
             window = pick.choice(windows)
             set_mode(model, window=window)
-            warm = min(1.0, (step - step0 + 1) / st["warmup"])
+            lr = st["lr"] * lr_scale(step, step0, st["warmup"], decay)
             for g in opt.param_groups:
-                g["lr"] = st["lr"] * warm
+                g["lr"] = lr
             res, splits = adaptive_step(model, taps, opt, (ids, valid, answer, needle, dist), window, st["sparse"],
                                         st.get("fast", False), splits)
             if res is None:
@@ -740,7 +756,7 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
                 torch.cuda.synchronize()
                 now = time.time()
                 n_agg = len(agg["splits"])
-                log({"step": step, **{k: round(sum(v) / len(v), 4) for k, v in agg.items()},
+                log({"step": step, "lr": lr, **{k: round(sum(v) / len(v), 4) for k, v in agg.items()},
                      "len": ids.shape[1], "window": window, "s_per_step": round((now - last) / n_agg, 3),
                      "tok_per_s": round(agg_tokens / (now - last)), "tflops": round(flops / (now - last) / 1e12, 2),
                      "data_wait_s": round(waited, 2), "mem_gb": round(torch.cuda.max_memory_allocated() / 2**30, 1)})
@@ -1274,25 +1290,19 @@ def parity(outdir, init, out):
     return 0 if not failed else 1
 
 
-def _scores_broadcast(q, k, w, scale):
-    """The indexer's scorer as needle_fast had it until 2026-12-04, for speed's side-by-side row:
-    k broadcast over the queries, which torch.matmul expands into a [B, c, Di, R] copy."""
-    import torch
+def _head_sum_elementwise(s, w, scale):
+    """The indexer's head sum as needle_fast had it until 2026-12-05, for speed's side-by-side row:
+    relu, a multiply by w and a sum over heads, elementwise ([..., Hi, R] written and read three
+    times more than needle_fast._head_sum's product)."""
     import torch.nn.functional as F
-    nfm = _nf()
-    c = nfm._query_chunk(q, k)
-    if not torch.is_grad_enabled() and c < q.shape[1]:
-        return torch.cat([_scores_broadcast(q[:, c0:c0 + c], k, w[:, c0:c0 + c], scale)
-                          for c0 in range(0, q.shape[1], c)], 1)
-    s = torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1))
-    return (F.relu(s) * scale * w.unsqueeze(-1)).sum(dim=2)
+    return (F.relu(s) * scale * w.unsqueeze(-1)).sum(dim=-2)
 
 
 def speed(outdir, init, out, steps=8, only=None):
     """Training throughput, side by side in one process: the path needle-v4 trained on
     (transformers' eager forward, 32k tokens per step) against the fast forward (256k tokens
     per step), on the same prompt lengths, then the fast forward at 8k, 16k and 32k tokens, and
-    at 16k with the indexer's scorer as it was (_scores_broadcast). Tokens per second, model
+    at 16k with the indexer's head sum as it was (_head_sum_elementwise). Tokens per second, model
     TFLOP/s (needle_fast.model_flops) and the share of the bf16 peak measured on this H200
     (bench/gpu-results.md). Batches are made before the clock starts. only: the configs whose
     names contain one of these strings (the v4 path, the peer of every ratio, always runs)."""
@@ -1307,7 +1317,7 @@ def speed(outdir, init, out, steps=8, only=None):
                ("fast forward, grouped_mm, 1 micro-batch", (512, 2048), 262144, True, "grouped_mm", 1),
                ("fast forward, grouped_mm, 8k prompts", (8192, 8192), 262144, True, "grouped_mm", 4),
                ("fast forward, grouped_mm, 16k prompts", (16384, 16384), 262144, True, "grouped_mm", 4),
-               ("fast forward, grouped_mm, 16k prompts, the broadcast scorer", (16384, 16384), 262144, True,
+               ("fast forward, grouped_mm, 16k prompts, the elementwise head sum", (16384, 16384), 262144, True,
                 "grouped_mm", 4),
                ("fast forward, grouped_mm, 32k prompts", (32768, 32768), 262144, True, "grouped_mm", 4)]
     if only:
@@ -1329,10 +1339,10 @@ def speed(outdir, init, out, steps=8, only=None):
     nfm = _nf()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     rows = []
-    scorer = nfm._scores
+    head_sum = nfm._head_sum
     for (name, lengths, per_step, fast, experts, splits), data in zip(configs, prepared):
         model.config._experts_implementation = experts
-        nfm._scores = _scores_broadcast if "broadcast scorer" in name else scorer
+        nfm._head_sum = _head_sum_elementwise if "elementwise head sum" in name else head_sum
         set_mode(model, window=64, topk=model.config.index_topk)
         torch.cuda.reset_peak_memory_stats()
         try:
@@ -1669,6 +1679,8 @@ def main(argv):
                    help="torch.compile in the fast forward (stages with fast=True): its decoder layers "
                         "(layers, the default) or only their mHC (hc)")
     b.add_argument("--splits", type=int, help="micro-batches per step to start from (default: the stage's)")
+    b.add_argument("--decay", help="A:B: the learning rate falls linearly from the stage's at step A to "
+                                   "DECAY_FLOOR of it at step B (steps counted over the lineage, as logged)")
     c = sub.add_parser("eval")
     c.add_argument("weights"), c.add_argument("--tokenizer", required=True), c.add_argument("--out", required=True)
     c.add_argument("--seeds", type=int, default=8), c.add_argument("--budget", type=float, default=300)
@@ -1713,11 +1725,19 @@ def main(argv):
     if args.cmd == "tokenizer":
         train_tokenizer(args.dir)
     elif args.cmd == "stage":
+        decay = None
+        if args.decay:
+            try:
+                decay = tuple(int(x) for x in args.decay.split(":"))
+            except ValueError:
+                decay = ()
+            if len(decay) != 2 or decay[1] <= decay[0]:
+                raise SystemExit(f"stage --decay: want A:B, two step numbers with A < B, not {args.decay!r}")
         init = seed_dir(args.dir, args.init)
         if not os.path.exists(os.path.join(args.dir, "tokenizer.json")):
             train_tokenizer(args.dir)
         run_stage(args.n, args.dir, args.budget, eval_seconds=args.eval_seconds, init=init, jsonl=args.jsonl,
-                  compile=args.compile, splits=args.splits)
+                  compile=args.compile, splits=args.splits, decay=decay)
     elif args.cmd == "eval":
         run_eval(args.weights, args.tokenizer, args.out, args.seeds, [int(x) for x in args.lengths.split(",")],
                  args.modes.split(","), args.family if args.family != "any" else None,

@@ -17,11 +17,18 @@
 #     train:@T         the same until T seconds into this script
 #                      COMPILE=1 (or layers): the decoder layers through torch.compile; COMPILE=hc: only
 #                      their mHC; COMPILE=auto: what the profile step compiled (PROFILE_COMPILE=layers|hc),
-#                      when it found it faster and equal to eager in fp32; SPLITS=N: micro-batches.
+#                      when it found it faster and equal to eager in fp32; SPLITS=N: micro-batches;
+#                      DECAY=A:B: the learning rate falls linearly from step A to a tenth at step B
+#                      (train_needle.py stage --decay).
 #                      Compiled, torch.compile's artifacts load from .compile-cache/needle.bin when it
 #                      was carried and are saved to OUT/compile-cache.bin (carry it back as
 #                      .compile-cache/needle.bin: compiling took 302 s on a fresh machine)
 #     release          the trained weights as a release in OUT/needle-release.tgz (no evaluation)
+#     sweep            the engine (the bundle's sparsetrace, --backend cpu) on this call's release, else
+#                      INIT: tools/demo.sh's recall sweep (1k and 4k x 4 positions x seeds 1-2, path, as
+#                      trained and with rotate=q) into OUT/logs/demo-sweep.txt; ENGINE_SWEEPS=1: then
+#                      tools/needle_engine_sweeps.sh over every kind, the toollist shape and the faults
+#                      (1k,4k,16k x 2 seeds, as the card's) into OUT/logs/engine-sweeps.txt
 #     oracle           transformers' greedy continuations on ORACLE (default: this call's release when
 #                      there is one, else INIT): 6 prompts of held-out wording at 1k-4k and 6 of `needle
 #                      make --batch` at 1k-4k, into OUT/oracle.jsonl (tests/test_needle_model.sh's fixture)
@@ -102,6 +109,7 @@ PY
         export NEEDLE_COMPILE_CACHE=$PWD/.compile-cache/needle.bin
       fi
       [ -n "${SPLITS:-}" ] && j+=(--splits "$SPLITS")
+      [ -n "${DECAY:-}" ] && j+=(--decay "$DECAY")
       budget=${s#train:}
       [ "${budget:0:1}" = @ ] && budget=$(( ${budget:1} - SECONDS ))
       python3 tools/train_needle.py stage "$stage" "$dir" --init "$init" --budget "$budget" --eval-seconds 0 \
@@ -111,6 +119,16 @@ PY
       step release
       rm -rf "$dir/release" && python3 tools/train_needle.py release "$dir" "$dir/release" --budget 0 2>&1 | tail -3
       tar -C "$dir/release" -czf "$out/needle-release.tgz" . ;;
+    sweep)
+      step sweep
+      m=$init; [ -f "$dir/release/hf_config.json" ] && m=$dir/release
+      echo "engine sweeps on $m ($(nproc) cores)" | tee "$out/logs/demo-sweep.txt"
+      for set in "" rotate=q; do
+        .bundle/bin/sparsetrace needle sweep --backend cpu --model "$m" --tokens 1k,4k --seeds 2 --kind path \
+          --store /tmp/needle-sweep ${set:+--set "$set"} --quiet 2>&1 | tee -a "$out/logs/demo-sweep.txt" | grep -E "^(settings|all)"
+      done
+      [ "${ENGINE_SWEEPS:-0}" = 1 ] && ST_BIN=.bundle/bin/sparsetrace tools/needle_engine_sweeps.sh "$m" \
+        "$out/logs/engine-sweeps.txt" 1k,4k,16k 2 2>&1 | grep -E '^==|^all' ;;
     oracle)
       step oracle
       w=${ORACLE:-$init}; [ -z "${ORACLE:-}" ] && [ -f "$dir/release/hf_config.json" ] && w=$dir/release

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# tools/train_needle.py lr_scale, the training stage's learning-rate multiplier, against its
+# definition worked by hand: a linear warmup, then constant, or with --decay A:B a straight line
+# from 1 at step A to DECAY_FLOOR at step B, flat after it; and the same multiplier for a step
+# whether the stage started before A (one call) or between A and B (resumed in another call,
+# past its warmup). And stage --decay refuses what is not A < B before it touches DIR.
+set -uo pipefail
+src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
+exec /usr/bin/python3 - "$src" <<'PY'
+import os, subprocess, sys, tempfile
+src = sys.argv[1]
+never = os.path.join(tempfile.mkdtemp(), "never")
+sys.path.insert(0, os.path.join(src, "tools"))
+import train_needle as tn
+
+fails = []
+def want(got, expected, what):
+    if abs(got - expected) > 1e-12:
+        fails.append(f"{what}: {got}, expected {expected}")
+
+f = tn.DECAY_FLOOR
+# warmup 20 from step 100: (step - 100 + 1) / 20 until 1
+want(tn.lr_scale(100, 100, 20), 1 / 20, "first step's warmup")
+want(tn.lr_scale(109, 100, 20), 10 / 20, "tenth step's warmup")
+want(tn.lr_scale(500, 100, 20), 1.0, "constant after the warmup")
+# decay (200, 300): 1 at 200, halfway (1 + f) / 2 at 250, f at 300 and after
+want(tn.lr_scale(150, 100, 20, (200, 300)), 1.0, "before the decay")
+want(tn.lr_scale(200, 100, 20, (200, 300)), 1.0, "the decay's first step")
+want(tn.lr_scale(250, 100, 20, (200, 300)), (1 + f) / 2, "halfway down")
+want(tn.lr_scale(300, 100, 20, (200, 300)), f, "the decay's last step")
+want(tn.lr_scale(900, 100, 20, (200, 300)), f, "after the decay")
+# the same step, resumed in a later call (started at 230): the same point on the line once warm
+want(tn.lr_scale(275, 230, 20, (200, 300)), tn.lr_scale(275, 100, 20, (200, 300)), "resumed mid-decay")
+want(tn.lr_scale(230, 230, 20, (200, 300)), (1 - (1 - f) * 0.3) / 20, "resumed: warmup times the decay")
+for bad in ("300:200", "5", "a:b", "7:7"):
+    r = subprocess.run([sys.executable, os.path.join(src, "tools", "train_needle.py"), "stage", "5", never,
+                        "--decay", bad], capture_output=True, text=True)
+    if r.returncode == 0 or "--decay" not in r.stderr:
+        fails.append(f"stage --decay {bad}: exit {r.returncode}, stderr {r.stderr.strip()[-200:]!r}")
+    if os.path.exists(never):
+        fails.append(f"stage --decay {bad}: refused after making its DIR")
+if fails:
+    sys.exit("FAIL: " + "\n".join(fails))
+print("ok: warmup, decay and resumed decay as defined; bad --decay refused")
+PY
