@@ -684,9 +684,9 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
     saves = len(_saved_steps(outdir))
     loader = Loader(Batches(outdir, st, seed=1000 * stage_no + saves, ratio=info["chars_per_token"], jsonl=jsonl))
     model = build_model(model_cfg, tok.get_vocab_size(), info["ids"], dev)
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "hc" not in n]
+    decayed = [p for n, p in model.named_parameters() if p.ndim >= 2 and "hc" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "hc" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+    opt = torch.optim.AdamW([{"params": decayed, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
                             lr=st["lr"], betas=(0.9, 0.95), eps=1e-8)
     step = 0
     state_path = os.path.join(outdir, "state.pt")
@@ -1369,7 +1369,7 @@ def speed(outdir, init, out, steps=8, only=None):
         torch.cuda.empty_cache()
         rows.append(row)
         print(json.dumps(row), flush=True)
-    nfm._scores = scorer
+    nfm._head_sum = head_sum
     base = rows[0].get("tokens_per_s")
     for row in rows[1:]:
         if base and "tokens_per_s" in row:
