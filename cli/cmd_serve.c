@@ -67,6 +67,7 @@
 
 #include "commands.h"
 #include "options.h"
+#include "common/json_oom.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/text/chat.h"
@@ -188,6 +189,17 @@ static void reply_error(st_served_exchange *x, api_kind api, int status, const c
   st_served_reply(x, status, "application/json", body ? body : "{}", body ? strlen(body) : 2);
   st_served_set_outcome(x, ST_SERVED_REJECTED, msg);
   free(body);
+}
+
+/* A request step that failed for want of memory is the server's failure (500 out_of_memory), not
+** the client's: rc is the step's status, and errno was cleared before the step (malloc sets ENOMEM;
+** jansson and the renderer often report a failed allocation as malformed input, common/json_oom.h).
+** Answers and returns 1 then; 0 leaves the step's own error to the caller. */
+static int reply_if_out_of_memory(st_served_exchange *x, api_kind api, st_status rc, const char *step) {
+  if (rc != ST_ENOMEM && errno != ENOMEM) return 0;
+  reply_error(x, api, 500, "out_of_memory", "out of memory %s%s%s", step, rc == ST_ENOMEM ? ": " : "",
+              rc == ST_ENOMEM ? st_errmsg() : "");
+  return 1;
 }
 
 /* ---- one request's parameters ------------------------------------------------------------------- */
@@ -649,6 +661,13 @@ static int stream_tool_calls(answer *a) {
   return rc;
 }
 
+/* A whole JSON answer; NULL (building it ran out of memory): a 500 saying so in the API's shape. */
+static int reply_answer(answer *a, const char *body) {
+  if (body) return st_served_reply(a->x, 200, "application/json", body, strlen(body));
+  reply_error(a->x, a->p->api, 500, "out_of_memory", "out of memory writing the answer");
+  return -1;
+}
+
 /* The end: the closing events of a stream, or the whole JSON body. */
 static int answer_finish(answer *a, finish_kind why, const char *stop_seq, int n_generated,
                          const int32_t *prompt_ids, const int32_t *gen_ids) {
@@ -704,7 +723,7 @@ static int answer_finish(answer *a, finish_kind why, const char *stop_seq, int n
     if (p->return_prompt_token_ids) /* sglang's (capture --ask-prompt-ids sglang) */
       json_object_set_new(choice, "prompt_token_ids", id_array(prompt_ids, n_prompt));
     char *body = dump(o);
-    int rc = body ? st_served_reply(a->x, 200, "application/json", body, strlen(body)) : -1;
+    int rc = reply_answer(a, body);
     free(body);
     return rc;
   }
@@ -739,7 +758,7 @@ static int answer_finish(answer *a, finish_kind why, const char *stop_seq, int n
                           "stop_sequence", stop_seq ? json_string(stop_seq) : json_null(), "usage",
                           "input_tokens", n_prompt, "output_tokens", n_generated);
     char *body = dump(o);
-    int rc = body ? st_served_reply(a->x, 200, "application/json", body, strlen(body)) : -1;
+    int rc = reply_answer(a, body);
     free(body);
     return rc;
   }
@@ -764,7 +783,7 @@ static int answer_finish(answer *a, finish_kind why, const char *stop_seq, int n
     return rc;
   }
   char *body = dump(o);
-  int rc = body ? st_served_reply(a->x, 200, "application/json", body, strlen(body)) : -1;
+  int rc = reply_answer(a, body);
   free(body);
   return rc;
 }
@@ -911,7 +930,9 @@ static void serve_generate(server *sv, st_served_exchange *x, api_kind api) {
   size_t body_len;
   const char *body_text = st_served_body(x, &body_len);
   json_error_t jerr;
+  errno = 0;
   json_t *body = json_loadb(body_text, body_len, 0, &jerr); /* duplicate keys: the last wins, as in Python servers */
+  int body_oom = !body && st_json_out_of_memory(&jerr);
   st_chat_prompt prompt = {0};
   st_token_ids ids = {0}, script = {0};
   st_sampler sampler = {0};
@@ -924,6 +945,10 @@ static void serve_generate(server *sv, st_served_exchange *x, api_kind api) {
   int held = 0;
   answer a = {.x = x};
   char msg[1024], settings_json[2048], trace_path[4096], set_buf[1024], tap_buf[1024];
+  if (body_oom) {
+    reply_error(x, api, 500, "out_of_memory", "out of memory reading the request body");
+    goto out;
+  }
   if (!body) {
     reply_error(x, api, 400, "invalid_json", "the request body is not valid JSON: line %d column %d: %s",
                 jerr.line, jerr.column, jerr.text);
@@ -934,7 +959,9 @@ static void serve_generate(server *sv, st_served_exchange *x, api_kind api) {
     goto out;
   }
   request_params p = {.api = api};
+  errno = 0;
   int status = read_params(sv, body, &p, msg, sizeof msg);
+  if (status && reply_if_out_of_memory(x, api, ST_OK, "reading the request")) goto out;
   if (status) {
     reply_error(x, api, status, "invalid_request", "%s", msg);
     goto out;
@@ -972,8 +999,10 @@ static void serve_generate(server *sv, st_served_exchange *x, api_kind api) {
   st_chat_options_default(&opt);
   opt.profile = sv->profile;
   opt.api = api == API_CHAT ? ST_API_CHAT : api == API_MESSAGES ? ST_API_ANTHROPIC : ST_API_RESPONSES;
+  errno = 0;
   st_status rc = st_chat_render_request(body, &opt, &prompt);
   if (!rc) rc = encode_locked(sv, &prompt, NULL, 0, &ids);
+  if (rc && reply_if_out_of_memory(x, api, rc, "rendering the request")) goto out;
   if (rc) {
     reply_error(x, api, 400, rc == ST_EUNSUPPORTED ? "unsupported_content" : "invalid_request", "%s", st_errmsg());
     goto out;
@@ -997,14 +1026,20 @@ static void serve_generate(server *sv, st_served_exchange *x, api_kind api) {
   }
   int64_t needle_start = 0, needle_end = 0;
   if (needle) {
-    if (st_needle_locate(sv->model_dir, ids.ids, n_prompt, needle, &needle_start, &needle_end)) {
+    errno = 0;
+    st_status nrc = st_needle_locate(sv->model_dir, ids.ids, n_prompt, needle, &needle_start, &needle_end);
+    if (nrc && reply_if_out_of_memory(x, api, nrc, "locating X-Sparsetrace-Needle")) goto out;
+    if (nrc) {
       reply_error(x, api, 400, "needle_not_found", "X-Sparsetrace-Needle: %s", st_errmsg());
       goto out;
     }
     tap_globs[n_taps++] = "layers.*.indexer.*";
   }
   const st_config *cfg = sv->model->cfg;
-  if (st_taps_arm(&taps, cfg->num_hidden_layers, tap_globs, n_taps)) {
+  errno = 0;
+  st_status trc = st_taps_arm(&taps, cfg->num_hidden_layers, tap_globs, n_taps);
+  if (trc && reply_if_out_of_memory(x, api, trc, "arming the taps")) goto out;
+  if (trc) {
     reply_error(x, api, 400, "invalid_tap", "X-Sparsetrace-Tap / --tap: %s", st_errmsg());
     goto out;
   }
@@ -1012,7 +1047,10 @@ static void serve_generate(server *sv, st_served_exchange *x, api_kind api) {
   uint64_t seed = p.seed;
   if (!p.has_seed) /* the request row's id: a different stream per request, and reported */
     for (const char *c = st_served_id(x); *c; c++) seed = (seed ^ (unsigned char)*c) * 0x100000001b3ull;
-  if (st_sampler_init(&sampler, (int)cfg->vocab_size, p.temperature, p.top_p, seed)) {
+  errno = 0;
+  st_status src = st_sampler_init(&sampler, (int)cfg->vocab_size, p.temperature, p.top_p, seed);
+  if (src && reply_if_out_of_memory(x, api, src, "preparing the sampler")) goto out;
+  if (src) {
     reply_error(x, api, 400, "invalid_request", "%s", st_errmsg());
     goto out;
   }

@@ -648,10 +648,17 @@ static void accept_new(capture_http *h, conn_list *live, int64_t now) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     capture_conn *c = calloc(1, sizeof *c);
-    if (!c || list_add(live, c) < 0) {
+    if (!c || list_add(live, c) < 0) { /* the client and the log hear why */
+      static const char oom[] = "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n"
+                                "Content-Length: 40\r\nConnection: close\r\n\r\n"
+                                "out of memory accepting the connection\r\n";
+      if (send(fd, oom, sizeof oom - 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* client gone: fine */
+      }
       free(c);
+      shutdown(fd, SHUT_WR);
       close(fd);
       count_remove(h, addr);
+      log_h(h, "%s:%d: out of memory accepting the connection: answered 500", addr, port);
       continue;
     }
     c->h = h;
@@ -713,13 +720,13 @@ static void *reader_main(void *arg) {
       short rev = i < polled ? pf[i + 2].revents : 0;
       if (rev & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)) {
         char buf[65536];
-        int eof = 0;
+        int eof = 0, oom = 0;
         for (;;) {
           ssize_t r = recv(c->fd, buf, sizeof buf, 0);
           if (r > 0) {
             if (c->state == C_CLOSING) continue; /* drained and discarded */
             if (st_buf_add(&c->in, buf, (size_t)r) != ST_OK) {
-              eof = 1;
+              oom = 1;
               break;
             }
             /* Enough to decide on: a head over the limit or a body step; the rest next time. */
@@ -732,7 +739,12 @@ static void *reader_main(void *arg) {
           eof = 1; /* EOF or error */
           break;
         }
-        if (c->state == C_CLOSING) {
+        if (oom) { /* the client hears why, and so does the log: not a silent hang-up */
+          log_h(h, "%s:%d: out of memory buffering a request (%zu bytes read): answered 500", c->rq.remote_addr,
+                c->rq.remote_port, c->in.len);
+          say(c, 500, "out of memory reading the request");
+          start_closing(c);
+        } else if (c->state == C_CLOSING) {
           if (eof) {
             conn_free(c);
             gone = 1;

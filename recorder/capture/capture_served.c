@@ -149,11 +149,25 @@ int st_served_begin(st_served_exchange *e, int status, const char *content_type,
     fail |= st_buf_str(&head, x->response_headers.items[i].name) | st_buf_str(&head, ": ") |
             st_buf_str(&head, x->response_headers.items[i].value) | st_buf_str(&head, "\r\n");
   fail |= st_buf_str(&head, "\r\n");
+  if (fail) { /* the head could not be built: a fixed 500 instead, so the client and the row agree */
+    st_buf_free(&head);
+    static const char oom[] = "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n"
+                              "Content-Length: 34\r\nConnection: close\r\n\r\n"
+                              "out of memory writing the answer\r\n";
+    capture_conn_close_after(e->conn);
+    x->status = 500;
+    e->head_sent = 1;
+    e->outcome = ST_SERVED_REJECTED;
+    if (!x->upstream_error) x->upstream_error = strdup("out of memory writing the answer's head");
+    x->t_headers_ns = capture_now_ns();
+    client_write(e, oom, sizeof oom - 1);
+    return -1;
+  }
   x->status = status;
   x->stream = stream;
   e->stream = stream;
   if (stream) capture_sse_init(&x->sse, on_event, x);
-  int rc = fail ? -1 : client_write(e, head.data, head.len);
+  int rc = client_write(e, head.data, head.len);
   st_buf_free(&head);
   e->head_sent = 1;
   x->t_headers_ns = capture_now_ns();
@@ -214,11 +228,14 @@ void st_served_set_outcome(st_served_exchange *e, st_served_outcome o, const cha
 static void serve_request(void *user, capture_conn *conn, capture_request *rq) {
   st_served *s = user;
   capture_exchange *x = capture_exchange_new();
-  if (!x) {
-    static const char oom[] = "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n"
-                              "Connection: close\r\n\r\n";
+  if (!x) { /* no row can hold it: the client and the log hear why */
+    static const char oom[] = "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n"
+                              "Content-Length: 37\r\nConnection: close\r\n\r\n"
+                              "out of memory recording the request\r\n";
     capture_conn_write(conn, oom, sizeof oom - 1);
     capture_conn_close_after(conn);
+    served_log(s, "%s:%d: out of memory recording a request: answered 500, not stored", rq->remote_addr,
+               rq->remote_port);
     return;
   }
   st_served_exchange e = {.s = s, .conn = conn, .rq = rq, .x = x};

@@ -563,7 +563,11 @@ static void run_batch(capture_store *s, job *batch) {
           rolled_back = 1;
           break;
         }
-        int nomem = rc == ST_ENOMEM || sqlite3_errcode(db) == SQLITE_NOMEM;
+        /* SQLite can report memory running out inside a statement as its CHECK failing (the
+        ** json_valid of a column's CHECK, seen with a failed allocation in sqlite3BtreeDelete):
+        ** tried once more; a real violation fails again and is logged. */
+        int nomem = rc == ST_ENOMEM || sqlite3_errcode(db) == SQLITE_NOMEM ||
+                    (attempt == 0 && sqlite3_extended_errcode(db) == SQLITE_CONSTRAINT_CHECK);
         sqlite3_exec(db, "ROLLBACK TO capture_job", NULL, NULL, NULL);
         if (!nomem || attempt == CAPTURE_STORE_NOMEM_RETRIES) break;
         retry_pause(attempt);
