@@ -212,16 +212,23 @@ static void conn_free(capture_conn *c) {
   free(c);
 }
 
-/* Best-effort write of a whole small answer from the reader (non-blocking socket). */
-static void say(capture_conn *c, int status, const char *why) {
-  char msg[512];
-  int n = snprintf(msg, sizeof msg,
+size_t capture_http_plain(char *out, size_t cap, int status, const char *why) {
+  int n = snprintf(out, cap,
                    "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %zu\r\n"
                    "Connection: close\r\n\r\n%s\n",
                    status, capture_http_reason(status), strlen(why) + 1, why);
-  if (send(c->fd, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* client gone: fine */
+  return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+}
+
+/* Best-effort write of a whole small answer from the reader (non-blocking socket). */
+static void say_fd(int fd, int status, const char *why) {
+  char msg[512];
+  if (send(fd, msg, capture_http_plain(msg, sizeof msg, status, why), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+    /* client gone: fine */
   }
 }
+
+static void say(capture_conn *c, int status, const char *why) { say_fd(c->fd, status, why); }
 
 int capture_conn_write(capture_conn *c, const void *p, size_t n) {
   const char *b = p;
@@ -649,11 +656,7 @@ static void accept_new(capture_http *h, conn_list *live, int64_t now) {
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     capture_conn *c = calloc(1, sizeof *c);
     if (!c || list_add(live, c) < 0) { /* the client and the log hear why */
-      static const char oom[] = "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n"
-                                "Content-Length: 40\r\nConnection: close\r\n\r\n"
-                                "out of memory accepting the connection\r\n";
-      if (send(fd, oom, sizeof oom - 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) { /* client gone: fine */
-      }
+      say_fd(fd, 500, "out of memory accepting the connection");
       free(c);
       shutdown(fd, SHUT_WR);
       close(fd);

@@ -411,6 +411,9 @@ void capture_conn_close_after(capture_conn *c); /* no further request on this co
 int capture_conn_fd(const capture_conn *c);     /* to poll for the client hanging up; never read */
 void **capture_conn_thread_slot(capture_conn *c); /* the worker thread's own pointer slot */
 const char *capture_http_reason(int status);    /* "Not Found", ... */
+/* A whole small plain-text answer with Connection: close (status line, headers, why and a newline)
+** formatted into out, without allocating (it serves when memory has run out): its length. */
+size_t capture_http_plain(char *out, size_t cap, int status, const char *why);
 
 /* ---- small shared utilities ---------------------------------------------------------------- */
 

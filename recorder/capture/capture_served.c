@@ -149,18 +149,15 @@ int st_served_begin(st_served_exchange *e, int status, const char *content_type,
     fail |= st_buf_str(&head, x->response_headers.items[i].name) | st_buf_str(&head, ": ") |
             st_buf_str(&head, x->response_headers.items[i].value) | st_buf_str(&head, "\r\n");
   fail |= st_buf_str(&head, "\r\n");
-  if (fail) { /* the head could not be built: a fixed 500 instead, so the client and the row agree */
+  if (fail) { /* the head could not be built: a plain 500 instead, so the client and the row agree */
     st_buf_free(&head);
-    static const char oom[] = "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n"
-                              "Content-Length: 34\r\nConnection: close\r\n\r\n"
-                              "out of memory writing the answer\r\n";
+    char oom[256];
     capture_conn_close_after(e->conn);
     x->status = 500;
     e->head_sent = 1;
-    e->outcome = ST_SERVED_REJECTED;
-    if (!x->upstream_error) x->upstream_error = strdup("out of memory writing the answer's head");
+    st_served_set_outcome(e, ST_SERVED_REJECTED, "out of memory writing the answer's head");
     x->t_headers_ns = capture_now_ns();
-    client_write(e, oom, sizeof oom - 1);
+    client_write(e, oom, capture_http_plain(oom, sizeof oom, 500, "out of memory writing the answer"));
     return -1;
   }
   x->status = status;
@@ -229,10 +226,8 @@ static void serve_request(void *user, capture_conn *conn, capture_request *rq) {
   st_served *s = user;
   capture_exchange *x = capture_exchange_new();
   if (!x) { /* no row can hold it: the client and the log hear why */
-    static const char oom[] = "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n"
-                              "Content-Length: 37\r\nConnection: close\r\n\r\n"
-                              "out of memory recording the request\r\n";
-    capture_conn_write(conn, oom, sizeof oom - 1);
+    char oom[256];
+    capture_conn_write(conn, oom, capture_http_plain(oom, sizeof oom, 500, "out of memory recording the request"));
     capture_conn_close_after(conn);
     served_log(s, "%s:%d: out of memory recording a request: answered 500, not stored", rq->remote_addr,
                rq->remote_port);
