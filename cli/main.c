@@ -1,6 +1,9 @@
 /*
 ** main.c — the sparsetrace command line: dispatches argv[1] to a subcommand.
 */
+#include <dlfcn.h>
+#include <errno.h>
+#include <execinfo.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,7 +62,38 @@ int st_cli_report_error(const char *cmd) {
   return 1;
 }
 
+/* glibc loads libgcc_s (the unwinder) the first time a thread calls pthread_exit, and aborts the
+** process ("libgcc_s.so.1 must be installed for pthread_exit to work") when that load fails.
+** OpenMP's pool threads end through pthread_exit when a thread that ran parallel regions ends
+** (serve's worker, at a clean stop): memory running out at that moment killed serve with SIGABRT
+** while its store was still committing. The unwinder is loaded here, at the start, for good:
+** opened by name (a failure is an error said now, not an abort later), then taken by glibc
+** through backtrace(), which shares pthread_exit's loader and, unlike it, returns when it fails
+** (no frame) instead of aborting. */
+static int load_thread_exit_unwinder(void) {
+#ifdef __GLIBC__
+  errno = 0;
+  if (!dlopen("libgcc_s.so.1", RTLD_NOW | RTLD_NODELETE)) {
+    int err = errno; /* dlerror() says what failed, errno why ("cannot create shared object
+                     ** descriptor" is the loader's malloc failing) */
+    const char *what = dlerror(), *why = err ? strerror(err) : NULL;
+    if (what && why && strstr(what, why)) why = NULL; /* said already */
+    fprintf(stderr, "sparsetrace: loading libgcc_s.so.1, which ending a thread needs: %s%s%s%s\n",
+            what ? what : "failed", why ? " (" : "", why ? why : "", why ? ")" : "");
+    return -1;
+  }
+  void *frame[1];
+  if (backtrace(frame, 1) < 1) {
+    fprintf(stderr, "sparsetrace: loading libgcc_s.so.1, which ending a thread needs: the C "
+                    "library could not take it (out of memory?)\n");
+    return -1;
+  }
+#endif
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (load_thread_exit_unwinder()) return 1;
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

@@ -10,15 +10,19 @@
 #     stops on SIGTERM with exit 0 (or 1 saying memory ran out), and then, read without the shim:
 #     `store check` says the store is consistent, no row is left 'open', every client that got
 #     200 has its row 'complete' with status 200 unless the proxy's log says which exchange it
-#     could not store and that memory ran out, and a client that did not get 200 got a 5xx and
-#     the log says memory ran out.
+#     could not store and that memory ran out, and a client that did not get 200 got a 5xx whose
+#     body says memory ran out, and so does the log (an exchange that could not be created was
+#     answered an empty 500, logged nowhere).
 # A signal, a hang, a sanitizer report (the ASan build: LeakSanitizer included), a dropped
 # connection without a word in the log, or a relayed answer missing from the store fails.
 #
 # The proxy's threads allocate in an order that varies from run to run, so a probe's N is a
 # moment, not one fixed call site: the probes sample the path (every N to ST_ALLOC_FAIL_DENSE,
-# default 40, then a stride to about ST_ALLOC_FAIL_SAMPLES probes, default 100), and the last
-# probe, past the failure-free count, must relay both exchanges with nothing failed.
+# default 40, then a stride to about ST_ALLOC_FAIL_SAMPLES probes, default 100), then every N of
+# the first ST_ALLOC_FAIL_REQUEST (default 120) past the count of a proxy that starts and stops
+# (reading the first request, its exchange, headers and secrets, the open row: a failure there
+# was answered an empty 500 the log never mentioned), and the last probe, past the failure-free
+# count, must relay both exchanges with nothing failed.
 set -uo pipefail
 st=${ST_BIN:?}
 shim=${ST_BUILD_DIR:?}/tests/liballoc_fail.so
@@ -28,6 +32,7 @@ fake=${ST_BUILD_DIR:?}/tests/fake_upstream
 command -v curl >/dev/null || { echo "skip: no curl"; exit 77; }
 dense=${ST_ALLOC_FAIL_DENSE:-40}
 samples=${ST_ALLOC_FAIL_SAMPLES:-100}
+dense_request=${ST_ALLOC_FAIL_REQUEST:-120}
 work=$(mktemp -d "${TMPDIR:-/tmp}/st_alloc_fail_capture.XXXXXX")
 fake_pid=
 trap '[[ -n $fake_pid ]] && kill $fake_pid 2>/dev/null; rm -rf "$work"' EXIT
@@ -89,10 +94,13 @@ probe() {
     complete=$(sqlite3 -readonly "$w/s/index.sqlite" \
       "SELECT count(*) FROM requests WHERE state = 'complete' AND status = 200")
     local got200=0
-    for code in "$a" "$b"; do
+    for ab in "a $a" "b $b"; do
+      local code=${ab#* } body=$w/${ab%% *}.body
       if [[ $code == 200 ]]; then got200=$((got200 + 1))
       elif [[ ! $code =~ ^5 ]] && ! grep -qiE "$oom" "$w/log"; then verdict="FAIL a client got HTTP $code and the log says nothing"
-      elif ! grep -qiE "$oom" "$w/log"; then verdict="FAIL a client got HTTP $code without the log saying memory ran out"; fi
+      elif ! grep -qiE "$oom" "$w/log"; then verdict="FAIL a client got HTTP $code without the log saying memory ran out"
+      elif [[ $code =~ ^5 ]] && ! grep -qiE "$oom" "$body" 2>/dev/null; then
+        verdict="FAIL a client got HTTP $code whose body does not say memory ran out: '$(head -c 200 "$body" 2>/dev/null)'"; fi
     done
     if [[ -n $verdict ]]; then :
     elif [[ $open != 0 ]]; then verdict="FAIL $open rows left 'open' after a clean stop"
@@ -106,7 +114,15 @@ probe() {
   echo "$n $verdict"
 }
 
-# the failure-free count (the largest any process reported)
+# the failure-free counts (the largest any process reported): started and stopped; and relaying
+mkdir -p "$work/c0"
+timeout -s KILL 60 env ST_ALLOC_FAIL_AT=0 ST_ALLOC_FAIL_REPORT=$work/c0/report \
+  LD_PRELOAD=$shim "$st" capture --listen 127.0.0.1:0 --upstream "$up" --store "$work/c0/s" \
+  --ready-file "$work/c0/ready" --grace 0 >"$work/c0/log" 2>&1 &
+cpid=$!
+for _ in $(seq 300); do [[ -s $work/c0/ready ]] && break; sleep 0.05; done
+kill -TERM $cpid; wait $cpid || { echo "FAIL: the failure-free proxy (no request): $(tail -3 "$work/c0/log")"; exit 1; }
+count0=$(awk '$1 == "count" && $2 > m { m = $2 } END { print m + 0 }' "$work/c0/report")
 mkdir -p "$work/c"
 timeout -s KILL 60 env ST_ALLOC_FAIL_AT=0 ST_ALLOC_FAIL_REPORT=$work/c/report \
   LD_PRELOAD=$shim "$st" capture --listen 127.0.0.1:0 --upstream "$up" --store "$work/c/s" \
@@ -120,16 +136,18 @@ curl -sN --noproxy '*' --max-time 20 -o /dev/null -H 'content-type: application/
   "$(cat "$work/c/ready")/v1/messages"
 kill -TERM $cpid; wait $cpid || { echo "FAIL: the failure-free proxy: $(tail -3 "$work/c/log")"; exit 1; }
 count=$(awk '$1 == "count" && $2 > m { m = $2 } END { print m + 0 }' "$work/c/report")
-[[ $count -gt 0 ]] || { echo "FAIL: the shim counted no allocations"; exit 1; }
+[[ $count0 -gt 0 && $count -gt $count0 ]] || { echo "FAIL: the shim's counts: $count0 started, $count relaying"; exit 1; }
 
 stride=$(( count > dense ? (count - dense + samples - dense - 1) / (samples > dense ? samples - dense : 1) : 1 ))
-ns=$( { seq 1 $((dense < count ? dense : count)); [[ $count -gt $dense ]] && seq $((dense + stride)) "$stride" "$count"; echo $((count * 2 + 100)); } )
+ns=$( { seq 1 $((dense < count ? dense : count)); [[ $count -gt $dense ]] && seq $((dense + stride)) "$stride" "$count"
+        seq $((count0 + 1)) $((count0 + dense_request < count ? count0 + dense_request : count)); echo $((count * 2 + 100)); } | sort -un )
 export -f probe; export work shim st up oom
 results=$(for n in $ns; do echo "$n"; done | xargs -P2 -I{} bash -c 'probe {}')
 nfail=$(grep -c ' FAIL' <<<"$results")
 nok=$(grep -c ' ok' <<<"$results")
 last=$(sort -n <<<"$results" | tail -1)
-echo "capture: about $count allocations; $(wc -w <<<"$ns") probes (every N to $dense, then every $stride):" \
+echo "capture: about $count allocations, $count0 to start and stop; $(wc -w <<<"$ns") probes (every N to $dense," \
+  "then every $stride, then every N from $((count0 + 1)) to $((count0 + dense_request))):" \
   "$(grep -c ' ok error at start' <<<"$results") clean errors at start, $((nok - $(grep -c ' ok error at start' <<<"$results"))) relayed-or-refused, $nfail failures"
 grep ' FAIL' <<<"$results" | sort -n | head -20 | sed 's/^/FAIL: capture N=/'
 if [[ $last != *" end" ]]; then echo "FAIL: the probe past the count did not relay cleanly: $last"; nfail=$((nfail + 1)); fi

@@ -17,7 +17,9 @@
 # from the failure-free count of a serve that starts and stops (model load, index, listener) to
 # that of one that also answers, every N for the first ST_ALLOC_FAIL_DENSE (default 120: the body,
 # the JSON parse, the rendering, the tokenizer), then a stride to about ST_ALLOC_FAIL_SAMPLES
-# (default 160) probes; the last probe, past the count, must answer 200 with nothing failed.
+# (default 160) probes, and every N of the last ST_ALLOC_FAIL_TAIL (default 24: the store's
+# transaction recording the finished request, whose failed COMMIT used to leave the row 'open');
+# the last probe, past the count, must answer 200 with nothing failed.
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
@@ -29,6 +31,7 @@ command -v curl >/dev/null || { echo "skip: no curl"; exit 77; }
 command -v sqlite3 >/dev/null || { echo "skip: no sqlite3"; exit 77; }
 dense=${ST_ALLOC_FAIL_DENSE:-120}
 samples=${ST_ALLOC_FAIL_SAMPLES:-160}
+ntail=${ST_ALLOC_FAIL_TAIL:-24}
 work=$(mktemp -d "${TMPDIR:-/tmp}/st_alloc_fail_serve.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY ALL_PROXY all_proxy
@@ -111,14 +114,16 @@ c1=$(awk '$1 == "count" && $2 > m { m = $2 } END { print m + 0 }' "$work/c1/repo
 span=$((c1 - c0))
 d=$((dense < span ? dense : span))
 stride=$(( span > d && samples > d ? (span - d + samples - d - 1) / (samples - d) : 1 ))
-ns=$( { seq $((c0 + 1)) $((c0 + d)); [[ $span -gt $d ]] && seq $((c0 + d + stride)) "$stride" "$c1"; echo $((c1 * 2 + 100)); } )
+t=$((ntail < span ? ntail : span))
+ns=$( { seq $((c0 + 1)) $((c0 + d)); [[ $span -gt $d ]] && seq $((c0 + d + stride)) "$stride" "$c1"
+        seq $((c1 - t + 1)) "$c1"; echo $((c1 * 2 + 100)); } | sort -un )
 export -f probe serve; export work shim st model oom request
 results=$(for n in $ns; do echo "$n"; done | xargs -P2 -I{} bash -c 'probe {}')
 nfail=$(grep -c ' FAIL' <<<"$results")
 nok=$(grep -c ' ok' <<<"$results")
 last=$(sort -n <<<"$results" | tail -1)
 echo "serve: $c0 allocations to listen, $span more to answer; $(wc -w <<<"$ns") probes (every N to" \
-  "$((c0 + d)), then every $stride): $(grep -c ' ok (200)' <<<"$results") answered, $(grep -c ' ok (5' <<<"$results")" \
+  "$((c0 + d)), then every $stride, then every N from $((c1 - t + 1))): $(grep -c ' ok (200)' <<<"$results") answered, $(grep -c ' ok (5' <<<"$results")" \
   "5xx saying memory ran out, $(grep -c ' ok error at start' <<<"$results") errors at start, $nfail failures"
 grep ' FAIL' <<<"$results" | sort -n | head -20 | sed 's/^/FAIL: serve N=/'
 if [[ $last != *" end" ]]; then echo "FAIL: the probe past the count did not answer cleanly: $last"; nfail=$((nfail + 1)); fi

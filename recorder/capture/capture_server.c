@@ -412,11 +412,12 @@ static int request_verdict(relay *r, capture_request *rq) {
 static void relay_request(void *user, capture_conn *conn, capture_request *rq) {
   st_capture *p = user;
   capture_exchange *x = capture_exchange_new();
-  if (!x) {
-    static const char oom[] = "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n"
-                              "Connection: close\r\n\r\n";
-    capture_conn_write(conn, oom, sizeof oom - 1);
+  if (!x) { /* no row can hold it: the client and the log hear why (it is not relayed) */
+    char oom[256];
+    capture_conn_write(conn, oom, capture_http_plain(oom, sizeof oom, 500, "out of memory recording the request"));
     capture_conn_close_after(conn);
+    proxy_log(p, "%s:%d: out of memory recording a request: answered 500, not relayed, not stored",
+              rq->remote_addr, rq->remote_port);
     return;
   }
   atomic_fetch_add(&p->accepted, 1);
@@ -466,25 +467,30 @@ static void relay_request(void *user, capture_conn *conn, capture_request *rq) {
   capture_store_submit_open(p->store, x);
 
   char message[1024] = "";
+  const char *refusal = NULL; /* the proxy's own answer to the client, for the log line */
   if (verdict == 413) {
     snprintf(message, sizeof message,
              "sparsetrace capture: request body of %zu bytes is larger than the proxy's limit of "
              "%zu bytes (--max-body)", x->request_declared_bytes, p->max_request_bytes);
     x->state = CAPTURE_REJECTED;
     send_own_answer(&r, 413, "request_too_large", message, 1);
+    refusal = message;
   } else if (verdict == 431) {
     snprintf(message, sizeof message,
              "sparsetrace capture: request head (request line and headers) is larger than the "
              "proxy's limit of %d bytes", CAPTURE_MAX_HEAD_BYTES);
     x->state = CAPTURE_REJECTED;
     send_own_answer(&r, 431, "request_header_fields_too_large", message, 1);
+    refusal = message;
   } else if (verdict == 503) {
     x->state = CAPTURE_REJECTED;
-    send_own_answer(&r, 503, "proxy_shutting_down", "sparsetrace capture: the proxy is shutting "
-                    "down; retry against the upstream or a new proxy", 1);
+    refusal = "sparsetrace capture: the proxy is shutting down; retry against the upstream or a "
+              "new proxy";
+    send_own_answer(&r, 503, "proxy_shutting_down", refusal, 1);
   } else if (verdict == 500) {
     x->state = CAPTURE_REJECTED;
-    send_own_answer(&r, 500, "proxy_error", "sparsetrace capture: out of memory", 1);
+    refusal = "sparsetrace capture: out of memory reading the request";
+    send_own_answer(&r, 500, "proxy_error", refusal, 1);
   } else if (verdict < 0) {
     x->state = CAPTURE_CLIENT_ABORTED;
     capture_conn_close_after(conn);
@@ -531,9 +537,12 @@ static void relay_request(void *user, capture_conn *conn, capture_request *rq) {
 
   int status = x->status;
   char *log_path = capture_secrets_scrub(&x->secrets, x->path ? x->path : "");
-  proxy_log(p, "%s %s %s %s %d %s %.1f ms %zu B%s%s%s%s", x->id, x->method, log_path ? log_path : "",
+  static const char own[] = "sparsetrace capture: ";
+  if (refusal && !strncmp(refusal, own, sizeof own - 1)) refusal += sizeof own - 1;
+  proxy_log(p, "%s %s %s %s %d %s %.1f ms %zu B%s%s%s%s%s%s", x->id, x->method, log_path ? log_path : "",
             capture_api_name(x->api), status, capture_state_name(x->state),
             (double)(x->t_end_ns - x->t0_ns) / 1e6, x->response_bytes,
+            refusal ? " proxy: " : "", refusal ? refusal : "",
             x->upstream_error ? " upstream: " : "", x->upstream_error ? x->upstream_error : "",
             x->client_error ? " client: " : "", x->client_error ? x->client_error : "");
   free(log_path);

@@ -587,6 +587,24 @@ static void run_batch(capture_store *s, job *batch) {
         break;
       }
     }
+    /* A COMMIT that fails for memory (its journal or page buffers) leaves nothing written: the
+    ** batch is run again like one rolled back mid-way. Written before, its rows would be left
+    ** 'open' with their finish lost. */
+    if (!rolled_back && in_txn && st_index_commit(s->ix) != ST_OK) {
+      int nomem = (sqlite3_errcode(db) & 0xff) == SQLITE_NOMEM ||
+                  sqlite3_extended_errcode(db) == SQLITE_IOERR_NOMEM;
+      st_index_rollback(s->ix);
+      if (nomem && round < CAPTURE_STORE_NOMEM_RETRIES) {
+        batch = requeue(done_list, NULL);
+        retry_pause(round);
+        continue;
+      }
+      for (job *d = done_list; d; d = d->next) {
+        d->x->open_recorded = 0; /* rolled back: a later finish must insert the whole row */
+        store_error(s, d->x, "committing");
+      }
+      committed_any = 0;
+    }
     if (rolled_back) {
       batch = requeue(done_list, j); /* j: the first job not done (NULL: all were) */
       if (round < CAPTURE_STORE_NOMEM_RETRIES) {
@@ -595,13 +613,6 @@ static void run_batch(capture_store *s, job *batch) {
       }
       for (job *k = batch; k; k = k->next) store_error(s, k->x, "rolled back with its batch's transaction");
       done_list = batch; /* to be freed: nothing is left to commit */
-      committed_any = 0;
-    } else if (in_txn && st_index_commit(s->ix) != ST_OK) {
-      st_index_rollback(s->ix);
-      for (job *d = done_list; d; d = d->next) {
-        d->x->open_recorded = 0; /* rolled back: a later finish must insert the whole row */
-        store_error(s, d->x, "committing");
-      }
       committed_any = 0;
     }
     atomic_fetch_add(&s->recorded, (uint64_t)committed_any);

@@ -347,7 +347,9 @@ capture_upstream_outcome capture_upstream_perform(capture_upstream *u, void **ha
     goto out;
   }
 
-  curl_easy_setopt(h, CURLOPT_URL, url);
+  /* The options curl copies (the URL, the proxy, a custom method) fail when memory runs out;
+  ** unchecked, the transfer then failed as "No URL set" and read as the upstream's fault. */
+  CURLcode set = curl_easy_setopt(h, CURLOPT_URL, url);
   curl_easy_setopt(h, CURLOPT_SHARE, u->share);
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
@@ -359,7 +361,7 @@ capture_upstream_outcome capture_upstream_perform(capture_upstream *u, void **ha
   curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
   curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
   curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)u->connect_timeout_ms);
-  if (u->proxy) curl_easy_setopt(h, CURLOPT_PROXY, u->proxy);
+  if (u->proxy && set == CURLE_OK) set = curl_easy_setopt(h, CURLOPT_PROXY, u->proxy);
   curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_write);
@@ -372,14 +374,27 @@ capture_upstream_outcome capture_upstream_perform(capture_upstream *u, void **ha
   } else if (!strcmp(method, "HEAD")) {
     curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
   } else {
-    if (strcmp(method, "POST")) curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+    if (strcmp(method, "POST") && set == CURLE_OK) set = curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
     if (body_len > 0 || !strcmp(method, "POST") || !strcmp(method, "PUT") || !strcmp(method, "PATCH")) {
       curl_easy_setopt(h, CURLOPT_POSTFIELDS, body_len ? body : "");
       curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
     }
   }
 
+  if (set != CURLE_OK) {
+    snprintf(message, message_len, "%s preparing the upstream request",
+             set == CURLE_OUT_OF_MEMORY ? "out of memory" : curl_easy_strerror(set));
+    goto out;
+  }
+
+  /* A name that did not resolve sent nothing upstream, so it is tried once more before the
+  ** client hears of it: curl reports memory running out in the resolver (its thread, the C
+  ** library's getaddrinfo) as "Couldn't resolve host name", even for a numeric address. */
   CURLcode rc = curl_easy_perform(h);
+  if (rc == CURLE_COULDNT_RESOLVE_HOST && !t.head_done && t.abort_reason == ABORT_NONE) {
+    errbuf[0] = 0;
+    rc = curl_easy_perform(h);
+  }
   if (rc == CURLE_OK && !t.head_done) { /* e.g. a response with no head at all */
     rc = CURLE_GOT_NOTHING;
     snprintf(errbuf, sizeof errbuf, "no response head");
