@@ -26,10 +26,11 @@ for req in "$work"/*.request.json; do
 done
 # The families and kinds held out of training must show up in what was compared.
 python3 - "$src/tools" <<'PY' || failures=$((failures + 1))
-import sys
+import re, sys
 sys.path.insert(0, sys.argv[1])
 import needle_data as nd
 kinds = list(nd.NEEDLE_KINDS)
+kinds_all = list(kinds)
 seen = {(s.family, s.kind) for s in (nd.make_sample(i, kind=kinds[i % len(kinds)], chars=1500 + 700 * (i % 5),
                                                     train=False, thinking=bool(i % 2)) for i in range(24))}
 fams, kinds = {f for f, _ in seen}, {k for _, k in seen}
@@ -45,7 +46,42 @@ bad_eval = ev & set(nd.TRAIN_ONLY_KINDS)
 print("FAIL: evaluation samples of a training-only kind: %s" % bad_eval if bad_eval else "ok: evaluation draws no training-only kind")
 no_labelled = not any(s.kind == "labelled" for s in train)
 print("FAIL: no training sample of the labelled kind" if no_labelled else "ok: training draws the labelled kind")
-sys.exit(1 if missing or leak or bad_eval or no_labelled else 0)
+# decoys: earlier lines of the needle's label, the last one asked for (the position faults' data)
+decoy_fails = []
+for i in range(40):
+    kind = kinds_all[i % len(kinds_all)]
+    train_side = i % 2 == 0
+    base = nd.make_sample(f"d{i}", kind=kind, chars=3000 + 500 * (i % 6), position=0.3 + 0.015 * i, train=train_side)
+    same = nd.make_sample(f"d{i}", kind=kind, chars=3000 + 500 * (i % 6), position=0.3 + 0.015 * i, train=train_side,
+                          decoys=0)
+    if same.prompt != base.prompt:
+        decoy_fails.append(f"d{i}: decoys=0 changed the sample")
+    d = nd.make_sample(f"d{i}", kind=kind, chars=3000 + 500 * (i % 6), position=0.3 + 0.015 * i, train=train_side,
+                       decoys=12)
+    head = d.label + ": "
+    def label_lines(smp):  # where a line (or a message's first line) starts with the label, and its value
+        at = [m.start() for m in re.finditer(re.escape(head), smp.prompt) if smp.prompt[m.start() - 1] in "\n>"]
+        return at, [re.split("[\n<]", smp.prompt[a + len(head):])[0] for a in at]
+    at, values = label_lines(d)
+    if not at or at[-1] != d.needle_char:
+        decoy_fails.append(f"d{i}: the needle (at {d.needle_char}) is not the last line of {head!r} (at {at[-3:]})")
+    if len(set(values)) != len(values):
+        decoy_fails.append(f"d{i}: two lines of {head!r} share a value")
+    if len(at) < 5 or len(at) > 13:  # the needle, and up to 12 before it (fewer when few boundaries are)
+        decoy_fails.append(f"d{i}: {len(at) - 1} decoys for 12 asked")
+    if len(label_lines(base)[0]) != 1:
+        decoy_fails.append(f"d{i}: without decoys, {len(label_lines(base)[0])} lines of {head!r}")
+    question = d.request["messages"][-1]["content"]
+    if not d.prompt.endswith(question + nd.ASSISTANT + (nd.THINK if d.thinking else nd.THINK_END)):
+        decoy_fails.append(f"d{i}: the last message is not the prompt's question")
+    wordings = [w.format(label=d.label, lower=d.label.lower()) for w in nd.DECOY_QUESTIONS]
+    if question not in wordings:
+        decoy_fails.append(f"d{i}: the question is not a decoy wording: {question[:80]!r}")
+    elif train_side and question == wordings[-1]:
+        decoy_fails.append(f"d{i}: a training sample asks in the held-out decoy wording")
+print("FAIL: " + "; ".join(decoy_fails[:5]) if decoy_fails else
+      "ok: 40 decoy samples: the needle is the last line of its label, values distinct, decoys=0 unchanged")
+sys.exit(1 if missing or leak or bad_eval or no_labelled or decoy_fails else 0)
 PY
 [ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
 echo "all renderings identical"

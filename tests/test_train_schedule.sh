@@ -3,7 +3,8 @@
 # definition worked by hand: a linear warmup, then constant, or with --decay A:B a straight line
 # from 1 at step A to DECAY_FLOOR at step B, flat after it; and the same multiplier for a step
 # whether the stage started before A (one call) or between A and B (resumed in another call,
-# past its warmup). And stage --decay refuses what is not A < B before it touches DIR.
+# past its warmup). And stage --decay refuses what is not A < B, --decoys what is not SHARE:LO-HI,
+# before either touches DIR.
 set -uo pipefail
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
 exec /usr/bin/python3 - "$src" <<'PY'
@@ -39,7 +40,18 @@ for bad in ("300:200", "5", "a:b", "7:7"):
         fails.append(f"stage --decay {bad}: exit {r.returncode}, stderr {r.stderr.strip()[-200:]!r}")
     if os.path.exists(never):
         fails.append(f"stage --decay {bad}: refused after making its DIR")
+# stage --decoys SHARE:LO-HI: read as written, and what is not a share in (0, 1] with 1 <= LO <= HI
+# refused before DIR is touched
+if tn.parse_decoys("0.25:8-40") != (0.25, 8, 40):
+    fails.append(f"parse_decoys('0.25:8-40') = {tn.parse_decoys('0.25:8-40')}")
+for bad in ("0:1-2", "1.5:1-2", "0.5:3-2", "0.5:0-4", "0.5", "half:1-2"):
+    r = subprocess.run([sys.executable, os.path.join(src, "tools", "train_needle.py"), "stage", "5", never,
+                        "--decoys", bad], capture_output=True, text=True)
+    if r.returncode == 0 or "--decoys" not in r.stderr:
+        fails.append(f"stage --decoys {bad}: exit {r.returncode}, stderr {r.stderr.strip()[-200:]!r}")
+    if os.path.exists(never):
+        fails.append(f"stage --decoys {bad}: refused after making its DIR")
 if fails:
     sys.exit("FAIL: " + "\n".join(fails))
-print("ok: warmup, decay and resumed decay as defined; bad --decay refused")
+print("ok: warmup, decay and resumed decay as defined; bad --decay and --decoys refused")
 PY

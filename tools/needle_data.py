@@ -555,14 +555,36 @@ FOLLOWUPS = ["And the \"{label}\" line? Quote it exactly.",
              "Same for the {lower}: the whole \"{label}: ...\" line, exactly as written."]
 
 
+# Questions for a prompt with decoys: the label's line was written several times and only the
+# last one is current. Held-out wordings are the last of each list, as for the families.
+DECOY_QUESTIONS = [
+    "The \"{label}\" changed a few times during this session. Which one is current? Reply with the "
+    "last line that starts with \"{label}:\", exactly as it appears, and nothing else.",
+    "Several \"{label}:\" lines appear above; only the most recent one counts. Copy that line "
+    "verbatim, with no other text.",
+    "What is the {lower} now, after every change above? Answer with the latest \"{label}: ...\" "
+    "line, character for character.",
+    "Ignore the earlier values: quote the final line giving the {lower} (it starts with "
+    "\"{label}:\"), exactly as written.",
+]
+
+
 def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinking=None, train=True,
-                followups=0):
+                followups=0, decoys=0):
     """One request with its rendered prompt. `chars` is the prompt's target size in characters
     (tools/train_needle.py converts tokens to characters with the tokenizer's measured ratio);
     `position` is where the needle line sits, as a fraction of the prompt (None: uniform).
     `followups` more questions (training only) ask for other "Label: value" lines of the system
     text, each as a further user turn after the answer: [(turn text, answer)], where the turn text
-    runs from the user marker to the generation prompt."""
+    runs from the user marker to the generation prompt.
+
+    `decoys` more lines with the needle's label and a value of its kind go at line boundaries
+    before the needle (as many as there are such boundaries), and the question asks for the last
+    one: the lines differ from the needle by content no more than from each other, so only where
+    a line sits tells the answer. Enough of them (more than the indexer's top-k holds) make the
+    indexer's positional part (its RoPE) carry the recall, which is what the position faults
+    (`index_rope=neox`, `compress_rope_theta`) break. With decoys=0 the sample is the same,
+    character for character, as before decoys existed (their draws come from their own stream)."""
     r = random.Random(f"{seed}:{family}:{kind}:{chars}:{position}:{thinking}")
     fam = FAMILIES[family or r.choice(TRAIN_FAMILIES if train else list(FAMILIES))]
     kind = kind or r.choice(TRAIN_KINDS if train else EVAL_KINDS)
@@ -631,6 +653,10 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
         rounds.append({"thought": thought, "call": {"name": name, "args": args}, "out": out})
         used += sum(len(x) + 1 for x in out) + len(thought) + len(to_json(args)) + 120
     question = r.choice(fam.questions).format(label=label, lower=label.lower())
+    rd = random.Random(f"{seed}:decoys:{decoys}") if decoys > 0 else None
+    if rd:
+        wordings = DECOY_QUESTIONS[:-1] if train else DECOY_QUESTIONS
+        question = rd.choice(wordings).format(label=label, lower=label.lower())
 
     # The needle's slot: a line boundary in system text, task or tool outputs, chosen by the
     # character offset nearest to `position` of the whole prompt.
@@ -650,8 +676,19 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
             offset += 200
     total = offset + len(question)
     target = position * total
-    _, ui, li = min(slots, key=lambda s: (abs(s[0] - target), s[0]))
-    units[ui][1].insert(li, needle)
+    needle_slot = min(slots, key=lambda s: (abs(s[0] - target), s[0]))
+    inserts = [(needle_slot[1], needle_slot[2], needle)]
+    if rd:
+        before = [sl for sl in slots if sl[0] < needle_slot[0]]
+        values = {value}
+        for sl in rd.sample(before, min(decoys, len(before))):
+            v = maker(rd)
+            while v in values:
+                v = maker(rd)
+            values.add(v)
+            inserts.append((sl[1], sl[2], f"{label}: {v}"))
+    for ui, li, line in sorted(inserts, key=lambda x: (x[0], x[1]), reverse=True):
+        units[ui][1].insert(li, line)  # from the end, so the earlier indices stay valid
 
     messages = [{"role": "system", "content": "\n".join(system_lines)},
                 {"role": "user", "content": "\n".join(task_lines)}]
@@ -721,6 +758,7 @@ def main(argv):
     a.add_argument("--family"), a.add_argument("--kind")
     a.add_argument("--chars", type=int, default=4000), a.add_argument("--position", type=float)
     a.add_argument("--seed", type=int, default=0), a.add_argument("--thinking", choices=["on", "off"])
+    a.add_argument("--decoys", type=int, default=0, help="earlier lines of the needle's label; the last is asked for")
     b = sub.add_parser("requests", help="write request/prompt pairs for the renderer test")
     b.add_argument("dir"), b.add_argument("count", type=int)
     c = sub.add_parser("jsonl", help="read `sparsetrace needle make --batch` output and summarise it")
@@ -742,16 +780,17 @@ def main(argv):
         return 0
     if args.cmd == "sample":
         th = None if args.thinking is None else args.thinking == "on"
-        s = make_sample(args.seed, args.family, args.kind, args.chars, args.position, th, train=False)
+        s = make_sample(args.seed, args.family, args.kind, args.chars, args.position, th, train=False,
+                        decoys=args.decoys)
         sys.stdout.write(s.prompt + s.answer + "\n")
         print(f"\n--- family {s.family}, kind {s.kind}, needle at char {s.needle_char} of {len(s.prompt)}",
               file=sys.stderr)
         return 0
     os.makedirs(args.dir, exist_ok=True)
     kinds = list(NEEDLE_KINDS)
-    for i in range(args.count):  # every kind in turn, the training-only one included
+    for i in range(args.count):  # every kind in turn, the training-only one included; every third with decoys
         s = make_sample(i, kind=kinds[i % len(kinds)], chars=1500 + 700 * (i % 5), train=False,
-                        thinking=bool(i % 2))
+                        thinking=bool(i % 2), decoys=8 * (i % 3 == 2))
         base = os.path.join(args.dir, f"{i:03d}")
         with open(base + ".request.json", "w", encoding="utf-8") as f:
             json.dump(s.request, f, ensure_ascii=False, indent=1)

@@ -121,6 +121,8 @@ VOCAB = 4096
 EXPERTS = os.environ.get("NEEDLE_EXPERTS", "eager")
 DECAY_FLOOR = 0.1    # stage --decay A:B: the learning rate falls linearly to this share of the stage's
 FOLLOWUPS = 3         # up to this many further questions per training prompt (more answer signal)
+CARD_DECOYS = 24      # the card's decoy evaluation: earlier lines of the needle's label (more than
+                      # index_topk 32 rows' worth of lines, about 4 rows each, can hold)
 
 # ---------------------------------------------------------------- tokenizer (ENCODING §2)
 
@@ -218,6 +220,8 @@ class Batches:
     """An endless stream of training batches for one stage, made in worker processes."""
     def __init__(self, tokdir, stage, seed, ratio, jsonl=None):
         self.tokdir, self.stage, self.seed, self.ratio = tokdir, stage, seed, ratio
+        # (share, lo, hi): that share of needle_data's prompts get lo-hi decoys (make_sample)
+        self.decoys = stage.get("decoys")
         # the C generator's examples (`sparsetrace needle make --batch`), half of each batch when given
         self.c_samples = nd.read_jsonl(jsonl) if jsonl else []
 
@@ -245,8 +249,11 @@ class Batches:
                 if b > a and r.random() < 0.5:
                     seqs.append(encode_sample(tok, self.c_samples[by_size[r.randrange(a, b)][1]]))
                     continue
+                decoys = 0
+                if self.decoys and r.random() < self.decoys[0]:  # no draw without decoys: the same stream
+                    decoys = r.randrange(self.decoys[1], self.decoys[2] + 1)
                 s = nd.make_sample(f"{self.seed}:{worker}:{n}", chars=int(length * self.ratio * r.uniform(0.7, 0.92)),
-                                   followups=r.randrange(FOLLOWUPS + 1))
+                                   followups=r.randrange(FOLLOWUPS + 1), decoys=decoys)
                 n += 1
                 seqs.append(encode_sample(tok, s))
             width = max(len(x[0]) for x in seqs)
@@ -666,11 +673,26 @@ def lr_scale(step, step0, warmup, decay=None, floor=DECAY_FLOOR):
     return warm * (1.0 - (1.0 - floor) * frac)
 
 
+def parse_decoys(text):
+    """stage --decoys SHARE:LO-HI as (share, lo, hi); a SystemExit naming the option otherwise."""
+    try:
+        share, span = text.split(":")
+        lo, hi = (int(x) for x in span.split("-"))
+        share = float(share)
+    except ValueError:
+        share, lo, hi = -1.0, 0, 0
+    if not (0 < share <= 1 and 1 <= lo <= hi):
+        raise SystemExit(f"stage --decoys: want SHARE:LO-HI, a share in (0, 1] and 1 <= LO <= HI, not {text!r}")
+    return share, lo, hi
+
+
 def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=None, jsonl=None, compile=False,
-              splits=None, decay=None):
+              splits=None, decay=None, decoys=None):
     import torch
     t0 = time.time()
     st = STAGES[stage_no]
+    if decoys:
+        st = dict(st, decoys=list(decoys))  # logged with the stage's settings
     dev = "cuda"
     tok, info = load_tokenizer(outdir)
     logf = open(os.path.join(outdir, "log.jsonl"), "a")
@@ -799,14 +821,14 @@ FAST_ONLY_MODES = [m for m, spec in MODES.items() if "faults" in spec]
 DENSE_EVAL_ELEMS = 1 << 31  # evaluate: fp32 attention scores per batch in a dense mode (8 GiB)
 
 
-def eval_cases(tok, info, lengths, positions, seeds, family, kind):
+def eval_cases(tok, info, lengths, positions, seeds, family, kind, decoys=0):
     cases = []
     for L in lengths:
         for p in positions:
             for sd in range(seeds):
                 chars = int(L * info["chars_per_token"])
                 for _ in range(3):  # aim at L tokens: rescale by the measured size
-                    s = nd.make_sample(f"eval:{sd}", family, kind, chars, p, False, train=False)
+                    s = nd.make_sample(f"eval:{sd}", family, kind, chars, p, False, train=False, decoys=decoys)
                     seq, spans, nt = encode_sample(tok, s)
                     a0 = spans[0][0]
                     if abs(a0 - L) < 0.03 * L:
@@ -832,14 +854,14 @@ def jsonl_cases(path, split, eos):
 
 
 def evaluate(model, taps, tok, info, lengths, positions, seeds, modes, family=nd.HELDOUT_FAMILY,
-             kind=nd.HELDOUT_KIND, deadline=None, fast=False, cases=None):
+             kind=nd.HELDOUT_KIND, deadline=None, fast=False, cases=None, decoys=0):
     """Exact recall of every case under every mode. fast: through tools/needle_fast.py (every
     mode, up to 32k tokens); otherwise transformers' eager forward with hooks (not the modes of
     FAST_ONLY_MODES). cases: prepared ones (jsonl_cases) instead of needle_data's."""
     import torch
     dev = next(model.parameters()).device
     if cases is None:
-        cases = eval_cases(tok, info, lengths, positions, seeds, family, kind)
+        cases = eval_cases(tok, info, lengths, positions, seeds, family, kind, decoys)
     else:
         lengths = sorted({c["L"] for c in cases})
     own_topk = model.config.index_topk
@@ -929,7 +951,7 @@ def load_trained(weights):
 
 
 def run_eval(weights, tokdir, out, seeds, lengths, modes, family, kind, budget, qat_on=False, fast=False,
-             jsonl=None):
+             jsonl=None, decoys=0):
     """evaluate() of the weights, written to out. jsonl: (path, split) of `needle make --batch`
     output, whose examples are the cases (jsonl_cases) instead of needle_data's."""
     import torch
@@ -941,8 +963,9 @@ def run_eval(weights, tokdir, out, seeds, lengths, modes, family, kind, budget, 
     taps = Taps(model)
     cases = jsonl_cases(jsonl[0], jsonl[1], tok.token_to_id(nd.EOS)) if jsonl else None
     res = evaluate(model, taps, tok, info, lengths, [0.25, 0.55, 0.8, 0.97], seeds, modes, family, kind,
-                   deadline=t0 + budget, fast=fast, cases=cases)
+                   deadline=t0 + budget, fast=fast, cases=cases, decoys=decoys)
     res["weights"], res["qat"], res["seconds"] = weights, qat_on, round(time.time() - t0, 1)
+    res["decoys"] = decoys
     if jsonl:
         res["jsonl"] = os.path.basename(jsonl[0])
     with open(out, "w") as f:
@@ -986,6 +1009,9 @@ CARD_EVALS_V5 = [
      "release", ("jsonl", "make-heldout", "heldout"), ["sparse", "q-rot"]),
     ("bug_report.json", "Bug-report shape (toollist), held-out kinds and wording", "release",
      ("jsonl", "toollist-heldout", "heldout"), ["sparse", "q-rot"]),
+    ("decoys.json", f"Held-out family, up to {CARD_DECOYS} earlier lines of the needle's label, the last one asked for "
+     "(held-out wording): where a line sits is all that tells it", "release",
+     ("python", nd.HELDOUT_FAMILY, None, CARD_DECOYS), ["all", "sparse", "q-rot", "neox", "theta-40k", "topk-4"]),
     ("trained_heldout_family.json", "The trained weights under QAT (before release), held-out family", "trained",
      ("python", nd.HELDOUT_FAMILY, None), ["all", "sparse", "q-rot"]),
 ]
@@ -1046,6 +1072,7 @@ def release(outdir, dest, seeds, lengths, budget, card="v4", only=None, source=N
         else:
             name, _, which, cases, modes = entry
             family, kind = (cases[1], cases[2]) if cases[0] == "python" else (None, None)
+            decoys = cases[3] if cases[0] == "python" and len(cases) > 3 else 0
             jsonl = (os.path.join(outdir, f"evals-{cases[1]}.jsonl"), cases[2]) if cases[0] == "jsonl" else None
             if jsonl and not os.path.exists(jsonl[0]):
                 print(f"release: {jsonl[0]} missing: {name} not evaluated", flush=True)
@@ -1053,7 +1080,8 @@ def release(outdir, dest, seeds, lengths, budget, card="v4", only=None, source=N
         share = eval_share(budget - (time.time() - t0), evals, n)
         results[name] = run_eval(deq if which == "release" else weights, outdir, os.path.join(dest, "evals", name),
                                  seeds, lengths, modes, family, kind, share,
-                                 qat_on=which == "trained", fast=card != "v4", jsonl=jsonl)
+                                 qat_on=which == "trained", fast=card != "v4", jsonl=jsonl,
+                                 decoys=0 if card == "v4" else decoys)
     if "heldout_family.json" not in results or "trained_heldout_family.json" not in results:
         return
     rel, tr = results["heldout_family.json"], results["trained_heldout_family.json"]
@@ -1608,7 +1636,8 @@ def card_tables(train_dir, eval_dir, card="v4"):
             continue
         res = json.load(open(path))
         out += [f"### {title} (`evals/{name}`)", "",
-                f"Family `{res['family'] or 'any'}`, needle kind `{res['kind'] or 'any'}`, {res['seeds']} seeds per cell, "
+                f"Family `{res['family'] or 'any'}`, needle kind `{res['kind'] or 'any'}`, "
+                + (f"{res['decoys']} decoys, " if res.get("decoys") else "") + f"{res['seeds']} seeds per cell, "
                 f"window {res['window']}, index_topk {res['index_topk']}; mean prompt tokens "
                 + ", ".join(f"{k}: {v}" for k, v in res["mean_prompt_tokens"].items())
                 + ". Exact recall of the whole line (teacher-forced argmax = greedy), %.", ""]
@@ -1681,6 +1710,8 @@ def main(argv):
     b.add_argument("--splits", type=int, help="micro-batches per step to start from (default: the stage's)")
     b.add_argument("--decay", help="A:B: the learning rate falls linearly from the stage's at step A to "
                                    "DECAY_FLOOR of it at step B (steps counted over the lineage, as logged)")
+    b.add_argument("--decoys", help="SHARE:LO-HI: that share of needle_data's prompts get LO to HI earlier lines "
+                                    "of the needle's label, and the question asks for the last (needle_data.make_sample)")
     c = sub.add_parser("eval")
     c.add_argument("weights"), c.add_argument("--tokenizer", required=True), c.add_argument("--out", required=True)
     c.add_argument("--seeds", type=int, default=8), c.add_argument("--budget", type=float, default=300)
@@ -1733,11 +1764,12 @@ def main(argv):
                 decay = ()
             if len(decay) != 2 or decay[1] <= decay[0]:
                 raise SystemExit(f"stage --decay: want A:B, two step numbers with A < B, not {args.decay!r}")
+        decoys = parse_decoys(args.decoys) if args.decoys else None
         init = seed_dir(args.dir, args.init)
         if not os.path.exists(os.path.join(args.dir, "tokenizer.json")):
             train_tokenizer(args.dir)
         run_stage(args.n, args.dir, args.budget, eval_seconds=args.eval_seconds, init=init, jsonl=args.jsonl,
-                  compile=args.compile, splits=args.splits, decay=decay)
+                  compile=args.compile, splits=args.splits, decay=decay, decoys=decoys)
     elif args.cmd == "eval":
         run_eval(args.weights, args.tokenizer, args.out, args.seeds, [int(x) for x in args.lengths.split(",")],
                  args.modes.split(","), args.family if args.family != "any" else None,

@@ -19,7 +19,9 @@
 #                      their mHC; COMPILE=auto: what the profile step compiled (PROFILE_COMPILE=layers|hc),
 #                      when it found it faster and equal to eager in fp32; SPLITS=N: micro-batches;
 #                      DECAY=A:B: the learning rate falls linearly from step A to a tenth at step B
-#                      (train_needle.py stage --decay).
+#                      (train_needle.py stage --decay); DECOYS=SHARE:LO-HI: that share of the Python
+#                      generator's prompts get LO-HI earlier lines of the needle's label, the last one
+#                      asked for (train_needle.py stage --decoys)
 #                      Compiled, torch.compile's artifacts load from .compile-cache/needle.bin when it
 #                      was carried and are saved to OUT/compile-cache.bin (carry it back as
 #                      .compile-cache/needle.bin: compiling took 302 s on a fresh machine)
@@ -110,6 +112,7 @@ PY
       fi
       [ -n "${SPLITS:-}" ] && j+=(--splits "$SPLITS")
       [ -n "${DECAY:-}" ] && j+=(--decay "$DECAY")
+      [ -n "${DECOYS:-}" ] && j+=(--decoys "$DECOYS")
       budget=${s#train:}
       [ "${budget:0:1}" = @ ] && budget=$(( ${budget:1} - SECONDS ))
       python3 tools/train_needle.py stage "$stage" "$dir" --init "$init" --budget "$budget" --eval-seconds 0 \
