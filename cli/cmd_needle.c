@@ -35,6 +35,10 @@ static const st_opt_use make_options[] = {
   {ST_OPT_SHAPE, NULL, "agent (default: the transcript above) or toollist (one system string of\n"
                        "one-line tool descriptions with the environment in the middle, and one\n"
                        "question: the shape of a typical bug report's request)"},
+  {ST_OPT_DECOYS, NULL, "0 to 64 more lines with the needle's label and other values of its kind,\n"
+                        "at line boundaries before it, and a question asking for the last one:\n"
+                        "where a line sits is all that tells it, so a fault in the indexer's\n"
+                        "positions (index_rope=neox, compress_rope_theta) shows (default 0)"},
   {ST_OPT_MODEL, NULL, "directory with tokenizer.json for exact sizes"},
   {ST_OPT_RENDER, NULL, "rendering used for sizing: reference (default), sglang, vllm, atom"},
   {ST_OPT_THINKING, NULL, "ask for thinking / chat mode in the request (default: say nothing)"},
@@ -53,6 +57,7 @@ static const st_opt_use make_options[] = {
   {ST_OPT_LENGTHS, NULL, "batch mode: prompt sizes drawn from (default 1k,2k,4k)"},
   {ST_OPT_SPLIT, NULL, "batch mode: train (default; never kinds email, env nor question\n"
                        "families q5, q6) or heldout (every example has one of them)"},
+  {ST_OPT_DECOYS, "N", "batch mode: each example gets 0 to N decoys, drawn (default 0: none)"},
   {0}};
 
 static const st_cmd_spec make_spec = {
@@ -173,6 +178,7 @@ typedef struct batch_options {
   int n_shapes;                      /* 0: both */
   int64_t lengths[32];
   int n_lengths;                     /* 0: 1k, 2k, 4k */
+  int decoys;                        /* each example: 0 to this many decoys, drawn */
 } batch_options;
 
 static uint64_t batch_mix(uint64_t x) { /* splitmix64's finaliser */
@@ -191,7 +197,7 @@ static json_t *ids_array(const int32_t *ids, size_t n) {
 
 /* One example's line: what tools/needle_data.py jsonl-samples reads (README, "needle make --batch"). */
 static json_t *batch_line(int64_t index, const st_needle_spec *sp, const st_needle_prompt *np,
-                          const char *answer_text, const st_token_ids *answer, int heldout) {
+                          const char *answer_text, const st_token_ids *answer, int heldout, int decoys_field) {
   char family[8];
   snprintf(family, sizeof family, "q%d", np->family);
   json_t *o = json_pack("{s:I, s:I, s:s, s:s, s:s, s:s, s:b, s:b, s:f, s:f, s:I, s:I, s:s, s:s, s:s, s:I, s:s}",
@@ -208,6 +214,7 @@ static json_t *batch_line(int64_t index, const st_needle_spec *sp, const st_need
       json_object_set_new(o, "answer_span", json_pack("[I, I]", (json_int_t)n, (json_int_t)(n + (int64_t)answer->n))) ||
       json_object_set_new(o, "ids", ids_array(np->ids.ids, np->ids.n)) ||
       json_object_set_new(o, "answer_ids", ids_array(answer->ids, answer->n)) ||
+      (decoys_field && json_object_set_new(o, "decoys", json_integer(np->n_decoys))) ||
       json_object_set(o, "request", np->request)) {
     json_decref(o);
     return NULL;
@@ -243,6 +250,7 @@ static st_status batch_spec(const batch_options *b, uint64_t seed, int64_t i, st
   sp->tokens = b->n_lengths ? b->lengths[DRAW(b->n_lengths)] : default_lengths[DRAW(3)];
   sp->shape = b->n_shapes ? b->shapes[DRAW(b->n_shapes)] : (st_needle_shape)DRAW(ST_NEEDLE_SHAPE_COUNT);
   sp->seed = seed * 1000003ull + (uint64_t)i + 1;
+  sp->decoys = b->decoys ? DRAW(b->decoys + 1) : 0; /* drawn last: without decoys, the same bytes as before */
 #undef DRAW
   return ST_OK;
 }
@@ -282,7 +290,7 @@ static int run_batch(const batch_options *b, st_needle_spec *base, st_tokenizer 
     json_t *line = NULL;
     char *text = NULL;
     if (st_tokenizer_encode(tok, answer_text, strlen(answer_text), 0, &answer) ||
-        !(line = batch_line(i, &sp, &np, answer_text, &answer, b->heldout)) ||
+        !(line = batch_line(i, &sp, &np, answer_text, &answer, b->heldout, b->decoys > 0)) ||
         !(text = json_dumps(line, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENSURE_ASCII)) ||
         fputs(text, f) < 0 || fputc('\n', f) < 0) {
       if (!text && line) st_fail(ST_ENOMEM, "example %lld's line", (long long)i);
@@ -383,6 +391,10 @@ static int cmd_make(int argc, char **argv) {
       if (st_needle_shape_parse(o.arg, &sp.shape)) goto bad_value;
       have_drawn = "--shape";
       break;
+    case ST_OPT_DECOYS:
+      if (st_opt_int(o.name, o.arg, 0, ST_NEEDLE_MAX_DECOYS, &v)) goto bad_value;
+      sp.decoys = batch.decoys = v;
+      break;
     case ST_OPT_SHAPES:
       if ((batch.n_shapes = split_list(o.arg, batch.shapes, sizeof batch.shapes[0], ST_NEEDLE_SHAPE_COUNT,
                                        parse_shape_v)) < 1) {
@@ -479,6 +491,7 @@ static int cmd_make(int argc, char **argv) {
                              tok ? st_tokenizer_path(tok) : "");
     json_object_set_new(meta, "min_tokens", json_integer(np.min_tokens));
     json_object_set_new(meta, "shape", json_string(st_needle_shape_name(sp.shape)));
+    json_object_set_new(meta, "decoys", json_integer(np.n_decoys));
     if (!meta || json_dump_file(meta, meta_path, JSON_INDENT(2) | JSON_PRESERVE_ORDER)) {
       json_decref(meta);
       st_fail(ST_EIO, "%s: cannot write the metadata", meta_path);
@@ -498,6 +511,8 @@ static int cmd_make(int argc, char **argv) {
             "(%.3f of the prompt, requested %.3f), in the %s; %d tools, %d tool rounds\n",
             np.line, np.value, (long long)np.tokens, np.measured ? "tokenizer" : "estimate", np.prompt_len,
             (long long)np.needle_token, np.position, sp.position, np.placement, np.n_tools, np.n_rounds);
+  if (!quiet && sp.decoys)
+    fprintf(stderr, "decoys: %d earlier lines of \"%s\" (%d asked for)\n", np.n_decoys, np.label, sp.decoys);
 out:
   free(body);
   st_needle_prompt_free(&np);

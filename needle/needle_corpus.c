@@ -311,6 +311,18 @@ LIST(st_nc_questions_more,
      "Hold on before the next step. Give me back the %s line from the context (it begins \"%s:\"), "
      "exactly as written, no commentary.")
 
+/* The question when the prompt has decoys (st_needle_spec.decoys): the label's line was written
+** several times and the last one is asked for. The last wording is the held-out families'. */
+LIST(st_nc_decoy_questions,
+     "The %s changed a few times during this session. Which one is current? Reply with the last "
+     "line that starts with \"%s:\", exactly as it appears, and nothing else.",
+     "Several lines above give the %s; only the most recent one counts. Copy that line (it starts "
+     "with \"%s:\") verbatim, with no other text.",
+     "What is the %s now, after every change above? Answer with the latest \"%s: ...\" line, "
+     "character for character.",
+     "Ignore the earlier values of the %s: quote the final line that begins with \"%s:\", exactly "
+     "as written, and stop.")
+
 LIST(st_nc_thoughts,
      "Let me look at %s first.",
      "I'll check %s to see how this is handled.",

@@ -36,6 +36,7 @@ ST_NC_LIST(st_nc_people)      /* commit authors */
 ST_NC_LIST(st_nc_tasks)       /* user task openings, with %s for a module */
 ST_NC_LIST(st_nc_questions)   /* final questions: %s = label (twice); families q0-q2 */
 ST_NC_LIST(st_nc_questions_more) /* more final question families, q3.. (same arguments) */
+ST_NC_LIST(st_nc_decoy_questions) /* the final question with decoys: the last line of the label (same arguments) */
 ST_NC_LIST(st_nc_thoughts)    /* assistant lines before a tool call: %s = a path or pattern */
 ST_NC_LIST(st_nc_summaries)   /* assistant summary: %s = function, %s = path */
 

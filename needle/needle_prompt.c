@@ -115,7 +115,7 @@ static const char *pick(rng *r, const char *const *list, int n) { return list[rn
 
 #define PICK(r, list) pick(r, list, list##_n)
 
-enum { TAG_NEEDLE = 1, TAG_STRUCT, TAG_ROUND, TAG_TOOLS, TAG_IDS, TAG_TEXT, TAG_POOL };
+enum { TAG_NEEDLE = 1, TAG_STRUCT, TAG_ROUND, TAG_TOOLS, TAG_IDS, TAG_TEXT, TAG_POOL, TAG_DECOY, TAG_DECOY_SLOTS };
 
 /* ---------------------------------------------------------------- lines */
 
@@ -204,6 +204,10 @@ typedef struct gen {
   lines base, pool;
   int64_t system_F;    /* F the borrowed system was built for (-1: none yet) */
   char module[32], project[48];
+  /* decoys: their lines, and where they go (NULL: with the needle, just before it) */
+  int n_decoys;
+  char decoy_line[ST_NEEDLE_MAX_DECOYS][200];
+  const struct slot *decoy_at[ST_NEEDLE_MAX_DECOYS];
 } gen;
 
 /* Units, in order of appearance in a reference rendering. */
@@ -223,21 +227,24 @@ static int has_tool(const gen *g, const char *name) {
 
 /* ---------------------------------------------------------------- the needle */
 
-static void make_needle(gen *g) {
-  rng r = rng_for(g->seed, TAG_NEEDLE, (uint64_t)g->spec->kind);
+/* A label and a value of kind k, drawn from r (the needle's, or a decoy's stream). */
+static void kind_value(st_needle_kind kind, rng *rp, char *label, size_t label_size, char *value,
+                       size_t value_size) {
+  rng r = *rp;
   static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-  switch (g->spec->kind) {
+  struct { char label[64], value[128]; } out, *o = &out;
+  switch (kind) {
   case ST_NEEDLE_PATH: {
     const char *a = PICK(&r, st_nc_words), *b = PICK(&r, st_nc_words), *m = PICK(&r, st_nc_modules);
-    snprintf(g->label, sizeof g->label, "Working directory");
-    snprintf(g->value, sizeof g->value, "/home/dev/projects/%s-%s-%04x/services/%s", a, b,
+    snprintf(o->label, sizeof o->label, "Working directory");
+    snprintf(o->value, sizeof o->value, "/home/dev/projects/%s-%s-%04x/services/%s", a, b,
              (unsigned)(rng_u64(&r) & 0xffff), m);
     break;
   }
   case ST_NEEDLE_HOST: {
     const char *a = PICK(&r, st_nc_words), *b = PICK(&r, st_nc_words), *reg = PICK(&r, st_nc_regions);
-    snprintf(g->label, sizeof g->label, "Primary database host");
-    snprintf(g->value, sizeof g->value, "pg-%s-%02d.%s.internal.%s-%03x.net", a, rng_range(&r, 1, 99), reg, b,
+    snprintf(o->label, sizeof o->label, "Primary database host");
+    snprintf(o->value, sizeof o->value, "pg-%s-%02d.%s.internal.%s-%03x.net", a, rng_range(&r, 1, 99), reg, b,
              (unsigned)(rng_u64(&r) & 0xfff));
     break;
   }
@@ -245,28 +252,28 @@ static void make_needle(gen *g) {
     char key[33];
     for (int i = 0; i < 32; i++) key[i] = alnum[rng_int(&r, 62)];
     key[32] = 0;
-    snprintf(g->label, sizeof g->label, "Deploy API key");
-    snprintf(g->value, sizeof g->value, "sk-live-%s", key);
+    snprintf(o->label, sizeof o->label, "Deploy API key");
+    snprintf(o->value, sizeof o->value, "sk-live-%s", key);
     break;
   }
   case ST_NEEDLE_TICKET: {
     char proj[5];
     for (int i = 0; i < 4; i++) proj[i] = (char)('A' + rng_int(&r, 26));
     proj[rng_range(&r, 2, 4)] = 0;
-    snprintf(g->label, sizeof g->label, "Tracking ticket");
-    snprintf(g->value, sizeof g->value, "%s-%d", proj, rng_range(&r, 10, 99999));
+    snprintf(o->label, sizeof o->label, "Tracking ticket");
+    snprintf(o->value, sizeof o->value, "%s-%d", proj, rng_range(&r, 10, 99999));
     break;
   }
   case ST_NEEDLE_BRANCH: {
     const char *a = PICK(&r, st_nc_words), *b = PICK(&r, st_nc_nouns);
-    snprintf(g->label, sizeof g->label, "Release branch");
-    snprintf(g->value, sizeof g->value, "release/%s-%s-%d.%d", a, b, rng_range(&r, 1, 9), rng_range(&r, 0, 40));
+    snprintf(o->label, sizeof o->label, "Release branch");
+    snprintf(o->value, sizeof o->value, "release/%s-%s-%d.%d", a, b, rng_range(&r, 1, 9), rng_range(&r, 0, 40));
     break;
   }
   case ST_NEEDLE_URL: {
     const char *a = PICK(&r, st_nc_words), *b = PICK(&r, st_nc_modules), *c = PICK(&r, st_nc_nouns);
-    snprintf(g->label, sizeof g->label, "Artifact URL");
-    snprintf(g->value, sizeof g->value, "https://artifacts.%s.dev/%s/%s-%04x.tar.gz?build=%d", a, b, c,
+    snprintf(o->label, sizeof o->label, "Artifact URL");
+    snprintf(o->value, sizeof o->value, "https://artifacts.%s.dev/%s/%s-%04x.tar.gz?build=%d", a, b, c,
              (unsigned)(rng_u64(&r) & 0xffff), rng_range(&r, 100, 99999));
     break;
   }
@@ -275,8 +282,8 @@ static void make_needle(gen *g) {
     char user[48];
     snprintf(user, sizeof user, "%s", a);
     for (char *p = user; *p; p++) *p = *p == ' ' ? '.' : (char)tolower((unsigned char)*p);
-    snprintf(g->label, sizeof g->label, "On-call contact");
-    snprintf(g->value, sizeof g->value, "%s%d@%s-ops.example.org", user, rng_range(&r, 1, 99), b);
+    snprintf(o->label, sizeof o->label, "On-call contact");
+    snprintf(o->value, sizeof o->value, "%s%d@%s-ops.example.org", user, rng_range(&r, 1, 99), b);
     break;
   }
   case ST_NEEDLE_COMMIT: {
@@ -284,8 +291,8 @@ static void make_needle(gen *g) {
     char h[41];
     for (int i = 0; i < 40; i++) h[i] = hex[rng_int(&r, 16)];
     h[40] = 0;
-    snprintf(g->label, sizeof g->label, "Pinned commit");
-    snprintf(g->value, sizeof g->value, "%s", h);
+    snprintf(o->label, sizeof o->label, "Pinned commit");
+    snprintf(o->value, sizeof o->value, "%s", h);
     break;
   }
   case ST_NEEDLE_ENV: {
@@ -294,8 +301,8 @@ static void make_needle(gen *g) {
     for (char *p = name; *p; p++) *p = isalnum((unsigned char)*p) ? (char)toupper((unsigned char)*p) : '_';
     for (int i = 0; i < 12; i++) val[i] = alnum[rng_int(&r, 62)];
     val[12] = 0;
-    snprintf(g->label, sizeof g->label, "Environment variable");
-    snprintf(g->value, sizeof g->value, "%s=%s", name, val);
+    snprintf(o->label, sizeof o->label, "Environment variable");
+    snprintf(o->value, sizeof o->value, "%s=%s", name, val);
     break;
   }
   case ST_NEEDLE_RANDOM: {
@@ -303,8 +310,8 @@ static void make_needle(gen *g) {
     char t[25];
     for (int i = 0; i < 24; i++) t[i] = printable[rng_int(&r, (int)sizeof printable - 1)];
     t[24] = 0;
-    snprintf(g->label, sizeof g->label, "Session token");
-    snprintf(g->value, sizeof g->value, "%s", t);
+    snprintf(o->label, sizeof o->label, "Session token");
+    snprintf(o->value, sizeof o->value, "%s", t);
     break;
   }
   default: {
@@ -312,11 +319,36 @@ static void make_needle(gen *g) {
     num[0] = (char)('1' + rng_int(&r, 9));
     for (int i = 1; i < 14; i++) num[i] = (char)('0' + rng_int(&r, 10));
     num[14] = 0;
-    snprintf(g->label, sizeof g->label, "Incident ticket number");
-    snprintf(g->value, sizeof g->value, "%s", num);
+    snprintf(o->label, sizeof o->label, "Incident ticket number");
+    snprintf(o->value, sizeof o->value, "%s", num);
     break;
   }
   }
+  *rp = r;
+  snprintf(label, label_size, "%s", out.label);
+  snprintf(value, value_size, "%s", out.value);
+}
+
+/* Decoy i's line: the needle's label, another value of its kind, unlike the needle's and the
+** earlier decoys' (neither holds the other: the needle's value must occur once in the prompt). */
+static void make_decoy(gen *g, int i) {
+  rng r = rng_for(g->seed, TAG_DECOY, (uint64_t)g->spec->kind * ST_NEEDLE_MAX_DECOYS + (uint64_t)i);
+  char label[64], value[128];
+  for (int tries = 0;; tries++) {
+    kind_value(g->spec->kind, &r, label, sizeof label, value, sizeof value);
+    int clash = strstr(value, g->value) || strstr(g->value, value);
+    for (int j = 0; j < i && !clash; j++) {
+      const char *v = g->decoy_line[j] + strlen(g->label) + 2;
+      clash = strstr(value, v) || strstr(v, value);
+    }
+    if (!clash || tries == 100) break;
+  }
+  snprintf(g->decoy_line[i], sizeof g->decoy_line[i], "%s: %s", g->label, value);
+}
+
+static void make_needle(gen *g) {
+  rng r = rng_for(g->seed, TAG_NEEDLE, (uint64_t)g->spec->kind);
+  kind_value(g->spec->kind, &r, g->label, sizeof g->label, g->value, sizeof g->value);
   snprintf(g->line, sizeof g->line, "%s: %s", g->label, g->value);
   char lower[64];
   snprintf(lower, sizeof lower, "%s", g->label);
@@ -326,6 +358,12 @@ static void make_needle(gen *g) {
   if (fam < 0 || fam >= ST_NEEDLE_FAMILY_COUNT) fam = rng_int(&q, st_nc_questions_n); /* as PICK did */
   g->family = fam;
   const char *tmpl = fam < st_nc_questions_n ? st_nc_questions[fam] : st_nc_questions_more[fam - st_nc_questions_n];
+  g->n_decoys = g->spec->decoys < 0 ? 0 : g->spec->decoys > ST_NEEDLE_MAX_DECOYS ? ST_NEEDLE_MAX_DECOYS : g->spec->decoys;
+  if (g->n_decoys) { /* the last wording is the held-out families' */
+    int n = st_nc_decoy_questions_n;
+    tmpl = st_nc_decoy_questions[st_needle_heldout_family(fam) ? n - 1 : fam % (n - 1)];
+    for (int i = 0; i < g->n_decoys; i++) make_decoy(g, i);
+  }
   g->question = xasprintf(tmpl, lower, g->label);
 }
 
@@ -826,14 +864,43 @@ static void list_slots(const gen *g, int64_t F, slots *S) {
 
 /* ---------------------------------------------------------------- emission */
 
-/* Lines [0, n) of L joined with "\n", the needle inserted before line `at` (at < 0: none). */
-static char *join(const gen *g, char *const *v, int n, int at) {
+/* A line that goes into a unit (the system text, a tool's description, the task, a turn's
+** thought or output, the summary) before its line `at`: the needle, or a decoy. */
+typedef struct insert {
+  int at;
+  const char *text;
+} insert;
+
+/* The lines unit (k, index) gets when the needle is at s: the decoys placed in it, those parked
+** with the needle (decoy_at NULL: just before it, while the needle's place is searched), and
+** the needle; ordered by `at`, a decoy before the needle at the same line. Returns how many. */
+static int inserts_for(const gen *g, const slot *s, unit_kind k, int index, insert out[ST_NEEDLE_MAX_DECOYS + 1]) {
+  int n = 0, needle_here = s && s->kind == k && s->index == index;
+  for (int i = 0; i < g->n_decoys; i++) {
+    const slot *d = g->decoy_at[i] ? g->decoy_at[i] : needle_here ? s : NULL;
+    if (d && d->kind == k && d->index == index) out[n++] = (insert){d->line, g->decoy_line[i]};
+  }
+  if (needle_here) out[n++] = (insert){s->line, g->line};
+  for (int i = 1; i < n; i++) { /* stable: equal lines keep decoys first */
+    insert x = out[i];
+    int j = i;
+    for (; j > 0 && out[j - 1].at > x.at; j--) out[j] = out[j - 1];
+    out[j] = x;
+  }
+  return n;
+}
+
+/* Lines [0, n) of v joined with "\n", with unit (k, index)'s inserts (inserts_for) as lines of
+** their own before their line. */
+static char *join(const gen *g, char *const *v, int n, const slot *s, unit_kind k, int index) {
+  insert ins[ST_NEEDLE_MAX_DECOYS + 1];
+  int nins = inserts_for(g, s, k, index, ins), next = 0;
   st_buf t = {0};
   int first = 1;
   for (int i = 0; i <= n; i++) {
-    if (i == at) {
+    for (; next < nins && (ins[next].at <= i || i == n); next++) {
       if (!first) st_buf_str(&t, "\n");
-      st_buf_str(&t, g->line);
+      st_buf_str(&t, ins[next].text);
       first = 0;
     }
     if (i == n) break;
@@ -842,14 +909,14 @@ static char *join(const gen *g, char *const *v, int n, int at) {
     first = 0;
   }
   if (t.failed) oom_flag = 1;
-  char *s = st_buf_take(&t, NULL);
-  if (!s) oom_flag = 1;
-  return s;
+  char *r = st_buf_take(&t, NULL);
+  if (!r) oom_flag = 1;
+  return r;
 }
 
-static char *join1(const gen *g, const char *s, int at) {
-  char *v[1] = {(char *)s};
-  return join(g, v, 1, at);
+static char *join1(const gen *g, const char *text, const slot *s, unit_kind k, int index) {
+  char *v[1] = {(char *)text};
+  return join(g, v, 1, s, k, index);
 }
 
 /* Sentences of a paragraph: they end at ". ". */
@@ -859,16 +926,20 @@ static int sentence_count(const char *s) {
   return n;
 }
 
-/* A paragraph with the needle on its own line before sentence `at` (at < 0: none). */
-static char *join_sentences(const gen *g, const char *s, int at) {
-  if (at < 0) return join1(g, s, -1);
+/* A paragraph with unit (k, index)'s inserts each on its own line before their sentence. */
+static char *join_sentences(const gen *g, const char *text, const slot *s, unit_kind k, int index) {
+  insert ins[ST_NEEDLE_MAX_DECOYS + 1];
+  int nins = inserts_for(g, s, k, index, ins), next = 0;
+  if (!nins) return join1(g, text, NULL, k, index);
   st_buf t = {0};
   int i = 0;
-  const char *p = s;
+  const char *p = text;
   for (;;) {
-    if (i == at) {
-      if (t.len) st_buf_str(&t, "\n");
-      st_buf_str(&t, g->line);
+    if (next < nins && (ins[next].at <= i || !*p)) {
+      for (; next < nins && (ins[next].at <= i || !*p); next++) {
+        if (t.len) st_buf_str(&t, "\n");
+        st_buf_str(&t, ins[next].text);
+      }
       if (*p) st_buf_str(&t, "\n");
     }
     if (!*p) break;
@@ -878,7 +949,7 @@ static char *join_sentences(const gen *g, const char *s, int at) {
     p += len;
     if (*p == ' ') {
       p++;
-      if (i + 1 != at) st_buf_str(&t, " ");
+      if (!(next < nins && ins[next].at <= i + 1)) st_buf_str(&t, " ");
     }
     i++;
   }
@@ -886,10 +957,6 @@ static char *join_sentences(const gen *g, const char *s, int at) {
   char *r = st_buf_take(&t, NULL);
   if (!r) oom_flag = 1;
   return r;
-}
-
-static int at_of(const slot *s, unit_kind k, int index) {
-  return s && s->kind == k && s->index == index ? s->line : -1;
 }
 
 static json_t *text_blocks(const char *text) {
@@ -907,11 +974,11 @@ static char *dumps_compact(const json_t *v) {
 }
 
 /* The user's text when the request has no tools: the command and its output. */
-static char *pasted_output(const gen *g, const turn *rd, int n, int at) {
-  char *body = join(g, rd->out.v, n, at);
-  char *s = xasprintf("$ %s\n%s", rd->shell, body ? body : "");
+static char *pasted_output(const gen *g, const turn *rd, int n, const slot *s, int index) {
+  char *body = join(g, rd->out.v, n, s, U_OUTPUT, index);
+  char *text = xasprintf("$ %s\n%s", rd->shell, body ? body : "");
   free(body);
-  return s;
+  return text;
 }
 
 static char *no_tool_thought(const turn *rd) {
@@ -924,7 +991,7 @@ static json_t *build_request(gen *g, int64_t F, const slot *s) {
   json_t *req = json_object();
   json_object_set_new(req, "model", json_string(sp->model_name ? sp->model_name : "deepseek-v4"));
   int max_tokens = sp->max_tokens > 0 ? sp->max_tokens : 256;
-  char *system = join(g, g->system.v, g->system.n, at_of(s, U_SYSTEM, 0));
+  char *system = join(g, g->system.v, g->system.n, s, U_SYSTEM, 0);
 
   /* tools */
   json_t *tools = json_array();
@@ -933,7 +1000,14 @@ static json_t *build_request(gen *g, int64_t F, const slot *s) {
     json_error_t e;
     json_t *schema = json_loads(T->schema, JSON_PRESERVE_ORDER, &e);
     ST_ASSERT(schema); /* the corpus is fixed: a parse failure is a bug */
-    char *desc = at_of(s, U_TOOL, t) >= 0 ? xasprintf("%s\n\n%s", T->description, g->line) : strdup(T->description);
+    /* the needle (and decoys) in a description: a paragraph after it */
+    insert ins[ST_NEEDLE_MAX_DECOYS + 1];
+    int nins = inserts_for(g, s, U_TOOL, t, ins);
+    st_buf d = {0};
+    st_buf_str(&d, T->description);
+    for (int i = 0; i < nins; i++) st_buf_str(&d, i ? "\n" : "\n\n"), st_buf_str(&d, ins[i].text);
+    char *desc = d.failed ? NULL : st_buf_take(&d, NULL);
+    if (d.failed) st_buf_free(&d);
     if (!desc) oom_flag = 1;
     json_t *tool;
     if (fmt == ST_NEEDLE_ANTHROPIC)
@@ -950,7 +1024,7 @@ static json_t *build_request(gen *g, int64_t F, const slot *s) {
 
   /* messages */
   json_t *msgs = json_array();
-  char *task = join_sentences(g, g->task, at_of(s, U_TASK, 0));
+  char *task = join_sentences(g, g->task, s, U_TASK, 0);
   int last_lines, nr = rounds_for(g, F, &last_lines);
   int toollist = sp->shape == ST_NEEDLE_SHAPE_TOOLLIST;
   if (fmt == ST_NEEDLE_OPENAI_CHAT) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system));
@@ -965,13 +1039,13 @@ static json_t *build_request(gen *g, int64_t F, const slot *s) {
   for (int r = 0; r < nr; r++) {
     const turn *rd = &g->rounds[r];
     int n = r == nr - 1 ? last_lines : rd->out.n;
-    char *thought = g->n_tools ? join1(g, rd->thought, at_of(s, U_THOUGHT, r)) : NULL;
+    char *thought = g->n_tools ? join1(g, rd->thought, s, U_THOUGHT, r) : NULL;
     if (!g->n_tools) {
       char *t0 = no_tool_thought(rd);
-      thought = join1(g, t0 ? t0 : "", at_of(s, U_THOUGHT, r));
+      thought = join1(g, t0 ? t0 : "", s, U_THOUGHT, r);
       free(t0);
     }
-    char *output = g->n_tools ? join(g, rd->out.v, n, at_of(s, U_OUTPUT, r)) : pasted_output(g, rd, n, at_of(s, U_OUTPUT, r));
+    char *output = g->n_tools ? join(g, rd->out.v, n, s, U_OUTPUT, r) : pasted_output(g, rd, n, s, r);
     char call_id[64];
     if (fmt == ST_NEEDLE_ANTHROPIC) snprintf(call_id, sizeof call_id, "toolu_01%.22s", rd->call_id);
     else snprintf(call_id, sizeof call_id, "call_%s", rd->call_id);
@@ -1015,7 +1089,7 @@ static json_t *build_request(gen *g, int64_t F, const slot *s) {
     free(thought);
     free(output);
   }
-  char *summary = join_sentences(g, g->summary, at_of(s, U_SUMMARY, 0));
+  char *summary = join_sentences(g, g->summary, s, U_SUMMARY, 0);
   if (fmt == ST_NEEDLE_ANTHROPIC) {
     if (!toollist)
       json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "assistant", "content", text_blocks(summary)));
@@ -1171,6 +1245,11 @@ static void gen_free(gen *g) {
   free(g->rounds);
 }
 
+static int cmp_int(const void *a, const void *b) {
+  int x = *(const int *)a, y = *(const int *)b;
+  return (x > y) - (x < y);
+}
+
 static const char *placement_name(const slot *s) {
   switch (s->kind) {
   case U_SYSTEM: return "system";
@@ -1187,6 +1266,8 @@ st_status st_needle_make(const st_needle_spec *spec, st_needle_prompt *out) {
   if (!(spec->position >= 0.0 && spec->position <= 1.0))
     return st_fail(ST_EINVAL, "needle position %g: expected a fraction in [0, 1]", spec->position);
   if (spec->tokens < 1) return st_fail(ST_EINVAL, "needle prompt size %lld: expected a positive token count", (long long)spec->tokens);
+  if (spec->decoys < 0 || spec->decoys > ST_NEEDLE_MAX_DECOYS)
+    return st_fail(ST_EINVAL, "needle decoys %d: expected 0 to %d", spec->decoys, ST_NEEDLE_MAX_DECOYS);
   oom_flag = 0;
   gen g = {0};
   g.spec = spec;
@@ -1278,6 +1359,27 @@ st_status st_needle_make(const st_needle_spec *spec, st_needle_prompt *out) {
     measured_free(&m);
   }
 
+  /* Decoys: from beside the needle (where they were while its place was searched, so the sizes
+  ** counted them) to line boundaries drawn among those before it, in prompt order. */
+  if (g.n_decoys) {
+    int placed = g.n_decoys < chosen ? g.n_decoys : chosen;
+    int *pick = malloc(sizeof(int) * (size_t)(chosen > 0 ? chosen : 1));
+    if (!pick) { rc = st_fail(ST_ENOMEM, "needle decoys"); goto out; }
+    for (int i = 0; i < chosen; i++) pick[i] = i;
+    rng r = rng_for(g.seed, TAG_DECOY_SLOTS, (uint64_t)chosen);
+    for (int i = 0; i < placed; i++) { /* a partial Fisher-Yates shuffle: `placed` distinct slots */
+      int j = i + rng_int(&r, chosen - i), t = pick[i];
+      pick[i] = pick[j];
+      pick[j] = t;
+    }
+    qsort(pick, (size_t)placed, sizeof pick[0], cmp_int);
+    for (int i = 0; i < placed; i++) g.decoy_at[i] = &S.v[pick[i]];
+    free(pick);
+    g.n_decoys = placed;
+    measured_free(&best);
+    if ((rc = measure(&g, F, &S.v[chosen], 1, &best))) goto out;
+  }
+
   out->request = best.request;
   best.request = NULL;
   memcpy(out->label, g.label, sizeof out->label);
@@ -1303,6 +1405,7 @@ st_status st_needle_make(const st_needle_spec *spec, st_needle_prompt *out) {
   out->n_rounds = rounds_for(&g, F, &last_lines);
   out->filler_lines = (int)F;
   out->placement = placement_name(&S.v[chosen]);
+  out->n_decoys = g.n_decoys;
 out:
   measured_free(&m);
   measured_free(&best);

@@ -19,6 +19,10 @@
 ** Deterministic: the same spec (seed, tokens, position, kind, format, tokenizer, profile) gives
 ** the same bytes. The needle itself depends only on seed and kind, so one seed recalls the same
 ** value at every size and position.
+**
+** Decoys (spec.decoys): earlier lines with the needle's label and other values of its kind, and
+** a question asking for the last of them; the needle stays at `position`, and the decoys take
+** line boundaries before it, drawn by the seed.
 */
 #ifndef ST_NEEDLE_PROMPT_H
 #define ST_NEEDLE_PROMPT_H
@@ -90,7 +94,17 @@ typedef struct st_needle_spec {
   st_needle_shape shape;     /* the request's shape (default: agent) */
   int family;                /* the final question's template family, 0..ST_NEEDLE_FAMILY_COUNT-1;
                              ** -1 (default): one of the first three, picked by the seed */
+  int decoys;                /* 0..ST_NEEDLE_MAX_DECOYS: more lines with the needle's label and a
+                             ** value of its kind, at line boundaries before the needle, and a
+                             ** question asking for the last one (0, the default: none, and the
+                             ** same bytes as before decoys existed) */
 } st_needle_spec;
+
+/* Decoys: where a line sits is then all that tells the answer, so a fault in the indexer's
+** positional part (index_rope=neox, compress_rope_theta) loses it where the needle alone, found
+** by its content, survives. At most this many per request; fewer when the needle has fewer line
+** boundaries before it. */
+#define ST_NEEDLE_MAX_DECOYS 64
 
 /* Template families of the final question: "q0".."q6". q0-q2 are the ones `needle make` has
 ** always used; q5 and q6 (and the kinds email and env) are held out of the batch mode's train
@@ -121,6 +135,7 @@ typedef struct st_needle_prompt {
   int n_tools, n_rounds, filler_lines;
   const char *placement;     /* "system", "tool description", "user", "assistant", "tool result" */
   int family;                /* the question's template family used (0..ST_NEEDLE_FAMILY_COUNT-1) */
+  int n_decoys;              /* decoy lines placed before the needle (<= spec.decoys) */
 } st_needle_prompt;
 
 /* Builds the request for spec. Errors: ST_EINVAL for a bad spec (position outside [0, 1],

@@ -115,6 +115,46 @@ assert meta["needle"].encode() in span, span  # byte-level vocabulary: ids are t
 PY
 check "no estimate notice with a tokenizer" bash -c "! grep -q estimates '$work/t.err'"
 
+# decoys: N more lines of the needle's label before it, the last one asked for; checked on the
+# rendered prompt (render: an independent pass over the request), every format and both shapes
+for fmt in anthropic openai-chat openai-responses; do
+  for shape in agent toollist; do
+    for kind in path url random; do
+      $st needle make --tokens 3k --position 0.75 --seed 4 --kind $kind --format $fmt --shape $shape --decoys 12 \
+        --model "$model" --quiet --out "$work/d-$fmt-$shape-$kind.json" --meta "$work/d-$fmt-$shape-$kind.meta" ||
+        fail "make --decoys 12 $fmt $shape $kind"
+      $st render --request "$work/d-$fmt-$shape-$kind.json" >"$work/d-$fmt-$shape-$kind.txt"
+    done
+  done
+done
+check "decoys: 12 earlier lines of the label, values distinct, the needle last and once, at 0.75, 3k" $py - "$work" <<'PY'
+import glob, json, re, sys
+work = sys.argv[1]
+n = 0
+for path in sorted(glob.glob(f"{work}/d-*.meta")):
+    meta, text = json.load(open(path)), open(path[:-5] + ".txt", "rb").read()  # byte offsets, as meta's
+    head = (meta["label"] + ": ").encode()
+    # where a line starts with the label (the question quotes it: '"Label: ...'), up to the line's
+    # end: a newline, an escaped one (a tool description's JSON), a tag or a special token
+    at = [m.start() for m in re.finditer(re.escape(head), text) if text[m.start() - 1:m.start()] != b'"']
+    values = [re.split(rb'\\n|["\n]|</|<\xef\xbd\x9c', text[a + len(head):])[0].decode() for a in at]
+    lines = list(zip(at, values))
+    assert meta["decoys"] == 12 and len(lines) == 13, (path, meta["decoys"], len(lines))
+    assert text.count(meta["needle"].encode()) == 1 and lines[-1] == (meta["needle_byte"], meta["expected"]), (path, lines[-1])
+    assert len({v for _, v in lines}) == 13, (path, values)
+    assert lines[0][0] < meta["needle_byte"] / 2, (path, "decoys bunched near the needle", lines[0][0])
+    assert abs(meta["position"] - 0.75) < 0.03 and abs(meta["tokens"] - 3072) <= 0.02 * 3072, (path, meta["position"], meta["tokens"])
+    assert re.search("last|most recent|latest|final", meta["question"]) and meta["label"] in meta["question"], meta["question"]
+    n += 1
+assert n == 18, n
+PY
+$st needle make --tokens 3k --position 0.75 --seed 4 --decoys 12 --model "$model" --quiet >"$work/d2.json"
+check "decoys: same arguments, same bytes" cmp -s "$work/d2.json" "$work/d-anthropic-agent-path.json"
+$st needle make --tokens 3k --position 0.02 --seed 4 --decoys 12 --model "$model" --quiet --meta "$work/d3.meta" >/dev/null
+check "decoys: a needle near the start gets only the boundaries before it" $py -c "
+import json, sys; m = json.load(open('$work/d3.meta')); sys.exit(0 if 0 <= m['decoys'] < 12 else 1)"
+expect_usage "make refuses more than 64 decoys" "--decoys" $st needle make --tokens 2k --position 0.5 --seed 1 --decoys 65
+
 expect_usage "make needs --tokens, --position, --seed" "required" $st needle make --tokens 2k
 expect_usage "make refuses a position outside [0, 1]" "fraction" $st needle make --tokens 2k --position 1.5 --seed 1
 expect_usage "make refuses an unknown kind" "path, host, key, number, ticket, branch, url, email, commit, env or random" $st needle make --tokens 2k --position 0.5 --seed 1 --kind color

@@ -48,6 +48,10 @@ out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --shapes tree -
 [ $rc = 2 ] && grep -q "shapes 'tree'" <<< "$out" || fail "--shapes tree: rc $rc, '$out'"
 [ -e "$work/x.jsonl" ] && fail "a refused batch left $work/x.jsonl"
 
+# decoys: each example 0 to 8 of them, drawn after everything else (a.jsonl's draws unchanged)
+$st needle make --batch 24 --jsonl "$work/d.jsonl" --seed 7 --model "$model" --lengths 512,1k --decoys 8 -q ||
+  fail "batch --decoys 8"
+
 exec /usr/bin/python3 - "$st" "$model" "$work" <<'PY'
 import glob, json, os, re, subprocess, sys
 st, model, work = sys.argv[1:]
@@ -131,6 +135,24 @@ for path in sorted(glob.glob(os.path.join(work, "k-*.jsonl"))):
     combos += 1
 if combos != 66: bad(f"{combos} kind x format x shape files, 66 expected")
 if {e["shape"] for e in train} != {"agent", "toollist"}: bad("train lacks a shape")
+# decoys: the same examples as without them (kind, format, shape, family, size, position, seed),
+# each with 0-8 more lines of its label before the needle whose values look like the kind's
+plain = [json.loads(l) for l in open(f"{work}/a.jsonl")]
+with_decoys = [json.loads(l) for l in open(f"{work}/d.jsonl")]
+keys = ("kind", "format", "shape", "family", "tokens_requested", "position_requested", "seed", "thinking")
+if any("decoys" in e for e in plain): bad("a batch without --decoys wrote a decoys field")
+counts = []
+for e, p in zip(with_decoys, plain):
+    if any(e[k] != p[k] for k in keys): bad(f"--decoys changed example {e['index']}'s draws")
+    n = e.get("decoys", -1)
+    counts.append(n)
+    if not 0 <= n <= 8: bad(f"example {e['index']}: decoys {n}")
+    text = decode(e["ids"])
+    head = e["needle"].split(": ", 1)[0] + ": "
+    vals = [m.group(1) for m in re.finditer(re.escape(head) + "(" + VALUE[e["kind"]] + ")", text)]
+    if len(vals) != n + 1 or vals[-1] != e["value"] or len(set(vals)) != n + 1:
+        bad(f"example {e['index']}: {n} decoys, the prompt's lines of {head!r}: {vals}")
+if len(set(counts)) < 3: bad(f"--decoys 8: the counts drawn are {counts}")
 if failures: sys.exit(1)
 print(f"{len(train)} train and {len(held)} held-out examples, and all 66 kinds x formats x shapes: spans, answers, "
       "held-out lists and `sparsetrace render` ids check")
