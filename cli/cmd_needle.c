@@ -88,6 +88,8 @@ static const st_opt_use sweep_options[] = {
   {ST_OPT_KIND, NULL, "path (default), host, key, number, ticket, branch, url, email, commit,\n"
                       "env, random (as needle make)"},
   {ST_OPT_SHAPE, NULL, "request shape: agent (default) or toollist (as needle make)"},
+  {ST_OPT_DECOYS, NULL, "0 to 64 earlier lines of the needle's label in every request, the last\n"
+                        "one asked for (as needle make; default 0): recall by position"},
   {ST_OPT_FORMAT, NULL, "engine request format: openai-chat (default), anthropic,\n"
                         "openai-responses (a server gets the format of its --api)"},
   {ST_OPT_RENDER, NULL, "engine rendering: reference (default), sglang, vllm, atom"},
@@ -579,6 +581,7 @@ static void print_json(const st_harness_options *o, const st_harness_result *r) 
   json_object_set_new(root, "api", json_string(st_harness_api_name(o->api)));
   json_object_set_new(root, "kind", json_string(st_needle_kind_name(o->kind)));
   json_object_set_new(root, "shape", json_string(st_needle_shape_name(o->shape)));
+  json_object_set_new(root, "decoys", json_integer(o->decoys));
   json_error_t e;
   json_t *settings = json_loads(r->settings_json, 0, &e);
   json_object_set_new(root, "settings", settings ? settings : json_object());
@@ -632,10 +635,12 @@ static void print_json(const st_harness_options *o, const st_harness_result *r) 
 }
 
 static void print_table(const st_harness_options *o, const st_harness_result *r, char **token_labels) {
-  printf("needle sweep %s: %s %s, kind %s%s%s, seeds %llu..%llu\n", r->sweep_id,
+  char decoys[32] = "";
+  if (o->decoys) snprintf(decoys, sizeof decoys, ", %d decoys", o->decoys);
+  printf("needle sweep %s: %s %s, kind %s%s%s%s, seeds %llu..%llu\n", r->sweep_id,
          o->api == ST_HARNESS_ENGINE ? "engine" : st_harness_api_name(o->api), r->target, st_needle_kind_name(o->kind),
          o->shape != ST_NEEDLE_SHAPE_AGENT ? ", shape " : "", o->shape != ST_NEEDLE_SHAPE_AGENT ? st_needle_shape_name(o->shape) : "",
-         (unsigned long long)o->first_seed, (unsigned long long)(o->first_seed + (uint64_t)o->n_seeds - 1));
+         decoys, (unsigned long long)o->first_seed, (unsigned long long)(o->first_seed + (uint64_t)o->n_seeds - 1));
   printf("settings %s\n\n", r->settings_json);
   printf("%-16s", "tokens");
   for (int p = 0; p < o->n_positions; p++) printf("  %6.2f", o->positions[p]);
@@ -738,6 +743,10 @@ static int cmd_sweep(int argc, char **argv) {
       break;
     case ST_OPT_SHAPE:
       if (st_needle_shape_parse(op.arg, &o.shape)) goto bad_value;
+      break;
+    case ST_OPT_DECOYS:
+      if (st_opt_int(op.name, op.arg, 0, ST_NEEDLE_MAX_DECOYS, &v)) goto bad_value;
+      o.decoys = v;
       break;
     case ST_OPT_FORMAT:
       if (st_needle_format_parse(op.arg, &o.format)) goto bad_value;

@@ -225,8 +225,8 @@ int st_harness_answer_passes(const char *answer, const char *expected) {
 static const char insert_sql[] =
   "INSERT INTO needle_attempts (sweep_id, created_at, target, api, format, render, thinking, tokens_requested, "
   "tokens_actual, tokens_measure, tokens_reported, position, position_actual, seed, kind, needle, expected, "
-  "answer, pass, run_id, needle_start, needle_end, max_new_tokens, settings, error, duration_s, shape) "
-  "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
+  "answer, pass, run_id, needle_start, needle_end, max_new_tokens, settings, error, duration_s, shape, decoys) "
+  "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
 
 st_status st_harness_store(st_harness *w, const char *sweep_id, st_harness_attempt *a) {
   const st_harness_options *o = &w->o;
@@ -279,6 +279,7 @@ st_status st_harness_store(st_harness *w, const char *sweep_id, st_harness_attem
   i++;
   sqlite3_bind_double(s, i++, a->seconds);
   sqlite3_bind_text(s, i++, st_needle_shape_name(a->shape), -1, SQLITE_STATIC);
+  sqlite3_bind_int(s, i++, a->decoys);
   if (sqlite3_step(s) != SQLITE_DONE)
     return st_fail(ST_ESQLITE, "%s: storing a needle attempt: %s", st_index_path(w->ix), sqlite3_errmsg(st_index_db(w->ix)));
   a->attempt_id = sqlite3_last_insert_rowid(st_index_db(w->ix));
@@ -296,6 +297,7 @@ static void spec_for(const sweep *w, st_harness_attempt *a, st_needle_format for
   sp->seed = a->seed;
   sp->kind = a->kind;
   sp->shape = a->shape;
+  sp->decoys = a->decoys;
   sp->format = format;
   sp->tok = w->tok;
   sp->render = o->render;
@@ -556,6 +558,9 @@ static void binary_attempt(sweep *w, st_harness_attempt *a) {
   argv[n++] = "--first-seed", argv[n++] = seed;
   argv[n++] = "--kind", argv[n++] = (char *)st_needle_kind_name(a->kind);
   if (a->shape != ST_NEEDLE_SHAPE_AGENT) argv[n++] = "--shape", argv[n++] = (char *)st_needle_shape_name(a->shape);
+  char decoys[16];
+  snprintf(decoys, sizeof decoys, "%d", a->decoys);
+  if (a->decoys) argv[n++] = "--decoys", argv[n++] = decoys; /* a build older than decoys is asked for none */
   argv[n++] = "--format", argv[n++] = (char *)st_needle_format_name(a->format);
   argv[n++] = "--render", argv[n++] = (char *)st_render_profile_name(o->render.profile);
   argv[n++] = "--thinking", argv[n++] = o->thinking < 0 ? "server" : o->thinking ? "on" : "off";
@@ -796,6 +801,7 @@ st_status st_harness_sweep(const st_harness_options *o, st_harness_result *out) 
         a->seed = o->first_seed + (uint64_t)s;
         a->kind = o->kind;
         a->shape = o->shape;
+        a->decoys = o->decoys;
         a->format = format;
         st_harness_make(w, a);
         if ((rc = st_harness_store(w, out->sweep_id, a))) goto out;

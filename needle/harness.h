@@ -49,6 +49,7 @@ typedef struct st_harness_attempt {
   uint64_t seed;
   st_needle_kind kind;      /* the request: set by the caller before st_harness_make */
   st_needle_shape shape;    /* the request's shape (0: agent) */
+  int decoys;               /* decoy lines asked for (st_needle_spec.decoys; 0: none) */
   st_needle_format format;  /* a server target's API follows it */
   char target[8192];        /* server: the URL posted to ("" : the harness's target) */
   char foreign_run_id[40];  /* another build's run, in its own store ("" when none) */
@@ -82,6 +83,7 @@ typedef struct st_harness_options {
   st_needle_format format;    /* request format for the engine (server: follows api) */
   st_needle_kind kind;
   st_needle_shape shape;      /* agent (default) or toollist */
+  int decoys;                 /* 0..ST_NEEDLE_MAX_DECOYS decoy lines before each needle (default 0) */
   const int64_t *tokens;
   int n_tokens;
   const double *positions;

@@ -2,8 +2,9 @@
 # `needle sweep` with every needle kind `needle make` writes and with the toollist shape: each
 # attempt is stored with its kind and shape (schema 0011 allowed four kinds, so an attempt of any
 # other could not be stored and the sweep stopped). And a store at schema 11, holding attempts, a
-# scoreboard and its results, migrated by a sweep to 0012: every row kept, every reference intact,
-# the old attempts agent-shaped, the views answering as before. Bounded: a few seconds.
+# scoreboard and its results, migrated by a sweep to 0013: every row kept, every reference intact,
+# the old attempts agent-shaped and without decoys (0013 adds the column), the views answering as
+# before. And a sweep with decoys stores them with each attempt. Bounded: a few seconds.
 set -uo pipefail
 st=${ST_BIN:?}
 data=${ST_TEST_DATA:?}
@@ -37,6 +38,22 @@ for kind in "${kinds[@]}"; do
 done
 grep -q "kind random, shape toollist" "$work/out.txt" && ok "the table's header names a toollist sweep's shape" \
   || fail "header: $(head -1 "$work/out.txt")"
+# decoys: asked for in every request of the sweep, stored with each attempt, named in the header
+if $st needle sweep --model "$model" --tokens 1k --positions 0.8 --seeds 2 --max-new-tokens 2 --kind url --decoys 6 \
+     --store "$work/dec" >"$work/dec.txt" 2>&1; then
+  ok "sweep --decoys 6"
+else
+  fail "sweep --decoys 6: $(tail -2 "$work/dec.txt")"
+fi
+grep -q "kind url, 6 decoys" "$work/dec.txt" && ok "the table's header names the decoys" || fail "header: $(head -1 "$work/dec.txt")"
+$py - "$work/dec/index.sqlite" "$work/kinds/index.sqlite" <<'PY' && ok "decoys stored with each attempt (none in the other sweeps)" \
+  || fail "stored decoys"
+import sqlite3, sys
+rows = sqlite3.connect(sys.argv[1]).execute("SELECT kind, decoys, error FROM needle_attempts").fetchall()
+assert rows == [("url", 6, None)] * 2, rows
+others = sqlite3.connect(sys.argv[2]).execute("SELECT DISTINCT decoys FROM needle_attempts").fetchall()
+assert others == [(0,)], others
+PY
 $py - "$work/kinds/index.sqlite" "${kinds[*]}" <<'PY' && ok "every attempt stored with its kind and shape" || fail "stored kinds and shapes"
 import json, sqlite3, sys
 db = sqlite3.connect(sys.argv[1])
@@ -47,7 +64,7 @@ assert sorted(got) == want, (got, want)
 cells = db.execute("SELECT kind, shape, attempts FROM needle_sweep_cells").fetchall()
 assert sorted(cells) == sorted((k, s, 1) for k in kinds for s in ("agent", "toollist")), cells
 # a toollist request is one system string and one question: no tools, no tool rounds
-assert db.execute("PRAGMA user_version").fetchone()[0] == 12
+assert db.execute("PRAGMA user_version").fetchone()[0] == 13
 PY
 $st needle make --tokens 1k --position 0.3 --seed 4 --kind email --shape toollist --model "$model" \
   --out "$work/tl.json" --meta "$work/tl.meta" --quiet
@@ -104,14 +121,14 @@ if $st needle sweep --model "$model" --tokens 512 --positions 0.5 --seeds 1 --ma
 else
   fail "a sweep into a schema-11 store: $(tail -2 "$work/old.txt")"
 fi
-$py - "$work/old/index.sqlite" <<'PY' && ok "migrated to 12: rows kept, references intact, old attempts agent-shaped" \
+$py - "$work/old/index.sqlite" <<'PY' && ok "migrated to 13: rows kept, references intact, old attempts agent-shaped, no decoys" \
   || fail "the migrated store"
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1])
-assert db.execute("PRAGMA user_version").fetchone()[0] == 12
-rows = db.execute("SELECT attempt_id, seed, kind, shape, expected, pass FROM needle_attempts ORDER BY attempt_id").fetchall()
-assert rows[:2] == [(1, 1, "host", "agent", "db-7.internal", 1), (2, 2, "host", "agent", "db-7.internal", 1)], rows
-assert len(rows) == 3 and rows[2][2:4] == ("commit", "agent"), rows
+assert db.execute("PRAGMA user_version").fetchone()[0] == 13
+rows = db.execute("SELECT attempt_id, seed, kind, shape, expected, pass, decoys FROM needle_attempts ORDER BY attempt_id").fetchall()
+assert rows[:2] == [(1, 1, "host", "agent", "db-7.internal", 1, 0), (2, 2, "host", "agent", "db-7.internal", 1, 0)], rows
+assert len(rows) == 3 and rows[2][2:4] == ("commit", "agent") and rows[2][6] == 0, rows
 assert db.execute("PRAGMA foreign_key_check").fetchall() == []
 assert db.execute("SELECT label, case_index, kind, pass, attempt_id FROM scoreboard_case_results").fetchall() == \
     [("t", 0, "host", 1, 2)]
