@@ -57,7 +57,7 @@ static const st_opt_use make_options[] = {
   {ST_OPT_LENGTHS, NULL, "batch mode: prompt sizes drawn from (default 1k,2k,4k)"},
   {ST_OPT_SPLIT, NULL, "batch mode: train (default; never kinds email, env nor question\n"
                        "families q5, q6) or heldout (every example has one of them)"},
-  {ST_OPT_DECOYS, "N", "batch mode: each example gets 0 to N decoys, drawn (default 0: none)"},
+  {ST_OPT_DECOYS, "N", "batch mode: N decoys in every example (as needle make; default 0)"},
   {0}};
 
 static const st_cmd_spec make_spec = {
@@ -180,7 +180,7 @@ typedef struct batch_options {
   int n_shapes;                      /* 0: both */
   int64_t lengths[32];
   int n_lengths;                     /* 0: 1k, 2k, 4k */
-  int decoys;                        /* each example: 0 to this many decoys, drawn */
+  int decoys;                        /* decoys in every example (fewer where the needle is early) */
 } batch_options;
 
 static uint64_t batch_mix(uint64_t x) { /* splitmix64's finaliser */
@@ -252,7 +252,7 @@ static st_status batch_spec(const batch_options *b, uint64_t seed, int64_t i, st
   sp->tokens = b->n_lengths ? b->lengths[DRAW(b->n_lengths)] : default_lengths[DRAW(3)];
   sp->shape = b->n_shapes ? b->shapes[DRAW(b->n_shapes)] : (st_needle_shape)DRAW(ST_NEEDLE_SHAPE_COUNT);
   sp->seed = seed * 1000003ull + (uint64_t)i + 1;
-  sp->decoys = b->decoys ? DRAW(b->decoys + 1) : 0; /* drawn last: without decoys, the same bytes as before */
+  sp->decoys = b->decoys; /* no draw: the other fields are drawn as without decoys */
 #undef DRAW
   return ST_OK;
 }

@@ -1295,7 +1295,8 @@ st_status st_needle_make(const st_needle_spec *spec, st_needle_prompt *out) {
   make_structure(&g, (double)spec->tokens * bpt);
   if (oom_flag) { rc = st_fail(ST_ENOMEM, "needle prompt"); goto out; }
 
-  /* size: F filler lines, needle parked at the end of the system text */
+  /* size: F filler lines, needle parked at the end of the system text (the decoys just before it) */
+size:;
   slot park = {U_SYSTEM, 0, g.system.n};
   int64_t target = spec->tokens, F = 0;
   if ((rc = measure(&g, 0, &park, 0, &m))) goto out;
@@ -1360,9 +1361,19 @@ st_status st_needle_make(const st_needle_spec *spec, st_needle_prompt *out) {
   }
 
   /* Decoys: from beside the needle (where they were while its place was searched, so the sizes
-  ** counted them) to line boundaries drawn among those before it, in prompt order. */
+  ** counted them) to line boundaries drawn among those before it, in prompt order. With fewer
+  ** boundaries before the needle than decoys, the size and the place are searched again for as
+  ** many as there were, or half as many when that is more (long decoys parked beside the needle
+  ** can push it past the position from the first boundary on); each time fewer, so it ends. */
   if (g.n_decoys) {
     int placed = g.n_decoys < chosen ? g.n_decoys : chosen;
+    if (placed < g.n_decoys) {
+      g.n_decoys = placed > g.n_decoys / 2 ? placed : g.n_decoys / 2;
+      measured_free(&best);
+      free(S.v);
+      memset(&S, 0, sizeof S);
+      goto size;
+    }
     int *pick = malloc(sizeof(int) * (size_t)(chosen > 0 ? chosen : 1));
     if (!pick) { rc = st_fail(ST_ENOMEM, "needle decoys"); goto out; }
     for (int i = 0; i < chosen; i++) pick[i] = i;
@@ -1375,7 +1386,6 @@ st_status st_needle_make(const st_needle_spec *spec, st_needle_prompt *out) {
     qsort(pick, (size_t)placed, sizeof pick[0], cmp_int);
     for (int i = 0; i < placed; i++) g.decoy_at[i] = &S.v[pick[i]];
     free(pick);
-    g.n_decoys = placed;
     measured_free(&best);
     if ((rc = measure(&g, F, &S.v[chosen], 1, &best))) goto out;
   }

@@ -48,7 +48,7 @@ out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --shapes tree -
 [ $rc = 2 ] && grep -q "shapes 'tree'" <<< "$out" || fail "--shapes tree: rc $rc, '$out'"
 [ -e "$work/x.jsonl" ] && fail "a refused batch left $work/x.jsonl"
 
-# decoys: each example 0 to 8 of them, drawn after everything else (a.jsonl's draws unchanged)
+# decoys: 8 asked for in every example (a.jsonl's draws unchanged)
 $st needle make --batch 24 --jsonl "$work/d.jsonl" --seed 7 --model "$model" --lengths 512,1k --decoys 8 -q ||
   fail "batch --decoys 8"
 
@@ -136,7 +136,8 @@ for path in sorted(glob.glob(os.path.join(work, "k-*.jsonl"))):
 if combos != 66: bad(f"{combos} kind x format x shape files, 66 expected")
 if {e["shape"] for e in train} != {"agent", "toollist"}: bad("train lacks a shape")
 # decoys: the same examples as without them (kind, format, shape, family, size, position, seed),
-# each with 0-8 more lines of its label before the needle whose values look like the kind's
+# the needle where it was and the size as it was, with up to 8 more lines of its label before the
+# needle (fewer where fewer line boundaries precede it), whose values look like the kind's
 plain = [json.loads(l) for l in open(f"{work}/a.jsonl")]
 with_decoys = [json.loads(l) for l in open(f"{work}/d.jsonl")]
 keys = ("kind", "format", "shape", "family", "tokens_requested", "position_requested", "seed", "thinking")
@@ -146,13 +147,19 @@ for e, p in zip(with_decoys, plain):
     if any(e[k] != p[k] for k in keys): bad(f"--decoys changed example {e['index']}'s draws")
     n = e.get("decoys", -1)
     counts.append(n)
-    if not 0 <= n <= 8: bad(f"example {e['index']}: decoys {n}")
+    if not 0 <= n <= 8: bad(f"example {e['index']}: {n} decoys")
+    # the needle's place and the prompt's size as without decoys (the decoys are counted while both are searched)
+    want = p["tokens_requested"]
+    if abs(e["tokens"] - want) > max(abs(p["tokens"] - want), 0.02 * want) + 0.02 * want or \
+            abs(e["position"] - p["position"]) > 0.07:
+        bad(f"example {e['index']}: {e['tokens']} tokens, needle at {e['position']:.2f} with decoys; "
+            f"{p['tokens']}, {p['position']:.2f} without")
     text = decode(e["ids"])
     head = e["needle"].split(": ", 1)[0] + ": "
     vals = [m.group(1) for m in re.finditer(re.escape(head) + "(" + VALUE[e["kind"]] + ")", text)]
     if len(vals) != n + 1 or vals[-1] != e["value"] or len(set(vals)) != n + 1:
         bad(f"example {e['index']}: {n} decoys, the prompt's lines of {head!r}: {vals}")
-if len(set(counts)) < 3: bad(f"--decoys 8: the counts drawn are {counts}")
+if counts.count(8) < 8: bad(f"--decoys 8: the counts placed are {counts}")
 if failures: sys.exit(1)
 print(f"{len(train)} train and {len(held)} held-out examples, and all 66 kinds x formats x shapes: spans, answers, "
       "held-out lists and `sparsetrace render` ids check")

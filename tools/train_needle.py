@@ -1012,6 +1012,8 @@ CARD_EVALS_V5 = [
     ("decoys.json", f"Held-out family, up to {CARD_DECOYS} earlier lines of the needle's label, the last one asked for "
      "(held-out wording): where a line sits is all that tells it", "release",
      ("python", nd.HELDOUT_FAMILY, None, CARD_DECOYS), ["all", "sparse", "q-rot", "neox", "theta-40k", "topk-4"]),
+    ("needle_make_decoys.json", "needle make's prompts with 24 decoys (--decoys 24; trained kinds): the last line "
+     "of the label asked for", "release", ("jsonl", "make-decoys", "train"), ["sparse", "q-rot", "neox", "theta-40k"]),
     ("trained_heldout_family.json", "The trained weights under QAT (before release), held-out family", "trained",
      ("python", nd.HELDOUT_FAMILY, None), ["all", "sparse", "q-rot"]),
 ]
