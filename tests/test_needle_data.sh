@@ -69,6 +69,8 @@ for i in range(40):
         decoy_fails.append(f"d{i}: two lines of {head!r} share a value")
     if len(at) < 5 or len(at) > 13:  # the needle, and up to 12 before it (fewer when few boundaries are)
         decoy_fails.append(f"d{i}: {len(at) - 1} decoys for 12 asked")
+    if abs(d.needle_char / len(d.prompt) - (0.3 + 0.015 * i)) > 0.08:  # aimed earlier by the decoys' length
+        decoy_fails.append(f"d{i}: the needle at {d.needle_char / len(d.prompt):.2f}, asked {0.3 + 0.015 * i:.2f}")
     if len(label_lines(base)[0]) != 1:
         decoy_fails.append(f"d{i}: without decoys, {len(label_lines(base)[0])} lines of {head!r}")
     question = d.request["messages"][-1]["content"]

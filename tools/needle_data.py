@@ -675,8 +675,17 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
         elif kind_u == "out":
             offset += 200
     total = offset + len(question)
-    target = position * total
-    needle_slot = min(slots, key=lambda s: (abs(s[0] - target), s[0]))
+    # decoys go before the needle: their characters (about the needle line's each) move it later,
+    # so its slot is aimed that much earlier, for as many as there are boundaries before it
+    fit = decoys if rd else 0
+    for _ in range(8):
+        est = fit * (len(needle) + 1)
+        target = max(0.0, position * (total + est) - est)
+        needle_slot = min(slots, key=lambda s: (abs(s[0] - target), s[0]))
+        now = min(fit, sum(1 for sl in slots if sl[0] < needle_slot[0]))
+        if now == fit:
+            break
+        fit = now
     inserts = [(needle_slot[1], needle_slot[2], needle)]
     if rd:
         before = [sl for sl in slots if sl[0] < needle_slot[0]]
