@@ -232,19 +232,18 @@ static void kind_value(st_needle_kind kind, rng *rp, char *label, size_t label_s
                        size_t value_size) {
   rng r = *rp;
   static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-  struct { char label[64], value[128]; } out, *o = &out;
   switch (kind) {
   case ST_NEEDLE_PATH: {
     const char *a = PICK(&r, st_nc_words), *b = PICK(&r, st_nc_words), *m = PICK(&r, st_nc_modules);
-    snprintf(o->label, sizeof o->label, "Working directory");
-    snprintf(o->value, sizeof o->value, "/home/dev/projects/%s-%s-%04x/services/%s", a, b,
+    snprintf(label, label_size, "Working directory");
+    snprintf(value, value_size, "/home/dev/projects/%s-%s-%04x/services/%s", a, b,
              (unsigned)(rng_u64(&r) & 0xffff), m);
     break;
   }
   case ST_NEEDLE_HOST: {
     const char *a = PICK(&r, st_nc_words), *b = PICK(&r, st_nc_words), *reg = PICK(&r, st_nc_regions);
-    snprintf(o->label, sizeof o->label, "Primary database host");
-    snprintf(o->value, sizeof o->value, "pg-%s-%02d.%s.internal.%s-%03x.net", a, rng_range(&r, 1, 99), reg, b,
+    snprintf(label, label_size, "Primary database host");
+    snprintf(value, value_size, "pg-%s-%02d.%s.internal.%s-%03x.net", a, rng_range(&r, 1, 99), reg, b,
              (unsigned)(rng_u64(&r) & 0xfff));
     break;
   }
@@ -252,28 +251,28 @@ static void kind_value(st_needle_kind kind, rng *rp, char *label, size_t label_s
     char key[33];
     for (int i = 0; i < 32; i++) key[i] = alnum[rng_int(&r, 62)];
     key[32] = 0;
-    snprintf(o->label, sizeof o->label, "Deploy API key");
-    snprintf(o->value, sizeof o->value, "sk-live-%s", key);
+    snprintf(label, label_size, "Deploy API key");
+    snprintf(value, value_size, "sk-live-%s", key);
     break;
   }
   case ST_NEEDLE_TICKET: {
     char proj[5];
     for (int i = 0; i < 4; i++) proj[i] = (char)('A' + rng_int(&r, 26));
     proj[rng_range(&r, 2, 4)] = 0;
-    snprintf(o->label, sizeof o->label, "Tracking ticket");
-    snprintf(o->value, sizeof o->value, "%s-%d", proj, rng_range(&r, 10, 99999));
+    snprintf(label, label_size, "Tracking ticket");
+    snprintf(value, value_size, "%s-%d", proj, rng_range(&r, 10, 99999));
     break;
   }
   case ST_NEEDLE_BRANCH: {
     const char *a = PICK(&r, st_nc_words), *b = PICK(&r, st_nc_nouns);
-    snprintf(o->label, sizeof o->label, "Release branch");
-    snprintf(o->value, sizeof o->value, "release/%s-%s-%d.%d", a, b, rng_range(&r, 1, 9), rng_range(&r, 0, 40));
+    snprintf(label, label_size, "Release branch");
+    snprintf(value, value_size, "release/%s-%s-%d.%d", a, b, rng_range(&r, 1, 9), rng_range(&r, 0, 40));
     break;
   }
   case ST_NEEDLE_URL: {
     const char *a = PICK(&r, st_nc_words), *b = PICK(&r, st_nc_modules), *c = PICK(&r, st_nc_nouns);
-    snprintf(o->label, sizeof o->label, "Artifact URL");
-    snprintf(o->value, sizeof o->value, "https://artifacts.%s.dev/%s/%s-%04x.tar.gz?build=%d", a, b, c,
+    snprintf(label, label_size, "Artifact URL");
+    snprintf(value, value_size, "https://artifacts.%s.dev/%s/%s-%04x.tar.gz?build=%d", a, b, c,
              (unsigned)(rng_u64(&r) & 0xffff), rng_range(&r, 100, 99999));
     break;
   }
@@ -282,8 +281,8 @@ static void kind_value(st_needle_kind kind, rng *rp, char *label, size_t label_s
     char user[48];
     snprintf(user, sizeof user, "%s", a);
     for (char *p = user; *p; p++) *p = *p == ' ' ? '.' : (char)tolower((unsigned char)*p);
-    snprintf(o->label, sizeof o->label, "On-call contact");
-    snprintf(o->value, sizeof o->value, "%s%d@%s-ops.example.org", user, rng_range(&r, 1, 99), b);
+    snprintf(label, label_size, "On-call contact");
+    snprintf(value, value_size, "%s%d@%s-ops.example.org", user, rng_range(&r, 1, 99), b);
     break;
   }
   case ST_NEEDLE_COMMIT: {
@@ -291,8 +290,8 @@ static void kind_value(st_needle_kind kind, rng *rp, char *label, size_t label_s
     char h[41];
     for (int i = 0; i < 40; i++) h[i] = hex[rng_int(&r, 16)];
     h[40] = 0;
-    snprintf(o->label, sizeof o->label, "Pinned commit");
-    snprintf(o->value, sizeof o->value, "%s", h);
+    snprintf(label, label_size, "Pinned commit");
+    snprintf(value, value_size, "%s", h);
     break;
   }
   case ST_NEEDLE_ENV: {
@@ -301,8 +300,8 @@ static void kind_value(st_needle_kind kind, rng *rp, char *label, size_t label_s
     for (char *p = name; *p; p++) *p = isalnum((unsigned char)*p) ? (char)toupper((unsigned char)*p) : '_';
     for (int i = 0; i < 12; i++) val[i] = alnum[rng_int(&r, 62)];
     val[12] = 0;
-    snprintf(o->label, sizeof o->label, "Environment variable");
-    snprintf(o->value, sizeof o->value, "%s=%s", name, val);
+    snprintf(label, label_size, "Environment variable");
+    snprintf(value, value_size, "%s=%s", name, val);
     break;
   }
   case ST_NEEDLE_RANDOM: {
@@ -310,8 +309,8 @@ static void kind_value(st_needle_kind kind, rng *rp, char *label, size_t label_s
     char t[25];
     for (int i = 0; i < 24; i++) t[i] = printable[rng_int(&r, (int)sizeof printable - 1)];
     t[24] = 0;
-    snprintf(o->label, sizeof o->label, "Session token");
-    snprintf(o->value, sizeof o->value, "%s", t);
+    snprintf(label, label_size, "Session token");
+    snprintf(value, value_size, "%s", t);
     break;
   }
   default: {
@@ -319,14 +318,12 @@ static void kind_value(st_needle_kind kind, rng *rp, char *label, size_t label_s
     num[0] = (char)('1' + rng_int(&r, 9));
     for (int i = 1; i < 14; i++) num[i] = (char)('0' + rng_int(&r, 10));
     num[14] = 0;
-    snprintf(o->label, sizeof o->label, "Incident ticket number");
-    snprintf(o->value, sizeof o->value, "%s", num);
+    snprintf(label, label_size, "Incident ticket number");
+    snprintf(value, value_size, "%s", num);
     break;
   }
   }
   *rp = r;
-  snprintf(label, label_size, "%s", out.label);
-  snprintf(value, value_size, "%s", out.value);
 }
 
 /* Decoy i's line: the needle's label, another value of its kind, unlike the needle's and the
