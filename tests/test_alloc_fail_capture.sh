@@ -115,20 +115,19 @@ probe() {
 }
 
 # the failure-free counts (the largest any process reported): started and stopped; and relaying
-mkdir -p "$work/c0"
-timeout -s KILL 60 env ST_ALLOC_FAIL_AT=0 ST_ALLOC_FAIL_REPORT=$work/c0/report \
-  LD_PRELOAD=$shim "$st" capture --listen 127.0.0.1:0 --upstream "$up" --store "$work/c0/s" \
-  --ready-file "$work/c0/ready" --grace 0 >"$work/c0/log" 2>&1 &
-cpid=$!
-for _ in $(seq 300); do [[ -s $work/c0/ready ]] && break; sleep 0.05; done
+# quiet_proxy DIR: a proxy with nothing failed, its shim reporting into DIR, up and listening; sets cpid
+quiet_proxy() {
+  mkdir -p "$1"
+  timeout -s KILL 60 env ST_ALLOC_FAIL_AT=0 ST_ALLOC_FAIL_REPORT="$1/report" \
+    LD_PRELOAD=$shim "$st" capture --listen 127.0.0.1:0 --upstream "$up" --store "$1/s" \
+    --ready-file "$1/ready" --grace 0 >"$1/log" 2>&1 &
+  cpid=$!
+  for _ in $(seq 300); do [[ -s $1/ready ]] && break; sleep 0.05; done
+}
+quiet_proxy "$work/c0"
 kill -TERM $cpid; wait $cpid || { echo "FAIL: the failure-free proxy (no request): $(tail -3 "$work/c0/log")"; exit 1; }
 count0=$(awk '$1 == "count" && $2 > m { m = $2 } END { print m + 0 }' "$work/c0/report")
-mkdir -p "$work/c"
-timeout -s KILL 60 env ST_ALLOC_FAIL_AT=0 ST_ALLOC_FAIL_REPORT=$work/c/report \
-  LD_PRELOAD=$shim "$st" capture --listen 127.0.0.1:0 --upstream "$up" --store "$work/c/s" \
-  --ready-file "$work/c/ready" --grace 0 >"$work/c/log" 2>&1 &
-cpid=$!
-for _ in $(seq 300); do [[ -s $work/c/ready ]] && break; sleep 0.05; done
+quiet_proxy "$work/c"
 curl -s --noproxy '*' --max-time 20 -o /dev/null -H 'content-type: application/json' \
   -d '{"model":"m","messages":[{"role":"user","content":"a"}]}' "$(cat "$work/c/ready")/v1/chat/completions"
 curl -sN --noproxy '*' --max-time 20 -o /dev/null -H 'content-type: application/json' -H 'x-fake-events: 5' \

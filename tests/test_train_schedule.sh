@@ -33,24 +33,20 @@ want(tn.lr_scale(900, 100, 20, (200, 300)), f, "after the decay")
 # the same step, resumed in a later call (started at 230): the same point on the line once warm
 want(tn.lr_scale(275, 230, 20, (200, 300)), tn.lr_scale(275, 100, 20, (200, 300)), "resumed mid-decay")
 want(tn.lr_scale(230, 230, 20, (200, 300)), (1 - (1 - f) * 0.3) / 20, "resumed: warmup times the decay")
-for bad in ("300:200", "5", "a:b", "7:7"):
-    r = subprocess.run([sys.executable, os.path.join(src, "tools", "train_needle.py"), "stage", "5", never,
-                        "--decay", bad], capture_output=True, text=True)
-    if r.returncode == 0 or "--decay" not in r.stderr:
-        fails.append(f"stage --decay {bad}: exit {r.returncode}, stderr {r.stderr.strip()[-200:]!r}")
-    if os.path.exists(never):
-        fails.append(f"stage --decay {bad}: refused after making its DIR")
-# stage --decoys SHARE:LO-HI: read as written, and what is not a share in (0, 1] with 1 <= LO <= HI
-# refused before DIR is touched
+# stage --decoys SHARE:LO-HI: read as written
 if tn.parse_decoys("0.25:8-40") != (0.25, 8, 40):
     fails.append(f"parse_decoys('0.25:8-40') = {tn.parse_decoys('0.25:8-40')}")
-for bad in ("0:1-2", "1.5:1-2", "0.5:3-2", "0.5:0-4", "0.5", "half:1-2"):
-    r = subprocess.run([sys.executable, os.path.join(src, "tools", "train_needle.py"), "stage", "5", never,
-                        "--decoys", bad], capture_output=True, text=True)
-    if r.returncode == 0 or "--decoys" not in r.stderr:
-        fails.append(f"stage --decoys {bad}: exit {r.returncode}, stderr {r.stderr.strip()[-200:]!r}")
-    if os.path.exists(never):
-        fails.append(f"stage --decoys {bad}: refused after making its DIR")
+# refused before DIR is touched: --decay what is not A < B, --decoys what is not a share in (0, 1]
+# with 1 <= LO <= HI
+for option, bads in (("--decay", ("300:200", "5", "a:b", "7:7")),
+                     ("--decoys", ("0:1-2", "1.5:1-2", "0.5:3-2", "0.5:0-4", "0.5", "half:1-2"))):
+    for bad in bads:
+        r = subprocess.run([sys.executable, os.path.join(src, "tools", "train_needle.py"), "stage", "5", never,
+                            option, bad], capture_output=True, text=True)
+        if r.returncode == 0 or option not in r.stderr:
+            fails.append(f"stage {option} {bad}: exit {r.returncode}, stderr {r.stderr.strip()[-200:]!r}")
+        if os.path.exists(never):
+            fails.append(f"stage {option} {bad}: refused after making its DIR")
 if fails:
     sys.exit("FAIL: " + "\n".join(fails))
 print("ok: warmup, decay and resumed decay as defined; bad --decay and --decoys refused")
