@@ -673,6 +673,17 @@ def lr_scale(step, step0, warmup, decay=None, floor=DECAY_FLOOR):
     return warm * (1.0 - (1.0 - floor) * frac)
 
 
+def parse_decay(text):
+    """stage --decay A:B as (A, B); a SystemExit naming the option otherwise."""
+    try:
+        decay = tuple(int(x) for x in text.split(":"))
+    except ValueError:
+        decay = ()
+    if len(decay) != 2 or decay[1] <= decay[0]:
+        raise SystemExit(f"stage --decay: want A:B, two step numbers with A < B, not {text!r}")
+    return decay
+
+
 def parse_decoys(text):
     """stage --decoys SHARE:LO-HI as (share, lo, hi); a SystemExit naming the option otherwise."""
     try:
@@ -1758,14 +1769,7 @@ def main(argv):
     if args.cmd == "tokenizer":
         train_tokenizer(args.dir)
     elif args.cmd == "stage":
-        decay = None
-        if args.decay:
-            try:
-                decay = tuple(int(x) for x in args.decay.split(":"))
-            except ValueError:
-                decay = ()
-            if len(decay) != 2 or decay[1] <= decay[0]:
-                raise SystemExit(f"stage --decay: want A:B, two step numbers with A < B, not {args.decay!r}")
+        decay = parse_decay(args.decay) if args.decay else None
         decoys = parse_decoys(args.decoys) if args.decoys else None
         init = seed_dir(args.dir, args.init)
         if not os.path.exists(os.path.join(args.dir, "tokenizer.json")):
