@@ -2,8 +2,9 @@
 # tools/train_needle.py lr_scale, the training stage's learning-rate multiplier, against its
 # definition worked by hand: a linear warmup, then constant, or with --decay A:B a straight line
 # from 1 at step A to DECAY_FLOOR at step B, flat after it; and the same multiplier for a step
-# whether the stage started before A (one call) or between A and B (resumed in another call,
-# past its warmup). And stage --decay refuses what is not A < B, --decoys what is not SHARE:LO-HI,
+# whether the stage started before A (one call) or between A and B (resumed in another call:
+# past a fresh optimiser's warmup, or from its first step when the optimiser's state was
+# restored). And stage --decay refuses what is not A < B, --decoys what is not SHARE:LO-HI,
 # before either touches DIR.
 set -uo pipefail
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
@@ -32,7 +33,10 @@ want(tn.lr_scale(300, 100, 20, (200, 300)), f, "the decay's last step")
 want(tn.lr_scale(900, 100, 20, (200, 300)), f, "after the decay")
 # the same step, resumed in a later call (started at 230): the same point on the line once warm
 want(tn.lr_scale(275, 230, 20, (200, 300)), tn.lr_scale(275, 100, 20, (200, 300)), "resumed mid-decay")
-want(tn.lr_scale(230, 230, 20, (200, 300)), (1 - (1 - f) * 0.3) / 20, "resumed: warmup times the decay")
+want(tn.lr_scale(230, 230, 20, (200, 300)), (1 - (1 - f) * 0.3) / 20, "afresh mid-decay: warmup times the decay")
+# resumed with the optimiser's state (warmup 0): on the line from its first step, no second warmup
+want(tn.lr_scale(230, 230, 0, (200, 300)), 1 - (1 - f) * 0.3, "resumed with its moments: no warmup")
+want(tn.lr_scale(230, 230, 0), 1.0, "resumed with its moments, no decay: the full rate")
 # stage --decoys SHARE:LO-HI: read as written
 if tn.parse_decoys("0.25:8-40") != (0.25, 8, 40):
     fails.append(f"parse_decoys('0.25:8-40') = {tn.parse_decoys('0.25:8-40')}")

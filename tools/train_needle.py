@@ -660,12 +660,13 @@ def seed_dir(outdir, init):
 
 
 def lr_scale(step, step0, warmup, decay=None, floor=DECAY_FLOOR):
-    """The learning rate's multiplier at `step` (the steps done before this one), the stage started
-    at step0: a linear warmup over `warmup` steps, then constant, or with decay = (A, B) falling
-    linearly from 1 at step A to `floor` at step B and staying there (a warmup-stable-decay
-    schedule's cooldown). By steps, not seconds, so a stage resumed in another call goes on along
-    the same line."""
-    warm = min(1.0, (step - step0 + 1) / warmup)
+    """The learning rate's multiplier at `step` (the steps done before this one), the optimiser
+    started afresh at step0: a linear warmup over `warmup` steps (none when warmup is 0: a stage
+    resumed with its optimiser's state), then constant, or with decay = (A, B) falling linearly
+    from 1 at step A to `floor` at step B and staying there (a warmup-stable-decay schedule's
+    cooldown). By steps, not seconds, so a stage resumed in another call goes on along the same
+    line from its first step."""
+    warm = min(1.0, (step - step0 + 1) / warmup) if warmup > 0 else 1.0
     if not decay:
         return warm
     a, b = decay
@@ -722,13 +723,16 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
     opt = torch.optim.AdamW([{"params": decayed, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
                             lr=st["lr"], betas=(0.9, 0.95), eps=1e-8)
     step = 0
+    warmup = st["warmup"]  # the optimiser's moments start from nothing; none when they are restored
     state_path = os.path.join(outdir, "state.pt")
     if os.path.exists(state_path):
         ck = torch.load(state_path, map_location=dev)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         step = ck["step"]
-        log({"event": "resumed", "from_stage": ck["stage"], "from_step": ck["step"]})
+        if ck["stage"] == stage_no:
+            warmup = 0  # the same stage goes on: its learning rate is where it was, with its moments
+        log({"event": "resumed", "from_stage": ck["stage"], "from_step": ck["step"], "warmup": warmup})
     elif init:
         # A committed checkpoint: weights only, the optimiser starts afresh (warmup).
         _load_init(model, init)
@@ -768,7 +772,7 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
             ids, valid, answer, needle, dist = (x.to(dev, non_blocking=True) for x in batch)
             window = pick.choice(windows)
             set_mode(model, window=window)
-            lr = st["lr"] * lr_scale(step, step0, st["warmup"], decay)
+            lr = st["lr"] * lr_scale(step, step0, warmup, decay)
             for g in opt.param_groups:
                 g["lr"] = lr
             res, splits = adaptive_step(model, taps, opt, (ids, valid, answer, needle, dist), window, st["sparse"],
