@@ -57,7 +57,8 @@ static const st_opt_use make_options[] = {
   {ST_OPT_LENGTHS, NULL, "batch mode: prompt sizes drawn from (default 1k,2k,4k)"},
   {ST_OPT_SPLIT, NULL, "batch mode: train (default; never kinds email, env nor question\n"
                        "families q5, q6) or heldout (every example has one of them)"},
-  {ST_OPT_DECOYS, "N", "batch mode: N decoys in every example (as needle make; default 0)"},
+  {ST_OPT_DECOYS, "N", "batch mode: N decoys in every example (as needle make; default 0), or\n"
+                      "LO-HI: each example's count drawn from LO to HI"},
   {0}};
 
 static const st_cmd_spec make_spec = {
@@ -180,7 +181,8 @@ typedef struct batch_options {
   int n_shapes;                      /* 0: both */
   int64_t lengths[32];
   int n_lengths;                     /* 0: 1k, 2k, 4k */
-  int decoys;                        /* decoys in every example (fewer where the needle is early) */
+  int decoys, decoys_hi;             /* decoys per example: drawn from decoys..decoys_hi (fewer are
+                                     ** placed where the needle is early) */
 } batch_options;
 
 static uint64_t batch_mix(uint64_t x) { /* splitmix64's finaliser */
@@ -252,7 +254,10 @@ static st_status batch_spec(const batch_options *b, uint64_t seed, int64_t i, st
   sp->tokens = b->n_lengths ? b->lengths[DRAW(b->n_lengths)] : default_lengths[DRAW(3)];
   sp->shape = b->n_shapes ? b->shapes[DRAW(b->n_shapes)] : (st_needle_shape)DRAW(ST_NEEDLE_SHAPE_COUNT);
   sp->seed = seed * 1000003ull + (uint64_t)i + 1;
-  sp->decoys = b->decoys; /* no draw: the other fields are drawn as without decoys */
+  /* the decoys' count from a stream of its own: the other fields are drawn as without decoys */
+  sp->decoys = b->decoys;
+  if (b->decoys_hi > b->decoys)
+    sp->decoys += (int)(batch_mix(batch_mix(seed ^ 0xDEC0D15EA5Eull) ^ (uint64_t)i) % (uint64_t)(b->decoys_hi - b->decoys + 1));
 #undef DRAW
   return ST_OK;
 }
@@ -292,7 +297,7 @@ static int run_batch(const batch_options *b, st_needle_spec *base, st_tokenizer 
     json_t *line = NULL;
     char *text = NULL;
     if (st_tokenizer_encode(tok, answer_text, strlen(answer_text), 0, &answer) ||
-        !(line = batch_line(i, &sp, &np, answer_text, &answer, b->heldout, b->decoys > 0)) ||
+        !(line = batch_line(i, &sp, &np, answer_text, &answer, b->heldout, b->decoys_hi > 0)) ||
         !(text = json_dumps(line, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENSURE_ASCII)) ||
         fputs(text, f) < 0 || fputc('\n', f) < 0) {
       if (!text && line) st_fail(ST_ENOMEM, "example %lld's line", (long long)i);
@@ -315,6 +320,24 @@ static int run_batch(const batch_options *b, st_needle_spec *base, st_tokenizer 
     fprintf(stderr, "needle make: %lld examples (%s split) written to %s; %lld outside 2%% of their target size\n",
             (long long)b->n, b->heldout ? "heldout" : "train", b->jsonl, (long long)outside);
   return rc;
+}
+
+/* --decoys N or LO-HI (0 <= LO <= HI <= ST_NEEDLE_MAX_DECOYS) into [*lo, *hi]; nonzero after a
+** usage error naming the option. */
+static int parse_decoys(st_opts *o, int *lo, int *hi) {
+  const char *dash = strchr(o->arg, '-');
+  char *end = NULL;
+  long a = -1, b = -1;
+  if (o->arg[0] >= '0' && o->arg[0] <= '9') {
+    a = b = strtol(o->arg, &end, 10);
+    if (dash && end == dash && dash[1] >= '0' && dash[1] <= '9') b = strtol(dash + 1, &end, 10);
+  }
+  if (!end || *end || a < 0 || a > b || b > ST_NEEDLE_MAX_DECOYS) {
+    st_opts_error(o, "--decoys '%s': expected N or LO-HI, 0 <= LO <= HI <= %d", o->arg, ST_NEEDLE_MAX_DECOYS);
+    return 1;
+  }
+  *lo = (int)a, *hi = (int)b;
+  return 0;
 }
 
 static int cmd_make(int argc, char **argv) {
@@ -394,8 +417,8 @@ static int cmd_make(int argc, char **argv) {
       have_drawn = "--shape";
       break;
     case ST_OPT_DECOYS:
-      if (st_opt_int(o.name, o.arg, 0, ST_NEEDLE_MAX_DECOYS, &v)) goto bad_value;
-      sp.decoys = batch.decoys = v;
+      if (parse_decoys(&o, &batch.decoys, &batch.decoys_hi)) goto usage;
+      sp.decoys = batch.decoys;
       break;
     case ST_OPT_SHAPES:
       if ((batch.n_shapes = split_list(o.arg, batch.shapes, sizeof batch.shapes[0], ST_NEEDLE_SHAPE_COUNT,
@@ -438,8 +461,9 @@ static int cmd_make(int argc, char **argv) {
     st_tokenizer_close(btok);
     return rc;
   }
-  if (batch.n_kinds || batch.n_formats || batch.n_shapes || batch.n_lengths || batch.heldout) {
-    st_opts_error(&o, "--kinds, --formats, --shapes, --lengths and --split are for --batch");
+  if (batch.n_kinds || batch.n_formats || batch.n_shapes || batch.n_lengths || batch.heldout ||
+      batch.decoys_hi > batch.decoys) {
+    st_opts_error(&o, "--kinds, --formats, --shapes, --lengths, --split and --decoys LO-HI are for --batch");
     goto usage;
   }
   if (!have_tokens || !have_position || !have_seed) {

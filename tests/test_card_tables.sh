@@ -2,7 +2,7 @@
 # tools/train_needle.py card_tables, the model card's recall tables, on evaluation files made
 # here with known verdicts: a table that mixes trained and held-out needle kinds gets one
 # subtotal row for each (the aims are set apart for the two), counted from the same cases as
-# the rows by kind, and a table of one kind alone gets none. And the time the card's evaluations
+# the rows by kind, and a table of one kind alone gets none; the decoy ladder's rows by count. And the time the card's evaluations
 # share (train_needle.eval_share): by mode, against an even split.
 set -uo pipefail
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
@@ -45,6 +45,25 @@ text = tn.card_tables(work, work, "v5")
 if "kinds**" in text or "By needle kind" in text:
     sys.exit(f"FAIL: one kind alone got rows by kind or a subtotal\n{text}")
 print("ok: a table of one kind has no subtotal")
+
+# the decoy ladder: rows by decoys placed, binned 1, 2-3, 4-7, 8-15, 16-31 (tn.decoy_bin), each
+# counted from its cases: 1 placed twice (1 of 2 pass), 4, 5 (1 of 2), 12 (0 of 1), 24 and 30 (0 of 2)
+ladder = [(1, True, False), (1, False, False), (4, True, False), (5, False, False), (12, False, False),
+          (24, False, False), (30, False, False)]
+os.remove(os.path.join(work, "heldout_family.json"))
+write("decoys.json", [("path", ok, q) for _, ok, q in ladder])
+res = json.load(open(os.path.join(work, "decoys.json")))
+res["decoys"] = [1, 4, 12, 24]
+for c, (n, _, _) in zip(res["cases"], ladder):
+    c["decoys"] = n
+json.dump(res, open(os.path.join(work, "decoys.json"), "w"))
+text = tn.card_tables(work, work, "v5")
+rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+        for line in text.splitlines() if line.startswith("| ") and "(" in line.split("|")[1]}
+want = {"1 (2)": ["50.0", "0.0"], "4-7 (2)": ["50.0", "0.0"], "8-15 (1)": ["0.0", "0.0"], "16-31 (2)": ["0.0", "0.0"]}
+if {k: rows.get(k) for k in want} != want or "1/4/12/24 decoys" not in text:
+    sys.exit(f"FAIL: rows by decoys placed: {rows}, expected {want}, and the ladder named\n{text}")
+print("ok: rows by decoys placed, binned, count the cases")
 
 # the card's evaluation budget (tn.eval_share): 600 s for three evaluations of 11, 2 and 2 modes
 # go 440 / 80 / 80 (by mode): 160 left for the last two is 80 each, and the last gets all that is left

@@ -48,9 +48,26 @@ out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --shapes tree -
 [ $rc = 2 ] && grep -q "shapes 'tree'" <<< "$out" || fail "--shapes tree: rc $rc, '$out'"
 [ -e "$work/x.jsonl" ] && fail "a refused batch left $work/x.jsonl"
 
-# decoys: 8 asked for in every example (a.jsonl's draws unchanged)
+# decoys: 8 asked for in every example (a.jsonl's draws unchanged); a range, each example's count
+# drawn (the same bytes twice; 8-8 is 8); a malformed count or range, or a range outside --batch,
+# refused with the option named and no file
 $st needle make --batch 24 --jsonl "$work/d.jsonl" --seed 7 --model "$model" --lengths 512,1k --decoys 8 -q ||
   fail "batch --decoys 8"
+$st needle make --batch 24 --jsonl "$work/d8.jsonl" --seed 7 --model "$model" --lengths 512,1k --decoys 8-8 -q ||
+  fail "batch --decoys 8-8"
+cmp -s "$work/d.jsonl" "$work/d8.jsonl" || fail "--decoys 8-8 wrote other bytes than --decoys 8"
+for f in r r2; do
+  $st needle make --batch 32 --jsonl "$work/$f.jsonl" --seed 7 --model "$model" --lengths 512,1k --decoys 1-6 -q ||
+    fail "batch --decoys 1-6"
+done
+cmp -s "$work/r.jsonl" "$work/r2.jsonl" || fail "--decoys 1-6: the same arguments gave different bytes"
+for bad in 5-2 0-65 65 1- -3 a-b 2-3x 1-2-3; do
+  out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --model "$model" --decoys "$bad" 2>&1); rc=$?
+  [ $rc = 2 ] && grep -q -- "--decoys '$bad'" <<< "$out" || fail "--decoys $bad: rc $rc, '$out'"
+done
+out=$($st needle make --tokens 1k --position 0.5 --seed 1 --decoys 2-4 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "LO-HI are for --batch" <<< "$out" || fail "--decoys 2-4 without --batch: rc $rc, '$out'"
+[ -e "$work/x.jsonl" ] && fail "a refused --decoys left $work/x.jsonl"
 
 exec /usr/bin/python3 - "$st" "$model" "$work" <<'PY'
 import glob, json, os, re, subprocess, sys
@@ -160,6 +177,16 @@ for e, p in zip(with_decoys, plain):
     if len(vals) != n + 1 or vals[-1] != e["value"] or len(set(vals)) != n + 1:
         bad(f"example {e['index']}: {n} decoys, the prompt's lines of {head!r}: {vals}")
 if counts.count(8) < 8: bad(f"--decoys 8: the counts placed are {counts}")
+# --decoys 1-6: the same draws as without decoys again, and counts drawn over the range (each of
+# 32 examples placed at most its draw, and counts 1 to 6 all placed: a fixed count fails)
+ranged = [json.loads(l) for l in open(f"{work}/r.jsonl")]
+plain32 = {e["index"]: e for e in plain}
+for e in ranged:
+    p = plain32.get(e["index"])
+    if p and any(e[k] != p[k] for k in keys): bad(f"--decoys 1-6 changed example {e['index']}'s draws")
+    if not 0 <= e.get("decoys", -1) <= 6: bad(f"--decoys 1-6: example {e['index']} placed {e.get('decoys')}")
+placed = sorted({e["decoys"] for e in ranged})
+if not set(range(1, 7)) <= set(placed): bad(f"--decoys 1-6: the counts placed are {placed}")
 if failures: sys.exit(1)
 print(f"{len(train)} train and {len(held)} held-out examples, and all 66 kinds x formats x shapes: spans, answers, "
       "held-out lists and `sparsetrace render` ids check")

@@ -69,6 +69,8 @@ for i in range(40):
         decoy_fails.append(f"d{i}: two lines of {head!r} share a value")
     if len(at) < 5 or len(at) > 13:  # the needle, and up to 12 before it (fewer when few boundaries are)
         decoy_fails.append(f"d{i}: {len(at) - 1} decoys for 12 asked")
+    if d.decoys != len(at) - 1 or base.decoys != 0:  # the count the card's rows by decoys read
+        decoy_fails.append(f"d{i}: Sample.decoys {d.decoys} ({base.decoys} without), {len(at) - 1} lines before the needle")
     if len(label_lines(base)[0]) != 1:
         decoy_fails.append(f"d{i}: without decoys, {len(label_lines(base)[0])} lines of {head!r}")
     question = d.request["messages"][-1]["content"]

@@ -546,7 +546,8 @@ class Sample:
     __slots__ = ("request", "prompt", "answer", "needle", "label", "kind", "family", "needle_char",
                  "thinking", "followups",
                  # set only by read_jsonl (the C generator's examples come as token ids already)
-                 "ids", "answer_ids", "needle_token", "format", "size", "position", "shape")
+                 "ids", "answer_ids", "needle_token", "format", "size", "position", "shape",
+                 "decoys")  # decoy lines placed before the needle (0: none)
 
 
 FOLLOWUPS = ["And the \"{label}\" line? Quote it exactly.",
@@ -687,6 +688,7 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
             break
         fit = now
     inserts = [(needle_slot[1], needle_slot[2], needle)]
+    placed = 0
     if rd:
         before = [sl for sl in slots if sl[0] < needle_slot[0]]
         values = {value}
@@ -696,6 +698,7 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
                 v = maker(rd)
             values.add(v)
             inserts.append((sl[1], sl[2], f"{label}: {v}"))
+            placed += 1
     for ui, li, line in sorted(inserts, key=lambda x: (x[0], x[1]), reverse=True):
         units[ui][1].insert(li, line)  # from the end, so the earlier indices stay valid
 
@@ -714,6 +717,7 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
     s.answer = (THINK_END if thinking else "") + needle
     s.needle, s.label, s.kind, s.family, s.thinking = needle, label, kind, fam.name, thinking
     s.needle_char = s.prompt.find(needle)
+    s.decoys = placed
     s.followups = []
     facts = [x for x in env if x != needle and ": " in x]
     for fact in r.sample(facts, min(followups, len(facts))):
@@ -753,6 +757,7 @@ def read_jsonl(path, split="train"):
             s.needle_char, s.followups = None, []
             s.ids, s.answer_ids, s.needle_token = ids, answer_ids, span[0]
             s.size, s.position, s.shape = e.get("tokens_requested", e.get("tokens")), e.get("position"), e.get("shape")
+            s.decoys = e.get("decoys", 0)  # written by --batch --decoys only
             out.append(s)
     return out
 
@@ -783,9 +788,13 @@ def main(argv):
         for s in samples:
             by[(s.kind, s.family)] = by.get((s.kind, s.family), 0) + 1
         tokens = sum(len(s.ids) + len(s.answer_ids) for s in samples)
+        decoys = {}
+        for s in samples:
+            decoys[s.decoys] = decoys.get(s.decoys, 0) + 1
         print(json.dumps({"examples": len(samples), "tokens": tokens,
                           "kinds": sorted({s.kind for s in samples}),
-                          "families": sorted({s.family for s in samples})}))
+                          "families": sorted({s.family for s in samples}),
+                          **({"decoys": {str(k): decoys[k] for k in sorted(decoys)}} if set(decoys) != {0} else {})}))
         return 0
     if args.cmd == "sample":
         th = None if args.thinking is None else args.thinking == "on"

@@ -121,8 +121,11 @@ VOCAB = 4096
 EXPERTS = os.environ.get("NEEDLE_EXPERTS", "eager")
 DECAY_FLOOR = 0.1    # stage --decay A:B: the learning rate falls linearly to this share of the stage's
 FOLLOWUPS = 3         # up to this many further questions per training prompt (more answer signal)
-CARD_DECOYS = 24      # the card's decoy evaluation: earlier lines of the needle's label (more than
-                      # index_topk 32 rows' worth of lines, about 4 rows each, can hold)
+# The card's decoy evaluation: earlier lines of the needle's label, a ladder by seed (seed s gets
+# CARD_DECOYS[s % 4]). A few fit in index_topk's 32 rows with the needle (about 4 rows a line), so
+# the main attention picks the last; 12 and 24 do not, so the indexer must rank the last first,
+# and only then can a position fault (index_rope, compress_rope_theta) take the needle away.
+CARD_DECOYS = (1, 4, 12, 24)
 
 # ---------------------------------------------------------------- tokenizer (ENCODING §2)
 
@@ -837,20 +840,23 @@ DENSE_EVAL_ELEMS = 1 << 31  # evaluate: fp32 attention scores per batch in a den
 
 
 def eval_cases(tok, info, lengths, positions, seeds, family, kind, decoys=0):
+    """needle_data's prompts aimed at each length's tokens. decoys: a count for every case, or a
+    ladder of counts taken by seed (seed s gets decoys[s % len(decoys)])."""
     cases = []
     for L in lengths:
         for p in positions:
             for sd in range(seeds):
                 chars = int(L * info["chars_per_token"])
+                d = decoys[sd % len(decoys)] if isinstance(decoys, (list, tuple)) else decoys
                 for _ in range(3):  # aim at L tokens: rescale by the measured size
-                    s = nd.make_sample(f"eval:{sd}", family, kind, chars, p, False, train=False, decoys=decoys)
+                    s = nd.make_sample(f"eval:{sd}", family, kind, chars, p, False, train=False, decoys=d)
                     seq, spans, nt = encode_sample(tok, s)
                     a0 = spans[0][0]
                     if abs(a0 - L) < 0.03 * L:
                         break
                     chars = int(chars * L / a0)
                 cases.append(dict(L=L, position=p, seed=sd, seq=seq, a0=a0, needle_tok=nt,
-                                  needle=s.needle, kind=s.kind, family=s.family))
+                                  needle=s.needle, kind=s.kind, family=s.family, decoys=s.decoys))
     return cases
 
 
@@ -864,7 +870,7 @@ def jsonl_cases(path, split, eos):
         # positions drawn uniformly: binned by quarter (0.25 holds (0, 0.25], ...)
         cases.append(dict(L=s.size, position=max(0.25, math.ceil(s.position * 4) / 4), seed=i, seq=seq, a0=len(s.ids),
                           needle_tok=s.needle_token, needle=s.needle, kind=s.kind, family=s.family,
-                          format=s.format, shape=s.shape))
+                          format=s.format, shape=s.shape, decoys=s.decoys))
     return cases
 
 
@@ -952,7 +958,7 @@ def evaluate(model, taps, tok, info, lengths, positions, seeds, modes, family=nd
             "summary": summary, "table": table, "lengths_complete": complete,
             "fast": fast,
             "cases": [{k: c[k] for k in ("L", "position", "seed", "a0", "needle_tok", "needle", "kind", "family",
-                                         "format", "shape", "exact", "token_acc")
+                                         "format", "shape", "decoys", "exact", "token_acc")
                        if k in c} for c in cases]}
 
 
@@ -980,7 +986,7 @@ def run_eval(weights, tokdir, out, seeds, lengths, modes, family, kind, budget, 
     res = evaluate(model, taps, tok, info, lengths, [0.25, 0.55, 0.8, 0.97], seeds, modes, family, kind,
                    deadline=t0 + budget, fast=fast, cases=cases, decoys=decoys)
     res["weights"], res["qat"], res["seconds"] = weights, qat_on, round(time.time() - t0, 1)
-    res["decoys"] = decoys
+    res["decoys"] = list(decoys) if isinstance(decoys, (list, tuple)) else decoys
     if jsonl:
         res["jsonl"] = os.path.basename(jsonl[0])
     with open(out, "w") as f:
@@ -1024,11 +1030,11 @@ CARD_EVALS_V5 = [
      "release", ("jsonl", "make-heldout", "heldout"), ["sparse", "q-rot"]),
     ("bug_report.json", "Bug-report shape (toollist), held-out kinds and wording", "release",
      ("jsonl", "toollist-heldout", "heldout"), ["sparse", "q-rot"]),
-    ("decoys.json", f"Held-out family, up to {CARD_DECOYS} earlier lines of the needle's label, the last one asked for "
-     "(held-out wording): where a line sits is all that tells it", "release",
+    ("decoys.json", f"Held-out family, {'/'.join(map(str, CARD_DECOYS))} earlier lines of the needle's label by seed, "
+     "the last one asked for (held-out wording): where a line sits is all that tells it", "release",
      ("python", nd.HELDOUT_FAMILY, None, CARD_DECOYS), ["all", "sparse", "q-rot", "neox", "theta-40k", "topk-4"]),
-    ("needle_make_decoys.json", "needle make's prompts with 24 decoys (--decoys 24; trained kinds): the last line "
-     "of the label asked for", "release", ("jsonl", "make-decoys", "train"), ["sparse", "q-rot", "neox", "theta-40k"]),
+    ("needle_make_decoys.json", "needle make's prompts with 1-24 decoys (--decoys 1-24; trained kinds): the last "
+     "line of the label asked for", "release", ("jsonl", "make-decoys", "train"), ["sparse", "q-rot", "neox", "theta-40k"]),
     ("trained_heldout_family.json", "The trained weights under QAT (before release), held-out family", "trained",
      ("python", nd.HELDOUT_FAMILY, None), ["all", "sparse", "q-rot"]),
 ]
@@ -1620,6 +1626,15 @@ def tokenizer_fixture(tokdir, out, count):
 CARD_BEGIN, CARD_END = "<!-- tables: tools/train_needle.py card -->", "<!-- end of tables -->"
 
 
+def decoy_bin(n):
+    """The card's row for a case with n decoys placed: 0, 1, then powers of two (2-3, 4-7, ...),
+    padded so the rows sort by count."""
+    if n < 2:
+        return f"{n:2d}"
+    lo = 1 << (n.bit_length() - 1)
+    return f"{lo:2d}-{2 * lo - 1}"
+
+
 def card_tables(train_dir, eval_dir, card="v4"):
     """Markdown: training time per stage (from log.jsonl) and the recall tables (CARD_EVALS, or
     CARD_EVALS_V5 for card v5), with each table's cases by needle kind, request format and shape
@@ -1654,7 +1669,8 @@ def card_tables(train_dir, eval_dir, card="v4"):
         res = json.load(open(path))
         out += [f"### {title} (`evals/{name}`)", "",
                 f"Family `{res['family'] or 'any'}`, needle kind `{res['kind'] or 'any'}`, "
-                + (f"{res['decoys']} decoys, " if res.get("decoys") else "") + f"{res['seeds']} seeds per cell, "
+                + (f"{res['decoys'] if isinstance(res['decoys'], int) else '/'.join(map(str, res['decoys']))} "
+                   "decoys, " if res.get("decoys") else "") + f"{res['seeds']} seeds per cell, "
                 f"window {res['window']}, index_topk {res['index_topk']}; mean prompt tokens "
                 + ", ".join(f"{k}: {v}" for k, v in res["mean_prompt_tokens"].items())
                 + ". Exact recall of the whole line (teacher-forced argmax = greedy), %.", ""]
@@ -1667,10 +1683,13 @@ def card_tables(train_dir, eval_dir, card="v4"):
             out.append(f"| {mode} | " + " | ".join("" if c is None else f"{c:.0f}" for c in cells)
                        + f" | {res['summary'][mode]:.1f} |")
         held_out = {nd.HELDOUT_KIND} | set(nd.C_HELDOUT_KINDS)
-        for key, what in (("kind", "needle kind"), ("format", "request format"), ("shape", "request shape")):
+        for key, what in (("kind", "needle kind"), ("format", "request format"), ("shape", "request shape"),
+                          ("decoys", "decoys placed")):
             groups = {}
             for c in res["cases"]:
                 value = c.get(key) or (label_kind[c["needle"].split(": ")[0]] if key == "kind" else None)
+                if key == "decoys":
+                    value = decoy_bin(c.get("decoys", 0))
                 if value is None:
                     continue
                 for mode, ok in c.get("exact", {}).items():

@@ -8,8 +8,9 @@
 #                      Python generator's held-out `branch`), 1k-32k tokens, in parallel. CDATA_KINDS:
 #                      the kinds drawn from, a kind named twice drawn twice as often (default: key,
 #                      commit and random twice, the random strings step 7442 could not copy: 6, 0 and
-#                      0 of 24 in its engine sweeps); CDATA_DECOYS=N: N decoys in the examples of 4
-#                      of the 14 files (needle make --decoys: the last line of the needle's label)
+#                      0 of 24 in its engine sweeps); CDATA_DECOYS=N or LO-HI: that many decoys (each
+#                      example's count drawn from LO-HI) in the examples of the last CDATA_DECOY_FILES
+#                      (default 4) of the 14 files (needle make --decoys: the last line of the label)
 #     parity           train_needle.py parity against the release in INIT (default models/needle-v4)
 #     check            tests/needle_fast_check.py: the fast forward against brute force (CPU, float64)
 #     speed            train_needle.py speed (SPEED_ONLY=a,b: those configs and the v4 path)
@@ -38,7 +39,8 @@
 #     evaldata         `needle make --batch` evaluation sets with their own seeds, 1k-32k tokens
 #                      (train_needle.py CARD_EVALS_V5): make-train (trained kinds, every format and
 #                      shape), make-heldout (held-out kinds and question families), toollist-heldout,
-#                      make-decoys (trained kinds, 24 decoys: recall by position)
+#                      make-decoys (trained kinds, 1-24 decoys drawn per example: recall by position,
+#                      the card's rows by decoys placed)
 #     card             the release's card evaluations (of this machine's training, else of INIT's release as
 #                      it is) (EVAL_SECONDS; CARD=v5: CARD_EVALS_V5; CARD_ONLY=a.json,b.json:
 #                      those alone, the others' files of an earlier call on this machine kept). Each runs
@@ -63,7 +65,8 @@ for s in "$@"; do
         .bundle/bin/sparsetrace needle make --batch 220 --jsonl "$cdata/$i.jsonl" --seed $((1000 + i)) \
           --model models/needle-v4 --lengths 1k,2k,4k,8k,16k,32k --split train \
           --kinds "${CDATA_KINDS:-path,host,key,number,ticket,url,commit,random,key,commit,random}" \
-          $([ "$i" -ge 10 ] && [ -n "${CDATA_DECOYS:-}" ] && echo --decoys "$CDATA_DECOYS") --quiet &
+          $([ "$i" -ge $((14 - ${CDATA_DECOY_FILES:-4})) ] && [ -n "${CDATA_DECOYS:-}" ] && echo --decoys "$CDATA_DECOYS") \
+          --quiet &
       done
       wait
       cat "$cdata"/[0-9]*.jsonl > "$cdata/train.jsonl"
@@ -151,7 +154,7 @@ PY
       mkdir -p "$dir"
       mk make-train 192 90001 --split train & mk make-heldout 96 90002 --split heldout &
       mk toollist-heldout 96 90003 --split heldout --shapes toollist &
-      mk make-decoys 96 90004 --split train --decoys 24 & wait
+      mk make-decoys 96 90004 --split train --decoys 1-24 & wait
       for f in "$dir"/evals-*.jsonl; do echo "$(basename "$f"): $(wc -l < "$f") examples"; done | tee "$out/logs/evaldata.txt" ;;
     card)
       step card
