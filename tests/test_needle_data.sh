@@ -46,6 +46,20 @@ bad_eval = ev & set(nd.TRAIN_ONLY_KINDS)
 print("FAIL: evaluation samples of a training-only kind: %s" % bad_eval if bad_eval else "ok: evaluation draws no training-only kind")
 no_labelled = not any(s.kind == "labelled" for s in train)
 print("FAIL: no training sample of the labelled kind" if no_labelled else "ok: training draws the labelled kind")
+# the labelled kind's labels are an open space: most hold a word that is in none of the generator's
+# lists (a pseudo-word or an acronym), so no vocabulary predicts them, and they repeat rarely;
+# none is another kind's label or holds the held-out kind's word
+import random
+known = {w.lower() for w in nd.WORDS + nd.MODULES + nd.LABEL_HEADS} | {x for n in nd.LABEL_NOUNS for x in n.split()}
+named = {l for k, (ls, _) in nd.NEEDLE_KINDS.items() if not callable(ls) for l in ls}
+rl = random.Random(11)
+labels = [l for _ in range(300) for l in nd._labels(rl)]
+open_share = sum(any(w.lower() not in known for w in l.split()) for l in labels) / len(labels)
+closed = [l for l in labels if l in named or "branch" in l.lower()]
+label_fails = (open_share < 0.5 or len(set(labels)) < 0.95 * len(labels) or closed)
+print(f"FAIL: labelled labels: {open_share:.0%} with a word in no list, {len(set(labels))} distinct of {len(labels)}, "
+      f"named or branch: {closed[:5]}" if label_fails else
+      f"ok: labelled labels: {open_share:.0%} with a word in no list, {len(set(labels))} distinct of {len(labels)}")
 # decoys: earlier lines of the needle's label, the last one asked for (the position faults' data)
 decoy_fails = []
 for i in range(40):
@@ -91,7 +105,7 @@ if max(errs) > 0.08 or sum(errs) / len(errs) > 0.02:  # (not aimed: 0.057 and 0.
 print("FAIL: " + "; ".join(decoy_fails[:5]) if decoy_fails else
       "ok: 40 decoy samples: the needle is the last line of its label, values distinct, decoys=0 unchanged; "
       "48 at their position")
-sys.exit(1 if missing or leak or bad_eval or no_labelled or decoy_fails else 0)
+sys.exit(1 if missing or leak or bad_eval or no_labelled or label_fails or decoy_fails else 0)
 PY
 [ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
 echo "all renderings identical"

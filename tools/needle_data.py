@@ -210,25 +210,54 @@ def _branch(r):
 # "labelled" is for training only: a label and a value format drawn afresh for every sample, so
 # that the model learns to find a line by whatever label the question names, not only the few
 # labels of the named kinds (the held-out kind measures whether it did). None of its forms looks
-# like a branch.
+# like a branch. The labels are an open space: a label of few words from a closed list (as it
+# once was, a head word and one of 20 nouns) is learned as a vocabulary, and a model that
+# learned it answers "Release branch" with "Replica bucket" (needle-v5 on the engine: the
+# question's first token copied, the rest from the list). Pseudo-words and acronyms in most
+# labels leave copying as the only way to the answer.
 LABEL_HEADS = ["Staging", "Canary", "Primary", "Backup", "Nightly", "Shared", "Legacy", "Regional",
                "Internal", "Upstream", "Fallback", "Audit", "Replica", "Preview", "Archive", "Edge"]
 LABEL_NOUNS = ["bucket", "queue", "namespace", "image tag", "run id", "dataset", "checksum", "cluster",
                "profile", "channel", "mirror", "owner", "version", "mailbox", "certificate", "schedule",
                "topic", "zone", "snapshot", "fingerprint"]
 LABEL_WORDS = LABEL_HEADS + [w.capitalize() for w in WORDS]
+ONSETS = "b c d f g h j k l m n p r s t v w z br cl dr fl gr kr pl pr sk st tr th sh ch".split()
+VOWELS = "a e i o u a e i o ai ou".split()
+CODAS = ["", "", "", "n", "r", "l", "s", "k", "m", "x", "nd", "rt"]
+
+
+def pseudo_word(r):
+    """A pronounceable word that is in no list: 2 or 3 syllables of onset, vowel and coda."""
+    return "".join(r.choice(ONSETS) + r.choice(VOWELS) + r.choice(CODAS) for _ in range(r.choice((2, 2, 3))))
+
+
+def _label_part(r):
+    pick = r.randrange(10)
+    if pick < 4:
+        return pseudo_word(r)
+    if pick < 6:
+        return r.choice(WORDS + MODULES)
+    if pick < 8:
+        return r.choice(LABEL_NOUNS + [h.lower() for h in LABEL_HEADS])
+    if pick < 9:
+        return rstr(r, "ABCDEFGHJKLMNPQRSTVWXZ", r.randrange(2, 5))  # an acronym
+    return f"{pseudo_word(r)}{r.choice('-_')}{r.randrange(2, 100)}"
 
 
 def _labels(r):
     out = set()
     while len(out) < 4:
-        out.add(f"{r.choice(LABEL_WORDS)} {r.choice(LABEL_NOUNS)}")
+        parts = [_label_part(r) for _ in range(r.choice((1, 2, 2, 2, 3, 3)))]
+        label = " ".join(parts)
+        label = label[0].upper() + label[1:]
+        if "branch" not in label.lower():  # the held-out kind's word
+            out.add(label)
     return sorted(out)
 
 
 def _labelled(r):
     a, b, m = r.choice(WORDS), r.choice(WORDS), r.choice(MODULES)
-    form = r.randrange(7)
+    form = r.randrange(9)
     if form == 0:
         return f"{a}-{b}-{rstr(r, HEX, 4)}"
     if form == 1:
@@ -241,7 +270,12 @@ def _labelled(r):
         return f"{a}.{b}@{r.choice(WORDS)}.example.org"
     if form == 5:
         return f"{rstr(r, HEX, 8)}-{rstr(r, HEX, 4)}-{rstr(r, HEX, 4)}"
-    return f"{r.randrange(60)} {r.randrange(24)} * * {r.randrange(7)}"
+    if form == 6:
+        return f"{r.randrange(60)} {r.randrange(24)} * * {r.randrange(7)}"
+    sep = r.choice("-_.:")
+    if form == 7:  # words in no list, as the labels' own
+        return sep.join([pseudo_word(r), pseudo_word(r), str(r.randrange(1, 1000))][:r.choice((2, 3))])
+    return sep.join(rstr(r, ALNUM, r.randrange(3, 9)) for _ in range(r.choice((1, 2, 3))))
 
 
 NEEDLE_KINDS = {
