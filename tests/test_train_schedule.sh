@@ -5,7 +5,7 @@
 # whether the stage started before A (one call) or between A and B (resumed in another call:
 # past a fresh optimiser's warmup, or from its first step when the optimiser's state was
 # restored). And stage --decay refuses what is not A < B, --decoys what is not SHARE:LO-HI,
-# before either touches DIR.
+# --labelled what is not a share, before any touches DIR.
 set -uo pipefail
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
 exec /usr/bin/python3 - "$src" <<'PY'
@@ -41,9 +41,10 @@ want(tn.lr_scale(230, 230, 0), 1.0, "resumed with its moments, no decay: the ful
 if tn.parse_decoys("0.25:8-40") != (0.25, 8, 40):
     fails.append(f"parse_decoys('0.25:8-40') = {tn.parse_decoys('0.25:8-40')}")
 # refused before DIR is touched: --decay what is not A < B, --decoys what is not a share in (0, 1]
-# with 1 <= LO <= HI
+# with 1 <= LO <= HI, --labelled what is not a share in (0, 1]
 for option, bads in (("--decay", ("300:200", "5", "a:b", "7:7")),
-                     ("--decoys", ("0:1-2", "1.5:1-2", "0.5:3-2", "0.5:0-4", "0.5", "half:1-2"))):
+                     ("--decoys", ("0:1-2", "1.5:1-2", "0.5:3-2", "0.5:0-4", "0.5", "half:1-2")),
+                     ("--labelled", ("0", "1.5", "-0.2", "half"))):
     for bad in bads:
         r = subprocess.run([sys.executable, os.path.join(src, "tools", "train_needle.py"), "stage", "5", never,
                             option, bad], capture_output=True, text=True)
@@ -51,7 +52,9 @@ for option, bads in (("--decay", ("300:200", "5", "a:b", "7:7")),
             fails.append(f"stage {option} {bad}: exit {r.returncode}, stderr {r.stderr.strip()[-200:]!r}")
         if os.path.exists(never):
             fails.append(f"stage {option} {bad}: refused after making its DIR")
+if tn.parse_share("--labelled", "0.25") != 0.25:
+    fails.append(f"parse_share('--labelled', '0.25') = {tn.parse_share('--labelled', '0.25')}")
 if fails:
     sys.exit("FAIL: " + "\n".join(fails))
-print("ok: warmup, decay and resumed decay as defined; bad --decay and --decoys refused")
+print("ok: warmup, decay and resumed decay as defined; bad --decay, --decoys and --labelled refused")
 PY

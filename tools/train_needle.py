@@ -225,6 +225,9 @@ class Batches:
         self.tokdir, self.stage, self.seed, self.ratio = tokdir, stage, seed, ratio
         # (share, lo, hi): that share of needle_data's prompts get lo-hi decoys (make_sample)
         self.decoys = stage.get("decoys")
+        # that share of needle_data's prompts are of the labelled kind (open labels: copying a label
+        # no list holds), the rest drawn among the trained kinds as make_sample draws them
+        self.labelled = stage.get("labelled")
         # the C generator's examples (`sparsetrace needle make --batch`), half of each batch when given
         self.c_samples = nd.read_jsonl(jsonl) if jsonl else []
 
@@ -252,10 +255,13 @@ class Batches:
                 if b > a and r.random() < 0.5:
                     seqs.append(encode_sample(tok, self.c_samples[by_size[r.randrange(a, b)][1]]))
                     continue
-                decoys = 0
+                decoys, kind = 0, None
                 if self.decoys and r.random() < self.decoys[0]:  # no draw without decoys: the same stream
                     decoys = r.randrange(self.decoys[1], self.decoys[2] + 1)
-                s = nd.make_sample(f"{self.seed}:{worker}:{n}", chars=int(length * self.ratio * r.uniform(0.7, 0.92)),
+                if self.labelled and r.random() < self.labelled:  # nor without --labelled
+                    kind = "labelled"
+                s = nd.make_sample(f"{self.seed}:{worker}:{n}", kind=kind,
+                                   chars=int(length * self.ratio * r.uniform(0.7, 0.92)),
                                    followups=r.randrange(FOLLOWUPS + 1), decoys=decoys)
                 n += 1
                 seqs.append(encode_sample(tok, s))
@@ -701,13 +707,26 @@ def parse_decoys(text):
     return share, lo, hi
 
 
+def parse_share(option, text):
+    """stage --labelled SHARE as a float in (0, 1]; a SystemExit naming the option otherwise."""
+    try:
+        share = float(text)
+    except ValueError:
+        share = -1.0
+    if not 0 < share <= 1:
+        raise SystemExit(f"stage {option}: want a share in (0, 1], not {text!r}")
+    return share
+
+
 def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=None, jsonl=None, compile=False,
-              splits=None, decay=None, decoys=None):
+              splits=None, decay=None, decoys=None, labelled=None):
     import torch
     t0 = time.time()
     st = STAGES[stage_no]
     if decoys:
         st = dict(st, decoys=list(decoys))  # logged with the stage's settings
+    if labelled:
+        st = dict(st, labelled=labelled)
     dev = "cuda"
     tok, info = load_tokenizer(outdir)
     logf = open(os.path.join(outdir, "log.jsonl"), "a")
@@ -1748,6 +1767,8 @@ def main(argv):
                                    "DECAY_FLOOR of it at step B (steps counted over the lineage, as logged)")
     b.add_argument("--decoys", help="SHARE:LO-HI: that share of needle_data's prompts get LO to HI earlier lines "
                                     "of the needle's label, and the question asks for the last (needle_data.make_sample)")
+    b.add_argument("--labelled", help="SHARE: that share of needle_data's prompts are of the labelled kind (labels "
+                                      "and values in no list), the rest drawn among the trained kinds as before")
     c = sub.add_parser("eval")
     c.add_argument("weights"), c.add_argument("--tokenizer", required=True), c.add_argument("--out", required=True)
     c.add_argument("--seeds", type=int, default=8), c.add_argument("--budget", type=float, default=300)
@@ -1794,11 +1815,13 @@ def main(argv):
     elif args.cmd == "stage":
         decay = parse_decay(args.decay) if args.decay else None
         decoys = parse_decoys(args.decoys) if args.decoys else None
+        labelled = parse_share("--labelled", args.labelled) if args.labelled else None
         init = seed_dir(args.dir, args.init)
         if not os.path.exists(os.path.join(args.dir, "tokenizer.json")):
             train_tokenizer(args.dir)
         run_stage(args.n, args.dir, args.budget, eval_seconds=args.eval_seconds, init=init, jsonl=args.jsonl,
-                  compile=args.compile, splits=args.splits, decay=decay, decoys=decoys)
+                  compile=args.compile, splits=args.splits, decay=decay, decoys=decoys,
+                  labelled=labelled)
     elif args.cmd == "eval":
         run_eval(args.weights, args.tokenizer, args.out, args.seeds, [int(x) for x in args.lengths.split(",")],
                  args.modes.split(","), args.family if args.family != "any" else None,

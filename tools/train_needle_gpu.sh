@@ -23,7 +23,8 @@
 #                      DECAY=A:B: the learning rate falls linearly from step A to a tenth at step B
 #                      (train_needle.py stage --decay); DECOYS=SHARE:LO-HI: that share of the Python
 #                      generator's prompts get LO-HI earlier lines of the needle's label, the last one
-#                      asked for (train_needle.py stage --decoys)
+#                      asked for (train_needle.py stage --decoys); LABELLED=SHARE: that share of them
+#                      are of the labelled kind, whose labels and values are in no list (--labelled)
 #                      Compiled, torch.compile's artifacts load from .compile-cache/needle.bin when it
 #                      was carried and are saved to OUT/compile-cache.bin (carry it back as
 #                      .compile-cache/needle.bin: compiling took 302 s on a fresh machine)
@@ -119,6 +120,7 @@ PY
       [ -n "${SPLITS:-}" ] && j+=(--splits "$SPLITS")
       [ -n "${DECAY:-}" ] && j+=(--decay "$DECAY")
       [ -n "${DECOYS:-}" ] && j+=(--decoys "$DECOYS")
+      [ -n "${LABELLED:-}" ] && j+=(--labelled "$LABELLED")
       budget=${s#train:}
       [ "${budget:0:1}" = @ ] && budget=$(( ${budget:1} - SECONDS ))
       python3 tools/train_needle.py stage "$stage" "$dir" --init "$init" --budget "$budget" --eval-seconds 0 \
