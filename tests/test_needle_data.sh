@@ -3,6 +3,8 @@
 # where the C tool does not run). Its renderer must equal the engine's reference encoder byte for
 # byte, or the bundled model would be trained on a format the harness never shows it: generated
 # requests (every template family and needle kind, chat and thinking mode) are rendered by both.
+# And what its samples hold: held-out families and kinds out of training, open labels, decoys,
+# composed questions kept apart from every held-out wording.
 set -uo pipefail
 st=${ST_BIN:?}
 src=${ST_SOURCE_DIR:?}
@@ -106,6 +108,58 @@ print("FAIL: " + "; ".join(decoy_fails[:5]) if decoy_fails else
       "ok: 40 decoy samples: the needle is the last line of its label, values distinct, decoys=0 unchanged; "
       "48 at their position")
 sys.exit(1 if missing or leak or bad_eval or no_labelled or label_fails or decoy_fails else 0)
+PY
+# Composed questions (training only): about half of the training samples ask in one, evaluation
+# samples never (their questions are their family's, as before), and none shares six words in a
+# row with a held-out wording: the Python held-out family's and decoy wording, and the C tool's
+# held-out families q5 and q6 as `needle make --batch --split heldout` writes them.
+$st needle make --batch 60 --jsonl "$work/held.jsonl" --seed 5 --split heldout --formats openai-chat \
+  --model "$src/models/needle-v4" --lengths 512 -q || { echo "FAIL: needle make --batch --split heldout"; exit 1; }
+python3 - "$src/tools" "$work/held.jsonl" <<'PY' || failures=$((failures + 1))
+import json, random, re, sys
+sys.path.insert(0, sys.argv[1])
+import needle_data as nd
+
+def words(text, label):
+    text = text.replace(label, "LBL").replace(label.lower(), "LBL")
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+def grams(ws, n=6):
+    return {tuple(ws[i:i + n]) for i in range(len(ws) - n + 1)}
+
+held = set()
+for w in nd.FAMILIES[nd.HELDOUT_FAMILY].questions + [nd.DECOY_QUESTIONS[-1]]:
+    held |= grams(words(w.format(label="Lbl", lower="lbl"), "Lbl"))
+c_held = 0
+for line in open(sys.argv[2]):
+    e = json.loads(line)
+    if e["family"] in ("q5", "q6"):
+        held |= grams(words(e["request"]["messages"][-1]["content"], e["needle"].split(": ", 1)[0]))
+        c_held += 1
+fails = []
+if c_held < 10:
+    fails.append(f"only {c_held} held-out C questions to compare with")
+r = random.Random(3)
+for i in range(3000):
+    q = nd.composed_question(r, "Lbl")
+    shared = grams(words(q, "Lbl")) & held
+    if shared:
+        fails.append(f"composed question shares {' '.join(sorted(shared)[0])!r} with a held-out wording: {q!r}")
+        break
+train = [nd.make_sample(f"q{i}") for i in range(200)]
+ev = [nd.make_sample(f"q{i}", train=False) for i in range(100)]
+def fam_wording(s):
+    q = s.request["messages"][-1]["content"]
+    return q in {w.format(label=s.label, lower=s.label.lower()) for w in nd.FAMILIES[s.family].questions}
+composed = sum(not fam_wording(s) for s in train)
+if not 0.35 * len(train) <= composed <= 0.65 * len(train):
+    fails.append(f"{composed} of {len(train)} training samples ask in a composed question")
+if not all(fam_wording(s) for s in ev):
+    fails.append("an evaluation sample asks in a composed question")
+print("FAIL: " + "; ".join(fails) if fails else
+      f"ok: composed questions: {composed} of {len(train)} training samples, no evaluation sample; "
+      f"none of 3000 shares six words with the {c_held + 4} held-out wordings")
+sys.exit(1 if fails else 0)
 PY
 [ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
 echo "all renderings identical"

@@ -604,6 +604,44 @@ DECOY_QUESTIONS = [
 ]
 
 
+# Questions composed from parts, for training samples only (make_sample, COMPOSED_SHARE of them,
+# their follow-ups too): a model that has seen a dozen wordings answers a new one by starting a
+# tool call, or with a label of its own (needle-v5 on needle make's held-out families: "Without
+# running any tool, ..." gets a tool call; "Tracking ticket" gets "Silver profile"). Mixed from
+# parts, the wordings are many, and what they share is the label to copy. No part is taken from a
+# held-out wording (tests/test_needle_data.sh checks that no composed question shares six words
+# in a row with one).
+COMPOSED_SHARE = 0.5
+Q_OPENERS = ["", "", "Quick question.", "Before the next step:", "One more thing.", "For my notes:",
+             "Sorry to interrupt.", "Let me double-check something.", "I lost track of a detail.",
+             "Context check:", "Small favour before you go on.", "No tools needed for this one.",
+             "You do not need to call anything here.", "Answer from what you already have.",
+             "Pause the task for a second.", "Just to be sure:", "Important:", "For the ticket:"]
+Q_ASKS = ["What is the {lower}{where}?", "Which {lower} was given{where}?", "What {lower} did you see{where}?",
+          "What was the {lower} again?", "Which {lower} are we using?", "Remind me of the {lower}{where}:",
+          "Look back for the {lower}{where}:", "Tell me the {lower}{where}:", "I need the {lower}{where}.",
+          "Find the {lower}{where}."]
+Q_WHERES = ["", " above", " in the context", " from earlier", " in the setup", " in this session",
+            " that was listed", " in the environment section", " in the notes above"]
+Q_FORMATS = ["Reply with the line that starts with \"{label}:\"", "Give the whole \"{label}: ...\" line",
+             "Copy the \"{label}\" line", "Write out the line for \"{label}\"",
+             "Return the \"{label}:\" line", "Answer with the full line beginning \"{label}:\"",
+             "Output the {label} line", "Paste the line that says \"{label}: ...\"",
+             "Just the \"{label}\" line", "Send back the line starting \"{label}:\""]
+Q_MANNERS = ["", " exactly", " verbatim", " unchanged", " character for character", " as it appears",
+             " as written", " word for word", " without editing it", " in full"]
+Q_ENDS = [".", ", and nothing else.", ", with no other text.", ". No commentary.", " as your whole reply.",
+          ", then stop.", ". Only that line.", ", nothing around it.", ". Do not call a tool."]
+
+
+def composed_question(r, label):
+    """A question asking for the line of `label`, mixed from the parts above: an opener, an ask
+    (three times in four) and the format wanted."""
+    ask = r.choice(Q_ASKS).format(lower=label.lower(), where=r.choice(Q_WHERES)) if r.random() < 0.75 else ""
+    fmt = r.choice(Q_FORMATS).format(label=label) + r.choice(Q_MANNERS) + r.choice(Q_ENDS)
+    return " ".join(x for x in (r.choice(Q_OPENERS), ask, fmt) if x)
+
+
 def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinking=None, train=True,
                 followups=0, decoys=0):
     """One request with its rendered prompt. `chars` is the prompt's target size in characters
@@ -688,6 +726,9 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
         rounds.append({"thought": thought, "call": {"name": name, "args": args}, "out": out})
         used += sum(len(x) + 1 for x in out) + len(thought) + len(to_json(args)) + 120
     question = r.choice(fam.questions).format(label=label, lower=label.lower())
+    rq = random.Random(f"{seed}:question") if train else None  # its own stream: the other draws as before
+    if rq and rq.random() < COMPOSED_SHARE:
+        question = composed_question(rq, label)
     rd = random.Random(f"{seed}:decoys:{decoys}") if decoys > 0 else None
     if rd:
         wordings = DECOY_QUESTIONS[:-1] if train else DECOY_QUESTIONS
@@ -757,6 +798,8 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
     for fact in r.sample(facts, min(followups, len(facts))):
         flabel = fact.split(": ", 1)[0]
         q = r.choice(FOLLOWUPS).format(label=flabel, lower=flabel.lower())
+        if rq and rq.random() < COMPOSED_SHARE:
+            q = composed_question(rq, flabel)
         s.followups.append((USER + q + ASSISTANT + (THINK if thinking else THINK_END),
                             (THINK_END if thinking else "") + fact))
     return s
