@@ -256,8 +256,10 @@ static st_status batch_spec(const batch_options *b, uint64_t seed, int64_t i, st
   sp->seed = seed * 1000003ull + (uint64_t)i + 1;
   /* the decoys' count from a stream of its own: the other fields are drawn as without decoys */
   sp->decoys = b->decoys;
-  if (b->decoys_hi > b->decoys)
-    sp->decoys += (int)(batch_mix(batch_mix(seed ^ 0xDEC0D15EA5Eull) ^ (uint64_t)i) % (uint64_t)(b->decoys_hi - b->decoys + 1));
+  if (b->decoys_hi > b->decoys) {
+    uint64_t d = batch_mix(batch_mix(seed ^ 0xDEC0D15EA5Eull) ^ (uint64_t)i);
+    sp->decoys += (int)(d % (uint64_t)(b->decoys_hi - b->decoys + 1));
+  }
 #undef DRAW
   return ST_OK;
 }
