@@ -324,22 +324,27 @@ static int run_batch(const batch_options *b, st_needle_spec *base, st_tokenizer 
   return rc;
 }
 
-/* --decoys N or LO-HI (0 <= LO <= HI <= ST_NEEDLE_MAX_DECOYS) into [*lo, *hi]; nonzero after a
-** usage error naming the option. */
-static int parse_decoys(st_opts *o, int *lo, int *hi) {
-  const char *dash = strchr(o->arg, '-');
-  char *end = NULL;
-  long a = -1, b = -1;
-  if (o->arg[0] >= '0' && o->arg[0] <= '9') {
-    a = b = strtol(o->arg, &end, 10);
-    if (dash && end == dash && dash[1] >= '0' && dash[1] <= '9') b = strtol(dash + 1, &end, 10);
-  }
-  if (!end || *end || a < 0 || a > b || b > ST_NEEDLE_MAX_DECOYS) {
-    st_opts_error(o, "--decoys '%s': expected N or LO-HI, 0 <= LO <= HI <= %d", o->arg, ST_NEEDLE_MAX_DECOYS);
-    return 1;
+/* --decoys N or LO-HI (0 <= LO <= HI <= ST_NEEDLE_MAX_DECOYS) into [*lo, *hi], each number read
+** as st_opt_int reads one. */
+static st_status parse_decoys(const char *text, int *lo, int *hi) {
+  const char *dash = strchr(text, '-');
+  char first[24];
+  int64_t a, b;
+  if (!dash) {
+    if (st_opt_int("decoys", text, 0, ST_NEEDLE_MAX_DECOYS, &a)) goto bad;
+    b = a;
+  } else {
+    if (dash == text || (size_t)(dash - text) >= sizeof first) goto bad;
+    memcpy(first, text, (size_t)(dash - text));
+    first[dash - text] = 0;
+    if (st_opt_int("decoys", first, 0, ST_NEEDLE_MAX_DECOYS, &a) ||
+        st_opt_int("decoys", dash + 1, a, ST_NEEDLE_MAX_DECOYS, &b))
+      goto bad;
   }
   *lo = (int)a, *hi = (int)b;
-  return 0;
+  return ST_OK;
+bad:
+  return st_fail(ST_EINVAL, "--decoys '%s': expected N or LO-HI, 0 <= LO <= HI <= %d", text, ST_NEEDLE_MAX_DECOYS);
 }
 
 static int cmd_make(int argc, char **argv) {
@@ -419,7 +424,7 @@ static int cmd_make(int argc, char **argv) {
       have_drawn = "--shape";
       break;
     case ST_OPT_DECOYS:
-      if (parse_decoys(&o, &batch.decoys, &batch.decoys_hi)) goto usage;
+      if (parse_decoys(o.arg, &batch.decoys, &batch.decoys_hi)) goto bad_value;
       sp.decoys = batch.decoys;
       break;
     case ST_OPT_SHAPES:

@@ -24,6 +24,7 @@ read_jsonl() loads what `sparsetrace needle make --batch` writes (README, "Train
 the harness's own prompts as token ids, which tools/train_needle.py mixes into its batches.
 """
 import argparse
+import collections
 import json
 import os
 import random
@@ -865,9 +866,7 @@ def main(argv):
         for s in samples:
             by[(s.kind, s.family)] = by.get((s.kind, s.family), 0) + 1
         tokens = sum(len(s.ids) + len(s.answer_ids) for s in samples)
-        decoys = {}
-        for s in samples:
-            decoys[s.decoys] = decoys.get(s.decoys, 0) + 1
+        decoys = collections.Counter(s.decoys for s in samples)
         print(json.dumps({"examples": len(samples), "tokens": tokens,
                           "kinds": sorted({s.kind for s in samples}),
                           "families": sorted({s.family for s in samples}),

@@ -1706,9 +1706,10 @@ def card_tables(train_dir, eval_dir, card="v4"):
                           ("decoys", "decoys placed")):
             groups = {}
             for c in res["cases"]:
-                value = c.get(key) or (label_kind[c["needle"].split(": ")[0]] if key == "kind" else None)
                 if key == "decoys":
                     value = decoy_bin(c.get("decoys", 0))
+                else:
+                    value = c.get(key) or (label_kind[c["needle"].split(": ")[0]] if key == "kind" else None)
                 if value is None:
                     continue
                 for mode, ok in c.get("exact", {}).items():
