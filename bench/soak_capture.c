@@ -30,7 +30,8 @@
 ** port D ms later (default 3000); while it is down requests start at most every 10 ms (so the
 ** outage does not eat the run with instant 502s). A request whose lifetime overlaps the outage
 ** may end any of the ways above (it is counted as 'outage', not by its kind). Last, C long
-** streams (~1 s) start, and 300 ms later the proxy gets SIGTERM (its --grace lets them finish).
+** streams (~1 s) start, and once each has had its first bytes the proxy gets SIGTERM (its --grace
+** lets them finish).
 **
 ** What the client saw is one of: complete (200, the stream's end marker or a JSON body), error
 ** event (200, the stream ended with the proxy's error event), 502, 504, client left (a
@@ -522,12 +523,16 @@ int main(int argc, char **argv) {
   if (samples_file) fclose(samples_file);
   (void)dead_fake;
 
-  /* The final streams, then SIGTERM while they are in flight. */
+  /* The final streams, then SIGTERM while they are in flight: once every one has had its first
+  ** bytes through the proxy (a fixed 300 ms was too short on a loaded machine, where some had not
+  ** reached it yet and were refused at the stop), at most 5 s after they start. */
   while (started < n) start_request(m, &reqs[started++]);
-  int64_t term_at = now_ns() + 300000000;
+  int64_t term_at = now_ns() + 5000000000;
   int termed = 0;
   while (done < n) {
-    if (!termed && now_ns() >= term_at) {
+    int flowing = 0;
+    for (int i = main_n; i < n; i++) flowing += reqs[i].len > 0;
+    if (!termed && (flowing == n - main_n || now_ns() >= term_at)) {
       kill(proxy_pid, SIGTERM);
       termed = 1;
       term_at = now_ns();
