@@ -59,6 +59,10 @@ static const st_opt_use make_options[] = {
                        "families q5, q6) or heldout (every example has one of them)"},
   {ST_OPT_DECOYS, "N", "batch mode: N decoys in every example (as needle make; default 0), or\n"
                       "LO-HI: each example's count drawn from LO to HI"},
+  {ST_OPT_COMPOSED, NULL, "batch mode, train split: that share (0 to 1, default 0) of the examples ask\n"
+                          "a question composed from parts (opener, ask, the line wanted, manner,\n"
+                          "ending; family \"composed\") instead of their family's wording, drawn on\n"
+                          "a stream of their own: 0 writes the same bytes as without the option"},
   {0}};
 
 static const st_cmd_spec make_spec = {
@@ -183,6 +187,7 @@ typedef struct batch_options {
   int n_lengths;                     /* 0: 1k, 2k, 4k */
   int decoys, decoys_hi;             /* decoys per example: drawn from decoys..decoys_hi (fewer are
                                      ** placed where the needle is early) */
+  double composed;                   /* --composed: share of examples asking a composed question */
 } batch_options;
 
 static uint64_t batch_mix(uint64_t x) { /* splitmix64's finaliser */
@@ -202,8 +207,9 @@ static json_t *ids_array(const int32_t *ids, size_t n) {
 /* One example's line: what tools/needle_data.py jsonl-samples reads (README, "needle make --batch"). */
 static json_t *batch_line(int64_t index, const st_needle_spec *sp, const st_needle_prompt *np,
                           const char *answer_text, const st_token_ids *answer, int heldout, int decoys_field) {
-  char family[8];
-  snprintf(family, sizeof family, "q%d", np->family);
+  char family[16];
+  if (np->family == ST_NEEDLE_FAMILY_COMPOSED) snprintf(family, sizeof family, "composed");
+  else snprintf(family, sizeof family, "q%d", np->family);
   json_t *o = json_pack("{s:I, s:I, s:s, s:s, s:s, s:s, s:b, s:b, s:f, s:f, s:I, s:I, s:s, s:s, s:s, s:I, s:s}",
                         "index", (json_int_t)index, "seed", (json_int_t)sp->seed, "kind", st_needle_kind_name(sp->kind),
                         "format", st_needle_format_name(sp->format), "shape", st_needle_shape_name(sp->shape), "family", family, "heldout", heldout,
@@ -259,6 +265,12 @@ static st_status batch_spec(const batch_options *b, uint64_t seed, int64_t i, st
   if (b->decoys_hi > b->decoys) {
     uint64_t d = batch_mix(batch_mix(seed ^ 0xDEC0D15EA5Eull) ^ (uint64_t)i);
     sp->decoys += (int)(d % (uint64_t)(b->decoys_hi - b->decoys + 1));
+  }
+  /* a composed question, also on a stream of its own (train split only: run_batch refuses it with
+  ** heldout); the family drawn above is the one it replaces */
+  if (b->composed > 0) {
+    uint64_t c = batch_mix(batch_mix(seed ^ 0xC0A905EDull) ^ batch_mix((uint64_t)i));
+    if ((double)(c >> 11) / 9007199254740992.0 < b->composed) sp->family = ST_NEEDLE_FAMILY_COMPOSED;
   }
 #undef DRAW
   return ST_OK;
@@ -353,7 +365,7 @@ static int cmd_make(int argc, char **argv) {
   const char *out_path = NULL, *meta_path = NULL;
   batch_options batch = {0};
   const char *have_drawn = NULL; /* an option the batch mode draws itself */
-  int have_tokens = 0, have_position = 0, have_seed = 0, c, rc = 2;
+  int have_tokens = 0, have_position = 0, have_seed = 0, have_composed = 0, c, rc = 2;
   int64_t v;
   st_opts o;
   st_opts_init(&o, &make_spec, argc, argv);
@@ -427,6 +439,10 @@ static int cmd_make(int argc, char **argv) {
       if (parse_decoys(o.arg, &batch.decoys, &batch.decoys_hi)) goto bad_value;
       sp.decoys = batch.decoys;
       break;
+    case ST_OPT_COMPOSED:
+      if (st_opt_double(o.name, o.arg, 0.0, 1.0, &batch.composed)) goto bad_value;
+      have_composed = 1;
+      break;
     case ST_OPT_SHAPES:
       if ((batch.n_shapes = split_list(o.arg, batch.shapes, sizeof batch.shapes[0], ST_NEEDLE_SHAPE_COUNT,
                                        parse_shape_v)) < 1) {
@@ -460,6 +476,11 @@ static int cmd_make(int argc, char **argv) {
                         : have_position ? "--position" : out_path ? "--out (--jsonl is the output)" : "--meta");
       goto usage;
     }
+    if (batch.heldout && batch.composed > 0) {
+      st_opts_error(&o, "--composed: composed questions are training wordings; --split heldout asks in the "
+                        "held-out families' own");
+      goto usage;
+    }
     st_opts_free(&o);
     st_tokenizer *btok = NULL;
     if (st_cli_open_tokenizer(model, &btok)) return st_cli_report_error("needle make");
@@ -469,8 +490,8 @@ static int cmd_make(int argc, char **argv) {
     return rc;
   }
   if (batch.n_kinds || batch.n_formats || batch.n_shapes || batch.n_lengths || batch.heldout ||
-      batch.decoys_hi > batch.decoys) {
-    st_opts_error(&o, "--kinds, --formats, --shapes, --lengths, --split and --decoys LO-HI are for --batch");
+      batch.decoys_hi > batch.decoys || have_composed) {
+    st_opts_error(&o, "--kinds, --formats, --shapes, --lengths, --split, --composed and --decoys LO-HI are for --batch");
     goto usage;
   }
   if (!have_tokens || !have_position || !have_seed) {

@@ -323,6 +323,44 @@ LIST(st_nc_decoy_questions,
      "Ignore the earlier values of the %s: quote the final line that begins with \"%s:\", exactly "
      "as written, and stop.")
 
+/* Parts of the composed questions (st_needle_spec.family ST_NEEDLE_FAMILY_COMPOSED, `needle make
+** --batch --composed SHARE`: training data only): an opener, an ask (three times in four; %s = the
+** label in lower case, then one of st_nc_ask_wheres), the line wanted (%s = the label), a manner
+** and an ending. With decoys the ask and the line wanted are the *_last lists': the most recent
+** line of the label. Mixed, they make thousands of wordings, and what they share is the label to
+** copy. No part comes from a held-out wording, q5, q6 or the last decoy question
+** (tests/test_needle_data.sh checks six words in a row against every held-out wording). */
+LIST(st_nc_ask_openers, "", "", "", "Quick sanity check.", "Before I forget:", "One detail, please.",
+     "While the build runs:", "Side question.", "For the incident log:", "I am writing this up now.",
+     "Stop for a moment.", "No need to run anything.", "This is answerable from the context.",
+     "Keep it short:", "Checking my notes:", "For the review:", "A small one first.", "Careful here:")
+
+LIST(st_nc_ask_what, "What does the %s say%s?", "Which %s is set%s?", "Can you tell me the %s%s?",
+     "What %s appears%s?", "I want the %s%s.", "Recall the %s%s.", "Look up the %s%s.",
+     "Do you still have the %s%s?", "What is our %s%s?", "Which %s did we get%s?")
+
+LIST(st_nc_ask_last, "The %s was updated%s; which value holds now?", "The %s changed more than once%s.",
+     "Several %s lines appear%s, and only the newest is valid.", "Which %s is the current one%s?",
+     "After all the edits, what is the %s%s?", "More than one %s was written%s.")
+
+LIST(st_nc_ask_wheres, "", " earlier", " in the prompt", " in the system text", " somewhere above",
+     " in the configuration", " in what I sent", " before this message", " in the listing")
+
+LIST(st_nc_ask_line, "Quote the \"%s:\" line", "Print the full \"%s: ...\" line", "Repeat the line for \"%s\"",
+     "Show me the \"%s\" line", "Reply with just the \"%s:\" line", "Copy out the line with \"%s:\"",
+     "Respond with the \"%s\" line", "Echo the complete line labelled \"%s\"", "Give only the line \"%s: ...\"",
+     "Answer using the \"%s:\" line")
+
+LIST(st_nc_ask_line_last, "Quote the last \"%s:\" line", "Print the most recent \"%s: ...\" line",
+     "Reply with the newest line for \"%s\"", "Copy out the latest line with \"%s:\"",
+     "Show me the current \"%s\" line", "Give only the final \"%s: ...\" line")
+
+LIST(st_nc_ask_manners, "", "", " exactly", " verbatim", " as is", " byte for byte", " in its original form",
+     " untouched", " precisely", " without changes")
+
+LIST(st_nc_ask_ends, ".", ", nothing more.", ", and no explanation.", ". Skip any preamble.", ". One line only.",
+     ", no tool calls.", ". That is all I need.", ", without quotes around it.", " and end your reply there.")
+
 LIST(st_nc_thoughts,
      "Let me look at %s first.",
      "I'll check %s to see how this is handled.",

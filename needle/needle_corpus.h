@@ -37,6 +37,14 @@ ST_NC_LIST(st_nc_tasks)       /* user task openings, with %s for a module */
 ST_NC_LIST(st_nc_questions)   /* final questions: %s = label (twice); families q0-q2 */
 ST_NC_LIST(st_nc_questions_more) /* more final question families, q3.. (same arguments) */
 ST_NC_LIST(st_nc_decoy_questions) /* the final question with decoys: the last line of the label (same arguments) */
+ST_NC_LIST(st_nc_ask_openers) /* composed questions (training only): openers, may be empty */
+ST_NC_LIST(st_nc_ask_what)    /* ... asks: %s = label in lower case, %s = one of st_nc_ask_wheres */
+ST_NC_LIST(st_nc_ask_last)    /* ... asks with decoys: the most recent line (same arguments) */
+ST_NC_LIST(st_nc_ask_wheres)  /* ... where the line was: " earlier", ... */
+ST_NC_LIST(st_nc_ask_line)    /* ... the line wanted: %s = label */
+ST_NC_LIST(st_nc_ask_line_last) /* ... the line wanted with decoys: the last one (%s = label) */
+ST_NC_LIST(st_nc_ask_manners) /* ... " exactly", ... */
+ST_NC_LIST(st_nc_ask_ends)    /* ... ".", ", nothing more.", ... */
 ST_NC_LIST(st_nc_thoughts)    /* assistant lines before a tool call: %s = a path or pattern */
 ST_NC_LIST(st_nc_summaries)   /* assistant summary: %s = function, %s = path */
 

@@ -115,7 +115,7 @@ static const char *pick(rng *r, const char *const *list, int n) { return list[rn
 
 #define PICK(r, list) pick(r, list, list##_n)
 
-enum { TAG_NEEDLE = 1, TAG_STRUCT, TAG_ROUND, TAG_TOOLS, TAG_IDS, TAG_TEXT, TAG_POOL, TAG_DECOY, TAG_DECOY_SLOTS };
+enum { TAG_NEEDLE = 1, TAG_STRUCT, TAG_ROUND, TAG_TOOLS, TAG_IDS, TAG_TEXT, TAG_POOL, TAG_DECOY, TAG_DECOY_SLOTS, TAG_QUESTION };
 
 /* ---------------------------------------------------------------- lines */
 
@@ -343,6 +343,26 @@ static void make_decoy(gen *g, int i) {
   snprintf(g->decoy_line[i], sizeof g->decoy_line[i], "%s: %s", g->label, value);
 }
 
+/* A question composed from parts (ST_NEEDLE_FAMILY_COMPOSED): an opener, an ask three times in
+** four, the line wanted with its manner and ending; with decoys, the asks and lines of the most
+** recent one. Its own stream, so the rest of the request is drawn as for any family. */
+static char *composed_question(gen *g, const char *lower) {
+  rng r = rng_for(g->seed, TAG_QUESTION, (uint64_t)g->spec->kind);
+  int last = g->n_decoys > 0;
+  const char *opener = PICK(&r, st_nc_ask_openers);
+  char *ask = NULL;
+  if (rng_int(&r, 4) < 3)
+    ask = xasprintf(last ? PICK(&r, st_nc_ask_last) : PICK(&r, st_nc_ask_what), lower, PICK(&r, st_nc_ask_wheres));
+  char *line = xasprintf(last ? PICK(&r, st_nc_ask_line_last) : PICK(&r, st_nc_ask_line), g->label);
+  const char *manner = PICK(&r, st_nc_ask_manners), *end = PICK(&r, st_nc_ask_ends);
+  char *q = line ? xasprintf("%s%s%s%s%s%s%s", opener, *opener ? " " : "", ask ? ask : "", ask ? " " : "", line,
+                             manner, end)
+                 : NULL;
+  free(ask);
+  free(line);
+  return q;
+}
+
 static void make_needle(gen *g) {
   rng r = rng_for(g->seed, TAG_NEEDLE, (uint64_t)g->spec->kind);
   kind_value(g->spec->kind, &r, g->label, sizeof g->label, g->value, sizeof g->value);
@@ -352,16 +372,19 @@ static void make_needle(gen *g) {
   for (char *p = lower; *p; p++) *p = (char)tolower((unsigned char)*p);
   rng q = rng_for(g->seed, TAG_TEXT, 1);
   int fam = g->spec->family;
-  if (fam < 0 || fam >= ST_NEEDLE_FAMILY_COUNT) fam = rng_int(&q, st_nc_questions_n); /* as PICK did */
+  int composed = fam == ST_NEEDLE_FAMILY_COMPOSED;
+  if (!composed && (fam < 0 || fam >= ST_NEEDLE_FAMILY_COUNT)) fam = rng_int(&q, st_nc_questions_n); /* as PICK did */
   g->family = fam;
-  const char *tmpl = fam < st_nc_questions_n ? st_nc_questions[fam] : st_nc_questions_more[fam - st_nc_questions_n];
+  const char *tmpl = composed                 ? NULL
+                     : fam < st_nc_questions_n ? st_nc_questions[fam]
+                                               : st_nc_questions_more[fam - st_nc_questions_n];
   g->n_decoys = g->spec->decoys < 0 ? 0 : g->spec->decoys > ST_NEEDLE_MAX_DECOYS ? ST_NEEDLE_MAX_DECOYS : g->spec->decoys;
-  if (g->n_decoys) { /* the last wording is the held-out families' */
+  if (g->n_decoys && !composed) { /* the last wording is the held-out families' */
     int n = st_nc_decoy_questions_n;
     tmpl = st_nc_decoy_questions[st_needle_heldout_family(fam) ? n - 1 : fam % (n - 1)];
-    for (int i = 0; i < g->n_decoys; i++) make_decoy(g, i);
   }
-  g->question = xasprintf(tmpl, lower, g->label);
+  for (int i = 0; i < g->n_decoys; i++) make_decoy(g, i);
+  g->question = composed ? composed_question(g, lower) : xasprintf(tmpl, lower, g->label);
 }
 
 /* ---------------------------------------------------------------- structure */

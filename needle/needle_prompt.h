@@ -92,8 +92,9 @@ typedef struct st_needle_spec {
   int thinking;              /* -1: say nothing; 0/1: ask the server for chat / thinking mode
                              ** (anthropic "thinking", openai chat_template_kwargs) */
   st_needle_shape shape;     /* the request's shape (default: agent) */
-  int family;                /* the final question's template family, 0..ST_NEEDLE_FAMILY_COUNT-1;
-                             ** -1 (default): one of the first three, picked by the seed */
+  int family;                /* the final question's template family, 0..ST_NEEDLE_FAMILY_COUNT-1,
+                             ** or ST_NEEDLE_FAMILY_COMPOSED; -1 (default): one of the first
+                             ** three, picked by the seed */
   int decoys;                /* 0..ST_NEEDLE_MAX_DECOYS: more lines with the needle's label and a
                              ** value of its kind, at line boundaries before the needle, and a
                              ** question asking for the last one (0, the default: none, and the
@@ -110,6 +111,10 @@ typedef struct st_needle_spec {
 ** always used; q5 and q6 (and the kinds email and env) are held out of the batch mode's train
 ** split (st_needle_heldout_family, st_needle_heldout_kind). */
 #define ST_NEEDLE_FAMILY_COUNT 7
+/* st_needle_spec.family for a question composed from parts (needle_corpus.h st_nc_ask_*), drawn
+** on a stream of its own: training data only (`needle make --batch --composed SHARE`), so a model
+** learns to copy the label a question names, not to recognise five wordings. */
+#define ST_NEEDLE_FAMILY_COMPOSED 100
 int st_needle_heldout_family(int family);
 int st_needle_heldout_kind(st_needle_kind k);
 
@@ -134,7 +139,8 @@ typedef struct st_needle_prompt {
   int64_t min_tokens;        /* size with no filler at all (the smallest this spec makes) */
   int n_tools, n_rounds, filler_lines;
   const char *placement;     /* "system", "tool description", "user", "assistant", "tool result" */
-  int family;                /* the question's template family used (0..ST_NEEDLE_FAMILY_COUNT-1) */
+  int family;                /* the question's template family used (0..ST_NEEDLE_FAMILY_COUNT-1,
+                             ** or ST_NEEDLE_FAMILY_COMPOSED) */
   int n_decoys;              /* decoy lines placed before the needle (<= spec.decoys) */
 } st_needle_prompt;
 

@@ -69,6 +69,25 @@ out=$($st needle make --tokens 1k --position 0.5 --seed 1 --decoys 2-4 2>&1); rc
 [ $rc = 2 ] && grep -q "LO-HI are for --batch" <<< "$out" || fail "--decoys 2-4 without --batch: rc $rc, '$out'"
 [ -e "$work/x.jsonl" ] && fail "a refused --decoys left $work/x.jsonl"
 
+# composed questions (training only): 0 writes the bytes of no option; a share draws the rest as
+# without it (checked below); a share outside [0, 1], a word, --split heldout or no --batch refused
+$st needle make --batch 24 --jsonl "$work/c0.jsonl" --seed 7 --model "$model" --lengths 512,1k --composed 0 -q ||
+  fail "batch --composed 0"
+cmp -s "$work/a.jsonl" "$work/c0.jsonl" || fail "--composed 0 wrote other bytes than no --composed"
+$st needle make --batch 24 --jsonl "$work/c.jsonl" --seed 7 --model "$model" --lengths 512,1k --composed 0.5 -q ||
+  fail "batch --composed 0.5"
+$st needle make --batch 24 --jsonl "$work/cd.jsonl" --seed 7 --model "$model" --lengths 512,1k --composed 1 \
+  --decoys 2-6 -q || fail "batch --composed 1 --decoys 2-6"
+for bad in 1.5 -0.1 half; do
+  out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --model "$model" --composed "$bad" 2>&1); rc=$?
+  [ $rc = 2 ] && grep -q -- "composed" <<< "$out" || fail "--composed $bad: rc $rc, '$out'"
+done
+out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --model "$model" --split heldout --composed 0.5 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "training wordings" <<< "$out" || fail "--composed with --split heldout: rc $rc, '$out'"
+out=$($st needle make --tokens 1k --position 0.5 --seed 1 --composed 0.5 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "are for --batch" <<< "$out" || fail "--composed without --batch: rc $rc, '$out'"
+[ -e "$work/x.jsonl" ] && fail "a refused --composed left $work/x.jsonl"
+
 exec /usr/bin/python3 - "$st" "$model" "$work" <<'PY'
 import glob, json, os, re, subprocess, sys
 st, model, work = sys.argv[1:]
@@ -187,6 +206,32 @@ for e in ranged:
     if not 0 <= e.get("decoys", -1) <= 6: bad(f"--decoys 1-6: example {e['index']} placed {e.get('decoys')}")
 placed = sorted({e["decoys"] for e in ranged})
 if not set(range(1, 7)) <= set(placed): bad(f"--decoys 1-6: the counts placed are {placed}")
+# composed: every example as without the option but its question; the composed ones name the
+# needle's label and ask for its line, none in a family's own wording, about half of them; with
+# decoys every question asks for the most recent line. Spans, ids and rendering as checked above.
+def question(e):
+    body = e["request"]
+    c = body.get("messages", body.get("input", []))[-1]["content"]
+    return c if isinstance(c, str) else " ".join(b.get("text", "") for b in c)
+family_wordings = {question(e).replace(e["needle"].split(": ", 1)[0], "L").replace(
+    e["needle"].split(": ", 1)[0].lower(), "l") for e in train}
+composed = check(os.path.join(work, "c.jsonl"), "train")
+for e, p in zip(composed, plain):
+    where = f"c.jsonl example {e['index']}"
+    if any(e[k] != p[k] for k in keys if k != "family") or e["needle"] != p["needle"]:
+        bad(f"{where}: --composed changed the example's draws")
+    label = e["needle"].split(": ", 1)[0]
+    if e["family"] == "composed":
+        q = question(e)
+        if f'"{label}' not in q or q.replace(label, "L").replace(label.lower(), "l") in family_wordings:
+            bad(f"{where}: composed question {q!r} does not name {label!r} or is a family's wording")
+    elif e["family"] != p["family"] or question(e) != question(p):
+        bad(f"{where}: not composed, yet its question differs from the example without --composed")
+n_composed = sum(e["family"] == "composed" for e in composed)
+if not 6 <= n_composed <= 18: bad(f"--composed 0.5: {n_composed} of {len(composed)} composed")
+for e in check(os.path.join(work, "cd.jsonl"), "train"):
+    if e["family"] != "composed" or not re.search(r"\b(last|most recent|newest|latest|current|final)\b", question(e)):
+        bad(f"cd.jsonl example {e['index']}: --composed 1 --decoys 2-6 asked {question(e)!r} ({e['family']})")
 if failures: sys.exit(1)
 print(f"{len(train)} train and {len(held)} held-out examples, and all 66 kinds x formats x shapes: spans, answers, "
       "held-out lists and `sparsetrace render` ids check")

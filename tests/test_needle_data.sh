@@ -113,9 +113,15 @@ PY
 # samples never (their questions are their family's, as before), and none shares six words in a
 # row with a held-out wording: the Python held-out family's and decoy wording, and the C tool's
 # held-out families q5 and q6 as `needle make --batch --split heldout` writes them.
-$st needle make --batch 60 --jsonl "$work/held.jsonl" --seed 5 --split heldout --formats openai-chat \
-  --model "$src/models/needle-v4" --lengths 512 -q || { echo "FAIL: needle make --batch --split heldout"; exit 1; }
-python3 - "$src/tools" "$work/held.jsonl" <<'PY' || failures=$((failures + 1))
+# The C tool's composed questions (`needle make --batch --composed`, with and without decoys) are
+# held to the same rule, against the same wordings and the C tool's held-out decoy wording.
+mk() { $st needle make --batch "$1" --jsonl "$work/$2.jsonl" --seed 5 --formats openai-chat \
+         --model "$src/models/needle-v4" --lengths 512 -q "${@:3}" || { echo "FAIL: needle make --batch ${*:3}"; exit 1; }; }
+mk 60 held --split heldout
+mk 40 held-decoys --split heldout --decoys 2
+mk 300 composed --composed 1
+mk 300 composed-decoys --composed 1 --decoys 1-3
+python3 - "$src/tools" "$work" <<'PY' || failures=$((failures + 1))
 import json, random, re, sys
 sys.path.insert(0, sys.argv[1])
 import needle_data as nd
@@ -130,15 +136,30 @@ def grams(ws, n=6):
 held = set()
 for w in nd.FAMILIES[nd.HELDOUT_FAMILY].questions + [nd.DECOY_QUESTIONS[-1]]:
     held |= grams(words(w.format(label="Lbl", lower="lbl"), "Lbl"))
+def c_questions(name):
+    for line in open(f"{sys.argv[2]}/{name}.jsonl"):
+        e = json.loads(line)
+        yield e, words(e["request"]["messages"][-1]["content"], e["needle"].split(": ", 1)[0])
 c_held = 0
-for line in open(sys.argv[2]):
-    e = json.loads(line)
-    if e["family"] in ("q5", "q6"):
-        held |= grams(words(e["request"]["messages"][-1]["content"], e["needle"].split(": ", 1)[0]))
-        c_held += 1
+for name in ("held", "held-decoys"):
+    for e, ws in c_questions(name):
+        if e["family"] in ("q5", "q6"):
+            held |= grams(ws)
+            c_held += 1
 fails = []
-if c_held < 10:
+if c_held < 20:
     fails.append(f"only {c_held} held-out C questions to compare with")
+c_composed = set()
+for name in ("composed", "composed-decoys"):
+    for e, ws in c_questions(name):
+        c_composed.add(" ".join(ws))
+        shared = grams(ws) & held
+        if e["family"] != "composed" or shared:
+            fails.append(f"{name}.jsonl example {e['index']} ({e['family']}) shares "
+                         f"{' '.join(sorted(shared)[0]) if shared else '-'!r} with a held-out wording")
+            break
+if len(c_composed) < 500:
+    fails.append(f"the C tool's 600 composed questions hold only {len(c_composed)} wordings")
 r = random.Random(3)
 for i in range(3000):
     q = nd.composed_question(r, "Lbl")
@@ -158,7 +179,8 @@ if not all(fam_wording(s) for s in ev):
     fails.append("an evaluation sample asks in a composed question")
 print("FAIL: " + "; ".join(fails) if fails else
       f"ok: composed questions: {composed} of {len(train)} training samples, no evaluation sample; "
-      f"none of 3000 shares six words with the {c_held + 4} held-out wordings")
+      f"none of 3000, nor the C tool's {len(c_composed)} composed wordings, shares six words with the "
+      f"{c_held + 4} held-out questions")
 sys.exit(1 if fails else 0)
 PY
 [ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
