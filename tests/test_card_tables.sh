@@ -46,6 +46,29 @@ if "kinds**" in text or "By needle kind" in text:
     sys.exit(f"FAIL: one kind alone got rows by kind or a subtotal\n{text}")
 print("ok: a table of one kind has no subtotal")
 
+# rows by question family count the trained kinds' cases alone (a held-out kind fails in any
+# wording), the held-out families marked: c/q0 path 1 of 2 (its branch case left out), c/q5 path
+# and host 1 of 2 (its branch case left out); a table of one family has no such rows
+write("bug_report.json", [("path", True, False), ("path", False, False), ("branch", False, False),
+                          ("path", False, False), ("host", True, False), ("branch", True, False)])
+res = json.load(open(os.path.join(work, "bug_report.json")))
+for c, fam in zip(res["cases"], ["c/q0", "c/q0", "c/q0", "c/q5", "c/q5", "c/q5"]):
+    c["family"] = fam
+json.dump(res, open(os.path.join(work, "bug_report.json"), "w"))
+os.remove(os.path.join(work, "heldout_family.json"))
+text = tn.card_tables(work, work, "v5")
+rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+        for line in text.splitlines() if line.startswith("| ") and "(" in line.split("|")[1]}
+want = {"c/q0 (2)": ["50.0", "0.0"], "c/q5 (held out) (2)": ["50.0", "0.0"]}
+if {k: rows.get(k) for k in want} != want or "By question family, trained kinds" not in text:
+    sys.exit(f"FAIL: rows by question family: {rows}, expected {want}\n{text}")
+write("bug_report.json", verdicts)
+if "By question family" in tn.card_tables(work, work, "v5"):
+    sys.exit("FAIL: a table of one family got rows by family")
+print("ok: rows by question family count the trained kinds' cases, held-out families marked")
+os.remove(os.path.join(work, "bug_report.json"))
+write("heldout_family.json", verdicts)
+
 # the decoy ladder: rows by decoys placed, binned 1, 2-3, 4-7, 8-15, 16-31 (tn.decoy_bin), each
 # counted from its cases: 1 placed twice (1 of 2 pass), 4, 5 (1 of 2), 12 (0 of 1), 24 and 30 (0 of 2)
 ladder = [(1, True, False), (1, False, False), (4, True, False), (5, False, False), (12, False, False),

@@ -1656,8 +1656,8 @@ def decoy_bin(n):
 
 def card_tables(train_dir, eval_dir, card="v4"):
     """Markdown: training time per stage (from log.jsonl) and the recall tables (CARD_EVALS, or
-    CARD_EVALS_V5 for card v5), with each table's cases by needle kind, request format and shape
-    where they differ."""
+    CARD_EVALS_V5 for card v5), with each table's cases by needle kind, request format, shape,
+    question family (trained kinds only) and decoys placed, where they differ."""
     out = ["### Training, as logged", "",
            "| stage | window | prompt tokens | sparse | QAT | steps | tokens | GPU seconds | needle recall, last 50 steps |",
            "|---|---:|---|---|---|---:|---:|---:|---:|"]
@@ -1702,12 +1702,16 @@ def card_tables(train_dir, eval_dir, card="v4"):
             out.append(f"| {mode} | " + " | ".join("" if c is None else f"{c:.0f}" for c in cells)
                        + f" | {res['summary'][mode]:.1f} |")
         held_out = {nd.HELDOUT_KIND} | set(nd.C_HELDOUT_KINDS)
+        held_families = {nd.HELDOUT_FAMILY} | {"c/" + f for f in nd.C_HELDOUT_FAMILIES}
+        kind_of = lambda c: c.get("kind") or label_kind.get(c["needle"].split(": ")[0])  # noqa: E731
         for key, what in (("kind", "needle kind"), ("format", "request format"), ("shape", "request shape"),
-                          ("decoys", "decoys placed")):
+                          ("family", "question family, trained kinds"), ("decoys", "decoys placed")):
             groups = {}
             for c in res["cases"]:
                 if key == "decoys":
                     value = decoy_bin(c.get("decoys", 0))
+                elif key == "family":  # the wording's own effect: held-out kinds fail in any wording
+                    value = c.get("family") if kind_of(c) not in held_out else None
                 else:
                     value = c.get(key) or (label_kind[c["needle"].split(": ")[0]] if key == "kind" else None)
                 if value is None:
@@ -1732,7 +1736,8 @@ def card_tables(train_dir, eval_dir, card="v4"):
             for value in rows:
                 v = groups[value]
                 n = len(next(iter(v.values())))
-                held = " (held out)" if key == "kind" and value in held_out else ""
+                held = " (held out)" if (key == "kind" and value in held_out) or \
+                    (key == "family" and value in held_families) else ""
                 out.append(f"| {value}{held} ({n}) | " + " | ".join(
                     f"{100 * sum(v[m]) / len(v[m]):.1f}" if v.get(m) else "" for m in modes) + " |")
         out.append("")
