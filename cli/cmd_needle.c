@@ -63,6 +63,9 @@ static const st_opt_use make_options[] = {
                           "a question composed from parts (opener, ask, the line wanted, manner,\n"
                           "ending; family \"composed\") instead of their family's wording, drawn on\n"
                           "a stream of their own: 0 writes the same bytes as without the option"},
+  {ST_OPT_OPEN_LABELS, NULL, "batch mode, train split: that share (0 to 1, default 0) of the needles\n"
+                             "get a made-up label (\"Brisano quota\", \"KTR mirror\") instead of their\n"
+                             "kind's, drawn on a stream of their own (0: the same bytes as without)"},
   {0}};
 
 static const st_cmd_spec make_spec = {
@@ -188,6 +191,7 @@ typedef struct batch_options {
   int decoys, decoys_hi;             /* decoys per example: drawn from decoys..decoys_hi (fewer are
                                      ** placed where the needle is early) */
   double composed;                   /* --composed: share of examples asking a composed question */
+  double open_labels;                /* --open-labels: share of needles with a made-up label */
 } batch_options;
 
 static uint64_t batch_mix(uint64_t x) { /* splitmix64's finaliser */
@@ -271,6 +275,10 @@ static st_status batch_spec(const batch_options *b, uint64_t seed, int64_t i, st
   if (b->composed > 0) {
     uint64_t c = batch_mix(batch_mix(seed ^ 0xC0A905EDull) ^ batch_mix((uint64_t)i));
     if ((double)(c >> 11) / 9007199254740992.0 < b->composed) sp->family = ST_NEEDLE_FAMILY_COMPOSED;
+  }
+  if (b->open_labels > 0) { /* the same for a made-up label */
+    uint64_t c = batch_mix(batch_mix(seed ^ 0x1ABE1ull) ^ batch_mix((uint64_t)i));
+    sp->open_label = (double)(c >> 11) / 9007199254740992.0 < b->open_labels;
   }
 #undef DRAW
   return ST_OK;
@@ -365,7 +373,7 @@ static int cmd_make(int argc, char **argv) {
   const char *out_path = NULL, *meta_path = NULL;
   batch_options batch = {0};
   const char *have_drawn = NULL; /* an option the batch mode draws itself */
-  int have_tokens = 0, have_position = 0, have_seed = 0, have_composed = 0, c, rc = 2;
+  int have_tokens = 0, have_position = 0, have_seed = 0, have_training_only = 0, c, rc = 2;
   int64_t v;
   st_opts o;
   st_opts_init(&o, &make_spec, argc, argv);
@@ -441,7 +449,11 @@ static int cmd_make(int argc, char **argv) {
       break;
     case ST_OPT_COMPOSED:
       if (st_opt_double(o.name, o.arg, 0.0, 1.0, &batch.composed)) goto bad_value;
-      have_composed = 1;
+      have_training_only = 1;
+      break;
+    case ST_OPT_OPEN_LABELS:
+      if (st_opt_double(o.name, o.arg, 0.0, 1.0, &batch.open_labels)) goto bad_value;
+      have_training_only = 1;
       break;
     case ST_OPT_SHAPES:
       if ((batch.n_shapes = split_list(o.arg, batch.shapes, sizeof batch.shapes[0], ST_NEEDLE_SHAPE_COUNT,
@@ -476,9 +488,11 @@ static int cmd_make(int argc, char **argv) {
                         : have_position ? "--position" : out_path ? "--out (--jsonl is the output)" : "--meta");
       goto usage;
     }
-    if (batch.heldout && batch.composed > 0) {
-      st_opts_error(&o, "--composed: composed questions are training wordings; --split heldout asks in the "
-                        "held-out families' own");
+    if (batch.heldout && (batch.composed > 0 || batch.open_labels > 0)) {
+      st_opts_error(&o, batch.composed > 0 ? "--composed: composed questions are training wordings; --split heldout "
+                                             "asks in the held-out families' own"
+                                           : "--open-labels: made-up labels are training data; --split heldout "
+                                             "keeps its kinds' own labels");
       goto usage;
     }
     st_opts_free(&o);
@@ -490,8 +504,9 @@ static int cmd_make(int argc, char **argv) {
     return rc;
   }
   if (batch.n_kinds || batch.n_formats || batch.n_shapes || batch.n_lengths || batch.heldout ||
-      batch.decoys_hi > batch.decoys || have_composed) {
-    st_opts_error(&o, "--kinds, --formats, --shapes, --lengths, --split, --composed and --decoys LO-HI are for --batch");
+      batch.decoys_hi > batch.decoys || have_training_only) {
+    st_opts_error(&o, "--kinds, --formats, --shapes, --lengths, --split, --composed, --open-labels and --decoys LO-HI "
+                      "are for --batch");
     goto usage;
   }
   if (!have_tokens || !have_position || !have_seed) {

@@ -115,7 +115,7 @@ static const char *pick(rng *r, const char *const *list, int n) { return list[rn
 
 #define PICK(r, list) pick(r, list, list##_n)
 
-enum { TAG_NEEDLE = 1, TAG_STRUCT, TAG_ROUND, TAG_TOOLS, TAG_IDS, TAG_TEXT, TAG_POOL, TAG_DECOY, TAG_DECOY_SLOTS, TAG_QUESTION };
+enum { TAG_NEEDLE = 1, TAG_STRUCT, TAG_ROUND, TAG_TOOLS, TAG_IDS, TAG_TEXT, TAG_POOL, TAG_DECOY, TAG_DECOY_SLOTS, TAG_QUESTION, TAG_LABEL };
 
 /* ---------------------------------------------------------------- lines */
 
@@ -326,6 +326,46 @@ static void kind_value(st_needle_kind kind, rng *rp, char *label, size_t label_s
   *rp = r;
 }
 
+/* A made-up label (st_needle_spec.open_label) of one to three parts: one is a made-up word
+** (onset, vowel, coda syllables) or, one time in three, an acronym; the others are made-up words
+** too or words of the corpus's lists. No list holds the label, so none of the kinds' own labels
+** (held-out kinds' included) can come out. */
+static void open_label(uint64_t seed, st_needle_kind kind, char *label, size_t size) {
+  static const char *const onsets[] = {"b", "br", "c", "d", "dr", "f", "g", "gl", "h", "k", "l", "m",
+                                       "n", "p", "pr", "r", "s", "st", "t", "tr", "v", "w", "z"};
+  static const char *const vowels[] = {"a", "e", "i", "o", "u", "ai", "ou", "ea"};
+  static const char *const codas[] = {"", "", "", "n", "r", "l", "s", "x", "nd", "k", "m"};
+  enum { onsets_n = sizeof onsets / sizeof *onsets, vowels_n = sizeof vowels / sizeof *vowels,
+         codas_n = sizeof codas / sizeof *codas };
+  rng r = rng_for(seed, TAG_LABEL, (uint64_t)kind);
+  int parts = 1 + rng_int(&r, 3), made = rng_int(&r, parts);
+  size_t n = 0;
+  label[0] = 0;
+  for (int p = 0; p < parts && n + 1 < size; p++) {
+    char w[40] = "";
+    int form = p == made ? rng_int(&r, 3) : 1 + rng_int(&r, 4); /* 0: acronym; 1, 2: made up; 3, 4: a list's */
+    if (form == 0) {
+      int len = rng_range(&r, 2, 4);
+      for (int i = 0; i < len; i++) w[i] = (char)('A' + rng_int(&r, 26));
+      w[len] = 0;
+    } else if (form <= 2) {
+      int syllables = rng_range(&r, 2, 3);
+      for (int i = 0; i < syllables; i++) {
+        size_t m = strlen(w);
+        snprintf(w + m, sizeof w - m, "%s%s", PICK(&r, onsets), PICK(&r, vowels));
+      }
+      size_t m = strlen(w);
+      snprintf(w + m, sizeof w - m, "%s", PICK(&r, codas));
+    } else {
+      snprintf(w, sizeof w, "%s", form == 3 ? PICK(&r, st_nc_nouns) : PICK(&r, st_nc_words));
+    }
+    int k = snprintf(label + n, size - n, "%s%s", p ? " " : "", w);
+    if (k < 0 || (size_t)k >= size - n) break;
+    n += (size_t)k;
+  }
+  label[0] = (char)toupper((unsigned char)label[0]);
+}
+
 /* Decoy i's line: the needle's label, another value of its kind, unlike the needle's and the
 ** earlier decoys' (neither holds the other: the needle's value must occur once in the prompt). */
 static void make_decoy(gen *g, int i) {
@@ -366,6 +406,7 @@ static char *composed_question(gen *g, const char *lower) {
 static void make_needle(gen *g) {
   rng r = rng_for(g->seed, TAG_NEEDLE, (uint64_t)g->spec->kind);
   kind_value(g->spec->kind, &r, g->label, sizeof g->label, g->value, sizeof g->value);
+  if (g->spec->open_label) open_label(g->seed, g->spec->kind, g->label, sizeof g->label);
   snprintf(g->line, sizeof g->line, "%s: %s", g->label, g->value);
   char lower[64];
   snprintf(lower, sizeof lower, "%s", g->label);

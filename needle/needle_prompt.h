@@ -99,6 +99,11 @@ typedef struct st_needle_spec {
                              ** value of its kind, at line boundaries before the needle, and a
                              ** question asking for the last one (0, the default: none, and the
                              ** same bytes as before decoys existed) */
+  int open_label;            /* 1: the needle's label is made up on a stream of its own (one to
+                             ** three parts, one of them a made-up word or an acronym) instead of
+                             ** its kind's ("Tracking ticket"): training data only (`needle make
+                             ** --batch --open-labels SHARE`), so a model copies the label a
+                             ** question names rather than recognising the kinds' eleven */
 } st_needle_spec;
 
 /* Decoys: where a line sits is then all that tells the answer, so a fault in the indexer's

@@ -88,6 +88,25 @@ out=$($st needle make --tokens 1k --position 0.5 --seed 1 --composed 0.5 2>&1); 
 [ $rc = 2 ] && grep -q "are for --batch" <<< "$out" || fail "--composed without --batch: rc $rc, '$out'"
 [ -e "$work/x.jsonl" ] && fail "a refused --composed left $work/x.jsonl"
 
+# made-up labels (training only): 0 writes the bytes of no option; a share changes the needles'
+# labels alone (checked below); refused like --composed
+$st needle make --batch 24 --jsonl "$work/l0.jsonl" --seed 7 --model "$model" --lengths 512,1k --open-labels 0 -q ||
+  fail "batch --open-labels 0"
+cmp -s "$work/a.jsonl" "$work/l0.jsonl" || fail "--open-labels 0 wrote other bytes than no --open-labels"
+$st needle make --batch 24 --jsonl "$work/l.jsonl" --seed 7 --model "$model" --lengths 512,1k --open-labels 0.5 -q ||
+  fail "batch --open-labels 0.5"
+$st needle make --batch 40 --jsonl "$work/l1.jsonl" --seed 9 --model "$model" --lengths 1k --open-labels 1 \
+  --decoys 0-3 --composed 0.5 -q || fail "batch --open-labels 1 --decoys 0-3 --composed 0.5"
+for bad in 2 -1 some; do
+  out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --model "$model" --open-labels "$bad" 2>&1); rc=$?
+  [ $rc = 2 ] && grep -q -- "open-labels" <<< "$out" || fail "--open-labels $bad: rc $rc, '$out'"
+done
+out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --model "$model" --split heldout --open-labels 1 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "training data" <<< "$out" || fail "--open-labels with --split heldout: rc $rc, '$out'"
+out=$($st needle make --tokens 1k --position 0.5 --seed 1 --open-labels 1 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "are for --batch" <<< "$out" || fail "--open-labels without --batch: rc $rc, '$out'"
+[ -e "$work/x.jsonl" ] && fail "a refused --open-labels left $work/x.jsonl"
+
 exec /usr/bin/python3 - "$st" "$model" "$work" <<'PY'
 import glob, json, os, re, subprocess, sys
 st, model, work = sys.argv[1:]
@@ -232,7 +251,38 @@ if not 6 <= n_composed <= 18: bad(f"--composed 0.5: {n_composed} of {len(compose
 for e in check(os.path.join(work, "cd.jsonl"), "train"):
     if e["family"] != "composed" or not re.search(r"\b(last|most recent|newest|latest|current|final)\b", question(e)):
         bad(f"cd.jsonl example {e['index']}: --composed 1 --decoys 2-6 asked {question(e)!r} ({e['family']})")
+# made-up labels: the same draws and values; the others' needles unchanged; the made-up ones no
+# kind's label (held-out kinds' included: `needle make` of each kind, below), each holding a
+# word found nowhere else in its prompt, named by the question, on every decoy line too
+kind_labels = {e["needle"].split(": ", 1)[0] for path in glob.glob(os.path.join(work, "k-*.jsonl"))
+               for e in map(json.loads, open(path))}
+if len(kind_labels) != 11: bad(f"the kinds' own labels: {sorted(kind_labels)}")
+opened, fresh = {"l.jsonl": 0, "l1.jsonl": 0}, 0
+for name, plain_of in (("l.jsonl", plain), ("l1.jsonl", [None] * 40)):
+    for e, p in zip(check(os.path.join(work, name), "train"), plain_of):
+        where = f"{name} example {e['index']} ({e['needle'][:40]!r})"
+        label, value = e["needle"].split(": ", 1)
+        if p and (any(e[k] != p[k] for k in keys) or value != p["value"]):
+            bad(f"{where}: --open-labels changed the example's draws or value")
+        if label in kind_labels:
+            if p and e["needle"] != p["needle"]: bad(f"{where}: a kind's label, yet another needle")
+            continue
+        opened[name] += 1
+        text = decode(e["ids"]).replace(question(e), "")
+        lines = re.findall(re.escape(label) + r": [^\n]*", text)
+        rest = re.sub(re.escape(label) + r": [^\n]*", "", text)
+        fresh += any(not re.search(r"\b" + re.escape(w) + r"\b", rest, re.I) for w in label.split())
+        if label not in question(e):
+            bad(f"{where}: the question {question(e)!r} does not name its label")
+        if len(lines) != e.get("decoys", 0) + 1 or not lines[-1].startswith(e["needle"]):
+            bad(f"{where}: {len(lines)} lines of the label, {e.get('decoys', 0)} decoys placed")
+if not 6 <= opened["l.jsonl"] <= 18 or opened["l1.jsonl"] != 40:
+    bad(f"made-up labels: {opened['l.jsonl']} of 24 at 0.5, {opened['l1.jsonl']} of 40 at 1")
+opened = sum(opened.values())
+if fresh < 0.8 * opened: bad(f"only {fresh} of {opened} made-up labels hold a word found nowhere else in the prompt")
 if failures: sys.exit(1)
+print(f"--composed: {n_composed} of 24 composed; --open-labels: {opened} made-up labels, {fresh} with a word "
+      "found nowhere else in their prompt")
 print(f"{len(train)} train and {len(held)} held-out examples, and all 66 kinds x formats x shapes: spans, answers, "
       "held-out lists and `sparsetrace render` ids check")
 PY

@@ -12,7 +12,8 @@
 #                      example's count drawn from LO-HI) in the examples of the last CDATA_DECOY_FILES
 #                      (default 4) of the 14 files (needle make --decoys: the last line of the label);
 #                      CDATA_COMPOSED: the share asking a composed question (default 0.5; needle make
-#                      --composed)
+#                      --composed); CDATA_OPEN_LABELS: the share with a made-up label (default 0.3;
+#                      --open-labels)
 #     parity           train_needle.py parity against the release in INIT (default models/needle-v4)
 #     check            tests/needle_fast_check.py: the fast forward against brute force (CPU, float64)
 #     speed            train_needle.py speed (SPEED_ONLY=a,b: those configs and the v4 path)
@@ -69,7 +70,7 @@ for s in "$@"; do
           --model models/needle-v4 --lengths 1k,2k,4k,8k,16k,32k --split train \
           --kinds "${CDATA_KINDS:-path,host,key,number,ticket,url,commit,random,key,commit,random}" \
           $([ "$i" -ge $((14 - ${CDATA_DECOY_FILES:-4})) ] && [ -n "${CDATA_DECOYS:-}" ] && echo --decoys "$CDATA_DECOYS") \
-          --composed "${CDATA_COMPOSED:-0.5}" \
+          --composed "${CDATA_COMPOSED:-0.5}" --open-labels "${CDATA_OPEN_LABELS:-0.3}" \
           --quiet &
       done
       wait
