@@ -5,7 +5,7 @@
 # whether the stage started before A (one call) or between A and B (resumed in another call:
 # past a fresh optimiser's warmup, or from its first step when the optimiser's state was
 # restored). And stage --decay refuses what is not A < B, --decoys what is not SHARE:LO-HI,
-# --labelled what is not a share, before any touches DIR.
+# --labelled and --peak what is not a share, before any touches DIR.
 set -uo pipefail
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
 exec /usr/bin/python3 - "$src" <<'PY'
@@ -44,7 +44,7 @@ if tn.parse_decoys("0.25:8-40") != (0.25, 8, 40):
 # with 1 <= LO <= HI, --labelled what is not a share in (0, 1]
 for option, bads in (("--decay", ("300:200", "5", "a:b", "7:7")),
                      ("--decoys", ("0:1-2", "1.5:1-2", "0.5:3-2", "0.5:0-4", "0.5", "half:1-2")),
-                     ("--labelled", ("0", "1.5", "-0.2", "half"))):
+                     ("--labelled", ("0", "1.5", "-0.2", "half")), ("--peak", ("0", "2", "-1", "low"))):
     for bad in bads:
         r = subprocess.run([sys.executable, os.path.join(src, "tools", "train_needle.py"), "stage", "5", never,
                             option, bad], capture_output=True, text=True)
@@ -52,9 +52,14 @@ for option, bads in (("--decay", ("300:200", "5", "a:b", "7:7")),
             fails.append(f"stage {option} {bad}: exit {r.returncode}, stderr {r.stderr.strip()[-200:]!r}")
         if os.path.exists(never):
             fails.append(f"stage {option} {bad}: refused after making its DIR")
+# --peak scales the stage's learning rate and is logged with it; without it the stage's own
+st = tn.stage_settings(5, peak=0.25)
+if abs(st["lr"] - 0.25 * tn.STAGES[5]["lr"]) > 1e-15 or st.get("peak") != 0.25 or \
+        tn.stage_settings(5)["lr"] != tn.STAGES[5]["lr"] or "peak" in tn.stage_settings(5):
+    fails.append(f"stage_settings(5, peak=0.25): lr {st['lr']}, the stage's {tn.STAGES[5]['lr']}")
 if tn.parse_share("--labelled", "0.25") != 0.25:
     fails.append(f"parse_share('--labelled', '0.25') = {tn.parse_share('--labelled', '0.25')}")
 if fails:
     sys.exit("FAIL: " + "\n".join(fails))
-print("ok: warmup, decay and resumed decay as defined; bad --decay, --decoys and --labelled refused")
+print("ok: warmup, decay and resumed decay as defined; bad --decay, --decoys, --labelled and --peak refused")
 PY

@@ -708,7 +708,8 @@ def parse_decoys(text):
 
 
 def parse_share(option, text):
-    """stage --labelled SHARE as a float in (0, 1]; a SystemExit naming the option otherwise."""
+    """stage --labelled SHARE (or --peak SCALE) as a float in (0, 1]; a SystemExit naming the
+    option otherwise."""
     try:
         share = float(text)
     except ValueError:
@@ -718,15 +719,25 @@ def parse_share(option, text):
     return share
 
 
+def stage_settings(stage_no, decoys=None, labelled=None, peak=None):
+    """STAGES[stage_no] with the stage command's options applied, as it logs them: --decoys, --labelled,
+    and --peak's learning rate (a fine-tune of a cooled-down release: the whole schedule, warmup and
+    decay, scaled down)."""
+    st = dict(STAGES[stage_no])
+    if peak:
+        st.update(lr=st["lr"] * peak, peak=peak)
+    if decoys:
+        st["decoys"] = list(decoys)
+    if labelled:
+        st["labelled"] = labelled
+    return st
+
+
 def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=None, jsonl=None, compile=False,
-              splits=None, decay=None, decoys=None, labelled=None):
+              splits=None, decay=None, decoys=None, labelled=None, peak=None):
     import torch
     t0 = time.time()
-    st = STAGES[stage_no]
-    if decoys:
-        st = dict(st, decoys=list(decoys))  # logged with the stage's settings
-    if labelled:
-        st = dict(st, labelled=labelled)
+    st = stage_settings(stage_no, decoys, labelled, peak)
     dev = "cuda"
     tok, info = load_tokenizer(outdir)
     logf = open(os.path.join(outdir, "log.jsonl"), "a")
@@ -1775,6 +1786,9 @@ def main(argv):
                                     "of the needle's label, and the question asks for the last (needle_data.make_sample)")
     b.add_argument("--labelled", help="SHARE: that share of needle_data's prompts are of the labelled kind (labels "
                                       "and values in no list), the rest drawn among the trained kinds as before")
+    b.add_argument("--peak", help="SCALE in (0, 1]: the stage's learning rate times SCALE, warmup and decay "
+                                  "included (a fine-tune from a release whose rate was cooled down); give it "
+                                  "again when the stage resumes in a later call")
     c = sub.add_parser("eval")
     c.add_argument("weights"), c.add_argument("--tokenizer", required=True), c.add_argument("--out", required=True)
     c.add_argument("--seeds", type=int, default=8), c.add_argument("--budget", type=float, default=300)
@@ -1822,12 +1836,13 @@ def main(argv):
         decay = parse_decay(args.decay) if args.decay else None
         decoys = parse_decoys(args.decoys) if args.decoys else None
         labelled = parse_share("--labelled", args.labelled) if args.labelled else None
+        peak = parse_share("--peak", args.peak) if args.peak else None
         init = seed_dir(args.dir, args.init)
         if not os.path.exists(os.path.join(args.dir, "tokenizer.json")):
             train_tokenizer(args.dir)
         run_stage(args.n, args.dir, args.budget, eval_seconds=args.eval_seconds, init=init, jsonl=args.jsonl,
                   compile=args.compile, splits=args.splits, decay=decay, decoys=decoys,
-                  labelled=labelled)
+                  labelled=labelled, peak=peak)
     elif args.cmd == "eval":
         run_eval(args.weights, args.tokenizer, args.out, args.seeds, [int(x) for x in args.lengths.split(",")],
                  args.modes.split(","), args.family if args.family != "any" else None,

@@ -27,7 +27,9 @@
 #                      (train_needle.py stage --decay); DECOYS=SHARE:LO-HI: that share of the Python
 #                      generator's prompts get LO-HI earlier lines of the needle's label, the last one
 #                      asked for (train_needle.py stage --decoys); LABELLED=SHARE: that share of them
-#                      are of the labelled kind, whose labels and values are in no list (--labelled)
+#                      are of the labelled kind, whose labels and values are in no list (--labelled);
+#                      PEAK=SCALE: the stage's learning rate times SCALE (--peak: a fine-tune from a
+#                      cooled-down release; give it to every call of the stage)
 #                      Compiled, torch.compile's artifacts load from .compile-cache/needle.bin when it
 #                      was carried and are saved to OUT/compile-cache.bin (carry it back as
 #                      .compile-cache/needle.bin: compiling took 302 s on a fresh machine)
@@ -125,6 +127,7 @@ PY
       [ -n "${DECAY:-}" ] && j+=(--decay "$DECAY")
       [ -n "${DECOYS:-}" ] && j+=(--decoys "$DECOYS")
       [ -n "${LABELLED:-}" ] && j+=(--labelled "$LABELLED")
+      [ -n "${PEAK:-}" ] && j+=(--peak "$PEAK")
       budget=${s#train:}
       [ "${budget:0:1}" = @ ] && budget=$(( ${budget:1} - SECONDS ))
       python3 tools/train_needle.py stage "$stage" "$dir" --init "$init" --budget "$budget" --eval-seconds 0 \
