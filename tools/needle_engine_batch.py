@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""The engine's greedy answers to `sparsetrace needle make --batch` examples: each example's
+prompt ids go through `sparsetrace run` (no taps), and it passes when the answer holds the
+needle's value verbatim, as `needle sweep` counts. Prints one line per example (kind, question
+family, mode, the needle, the answer) and the passes by family and by kind.
+
+  tools/needle_engine_batch.py FILE.jsonl --model DIR [--st BIN] [--max-new-tokens N] [--backend B]
+
+Used for what the card's teacher-forced evaluations cannot show: what the model writes instead
+(bench/needle-train-results.md). Each example is one engine run, about a second at 1k tokens on
+two cores."""
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("jsonl"), ap.add_argument("--model", required=True)
+    ap.add_argument("--st", default=os.environ.get("ST_BIN", "build/sparsetrace"))
+    ap.add_argument("--max-new-tokens", type=int, default=48), ap.add_argument("--backend", default="cpu")
+    args = ap.parse_args(argv)
+    passed = collections.defaultdict(lambda: [0, 0])
+    with tempfile.TemporaryDirectory() as work:
+        prompt = os.path.join(work, "prompt.json")
+        for line in open(args.jsonl, encoding="utf-8"):
+            e = json.loads(line)
+            json.dump(e["ids"], open(prompt, "w"))
+            r = subprocess.run([args.st, "run", "--model", args.model, "--prompt-tokens", prompt, "--backend",
+                                args.backend, "--max-new-tokens", str(args.max_new_tokens), "--store", work,
+                                "-o", os.path.join(work, "run.h5"), "--force", "--json", "-q"],
+                               capture_output=True, text=True)
+            if r.returncode:
+                sys.exit(f"example {e['index']}: sparsetrace run failed: {r.stderr.strip()[-300:]}")
+            answer = json.loads(r.stdout)["text"]
+            ok = e["value"] in answer
+            for key in ("family " + e["family"], "kind " + e["kind"], "all"):
+                passed[key][0] += ok
+                passed[key][1] += 1
+            print(f"{e['index']:3d} {e['kind']:7s} {e['family']:8s} {'thinking' if e['thinking'] else 'chat':8s} "
+                  f"{'PASS' if ok else 'miss'}  {e['needle'][:60]!r} -> {answer[:90]!r}", flush=True)
+    for key in sorted(passed, key=lambda k: (k == "all", k)):
+        print(f"{key}: {passed[key][0]}/{passed[key][1]}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
