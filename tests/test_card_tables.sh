@@ -2,8 +2,9 @@
 # tools/train_needle.py card_tables, the model card's recall tables, on evaluation files made
 # here with known verdicts: a table that mixes trained and held-out needle kinds gets one
 # subtotal row for each (the aims are set apart for the two), counted from the same cases as
-# the rows by kind, and a table of one kind alone gets none; the decoy ladder's rows by count. And the time the card's evaluations
-# share (train_needle.eval_share): by mode, against an even split.
+# the rows by kind, and a table of one kind alone gets none; rows by question family; the decoy
+# ladder's rows by count. The time the card's evaluations share (train_needle.eval_share): by
+# mode, against an even split. And compare_cards, two releases' evaluations side by side.
 set -uo pipefail
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
 work=$(mktemp -d)
@@ -87,6 +88,25 @@ want = {"1 (2)": ["50.0", "0.0"], "4-7 (2)": ["50.0", "0.0"], "8-15 (1)": ["0.0"
 if {k: rows.get(k) for k in want} != want or "1/4/12/24 decoys" not in text:
     sys.exit(f"FAIL: rows by decoys placed: {rows}, expected {want}, and the ladder named\n{text}")
 print("ok: rows by decoys placed, binned, count the cases")
+
+# compare_cards: two evals directories side by side, counted from the cases. Old: the verdicts
+# above (trained 3 of 4, held-out 0 of 2); new: every path case passes, the rest as before
+# (trained 4 of 4, +25 points; all 4 of 6 against 3 of 6, +16.7)
+old_dir, new_dir = os.path.join(work, "old"), os.path.join(work, "new")
+for d, rows in ((old_dir, verdicts), (new_dir, [(k, True if k == "path" else s, q) for k, s, q in verdicts])):
+    os.makedirs(d)
+    write("heldout_family.json", rows)
+    os.replace(os.path.join(work, "heldout_family.json"), os.path.join(d, "heldout_family.json"))
+text = tn.compare_cards(old_dir, new_dir, "v5", ["sparse"])
+rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+        for line in text.splitlines() if line.startswith("| ")}
+want = {"all": ["3/6 (50.0%)", "4/6 (66.7%)", "+16.7"], "1k tokens": ["3/6 (50.0%)", "4/6 (66.7%)", "+16.7"],
+        "kind path": ["2/3 (66.7%)", "3/3 (100.0%)", "+33.3"],
+        "kind **trained kinds**": ["3/4 (75.0%)", "4/4 (100.0%)", "+25.0"],
+        "kind **held-out kinds**": ["0/2 (0.0%)", "0/2 (0.0%)", "+0.0"]}
+if {k: rows.get(k) for k in want} != want:
+    sys.exit(f"FAIL: compare_cards: {rows}, expected {want}\n{text}")
+print("ok: compare_cards counts both releases' cases, the card's rows and subtotals among them")
 
 # the card's evaluation budget (tn.eval_share): 600 s for three evaluations of 11, 2 and 2 modes
 # go 440 / 80 / 80 (by mode): 160 left for the last two is 80 each, and the last gets all that is left

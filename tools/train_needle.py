@@ -1665,6 +1665,52 @@ def decoy_bin(n):
     return f"{lo:2d}-{2 * lo - 1}"
 
 
+# The card's rows under each table: (case field, what the rows are by).
+GROUPINGS = (("kind", "needle kind"), ("format", "request format"), ("shape", "request shape"),
+             ("family", "question family, trained kinds"), ("decoys", "decoys placed"))
+
+
+def case_groups(res, key):
+    """One evaluation's cases grouped by `key` (GROUPINGS) as {row: {mode: [passed, ...]}}, rows
+    in the card's order and named as it shows them: held-out kinds and question families marked
+    "(held out)", decoys binned (decoy_bin); rows by family count the trained kinds' cases alone
+    (a held-out kind fails in any wording). By kind, when the table mixes trained and held-out
+    kinds, two subtotal rows follow, "**trained kinds**" and "**held-out kinds**", from the same
+    cases: the aims are set apart for the two. The card's tables and `compare` both read this."""
+    # evaluations from before cases carried their kind: the named kinds' labels tell
+    label_kind = {label: k for k in nd.EVAL_KINDS for label in nd.NEEDLE_KINDS[k][0]}
+    held_out = {nd.HELDOUT_KIND} | set(nd.C_HELDOUT_KINDS)
+    held_families = {nd.HELDOUT_FAMILY} | {"c/" + f for f in nd.C_HELDOUT_FAMILIES}
+    kind_of = lambda c: c.get("kind") or label_kind.get(c["needle"].split(": ")[0])  # noqa: E731
+    groups = {}
+    for c in res["cases"]:
+        if key == "decoys":
+            value = decoy_bin(c.get("decoys", 0))
+        elif key == "family":
+            value = c.get("family") if kind_of(c) not in held_out else None
+        elif key == "kind":
+            value = kind_of(c)
+        else:
+            value = c.get(key)
+        if value is None:
+            continue
+        for mode, ok in c.get("exact", {}).items():
+            groups.setdefault(value, {}).setdefault(mode, []).append(ok)
+    rows = {}
+    for value in sorted(groups):
+        held = (key == "kind" and value in held_out) or (key == "family" and value in held_families)
+        rows[f"{value} (held out)" if held else value] = groups[value]
+    kinds = set(groups)
+    if key == "kind" and kinds & held_out and kinds - held_out:
+        for label, part in (("trained kinds", kinds - held_out), ("held-out kinds", kinds & held_out)):
+            merged = {}
+            for value in sorted(part):
+                for m, oks in groups[value].items():
+                    merged.setdefault(m, []).extend(oks)
+            rows[f"**{label}**"] = merged
+    return rows
+
+
 def card_tables(train_dir, eval_dir, card="v4"):
     """Markdown: training time per stage (from log.jsonl) and the recall tables (CARD_EVALS, or
     CARD_EVALS_V5 for card v5), with each table's cases by needle kind, request format, shape,
@@ -1689,8 +1735,6 @@ def card_tables(train_dir, eval_dir, card="v4"):
                           if last else "(none logged) |"))
     out += ["", f"Total: {total / 60:.1f} GPU minutes of training (H200) in this lineage. Recall here is "
             "teacher-forced exact recall on the training batches, with the step's window.", ""]
-    # evaluations from before cases carried their kind: the named kinds' labels tell
-    label_kind = {label: k for k in nd.EVAL_KINDS for label in nd.NEEDLE_KINDS[k][0]}
     for entry in CARD_EVALS if card == "v4" else CARD_EVALS_V5:
         name, title = entry[0], entry[1]
         path = os.path.join(eval_dir, name)
@@ -1712,46 +1756,58 @@ def card_tables(train_dir, eval_dir, card="v4"):
             cells = [t.get(L, {}).get(p) for L in lengths for p in positions]
             out.append(f"| {mode} | " + " | ".join("" if c is None else f"{c:.0f}" for c in cells)
                        + f" | {res['summary'][mode]:.1f} |")
-        held_out = {nd.HELDOUT_KIND} | set(nd.C_HELDOUT_KINDS)
-        held_families = {nd.HELDOUT_FAMILY} | {"c/" + f for f in nd.C_HELDOUT_FAMILIES}
-        kind_of = lambda c: c.get("kind") or label_kind.get(c["needle"].split(": ")[0])  # noqa: E731
-        for key, what in (("kind", "needle kind"), ("format", "request format"), ("shape", "request shape"),
-                          ("family", "question family, trained kinds"), ("decoys", "decoys placed")):
-            groups = {}
-            for c in res["cases"]:
-                if key == "decoys":
-                    value = decoy_bin(c.get("decoys", 0))
-                elif key == "family":  # the wording's own effect: held-out kinds fail in any wording
-                    value = c.get("family") if kind_of(c) not in held_out else None
-                else:
-                    value = c.get(key) or (label_kind[c["needle"].split(": ")[0]] if key == "kind" else None)
-                if value is None:
-                    continue
-                for mode, ok in c.get("exact", {}).items():
-                    groups.setdefault(value, {}).setdefault(mode, []).append(ok)
+        for key, what in GROUPINGS:
+            groups = case_groups(res, key)
             if len(groups) < 2:
                 continue
             modes = list(res["table"])
             out += ["", f"By {what} (cases in brackets):", "",
                     f"| {key} | " + " | ".join(modes) + " |", "|---|" + "---:|" * len(modes)]
-            rows, kinds = sorted(groups), set(groups)
-            if key == "kind" and kinds & held_out and kinds - held_out:
-                # the aims are set apart for trained and held-out kinds: both subtotals, from the same cases
-                for label, part in (("trained kinds", kinds - held_out), ("held-out kinds", kinds & held_out)):
-                    merged = {}
-                    for value in part:
-                        for m, oks in groups[value].items():
-                            merged.setdefault(m, []).extend(oks)
-                    groups[f"**{label}**"] = merged
-                    rows.append(f"**{label}**")
-            for value in rows:
-                v = groups[value]
+            for value, v in groups.items():
                 n = len(next(iter(v.values())))
-                held = " (held out)" if (key == "kind" and value in held_out) or \
-                    (key == "family" and value in held_families) else ""
-                out.append(f"| {value}{held} ({n}) | " + " | ".join(
+                out.append(f"| {value} ({n}) | " + " | ".join(
                     f"{100 * sum(v[m]) / len(v[m]):.1f}" if v.get(m) else "" for m in modes) + " |")
         out.append("")
+    return "\n".join(out)
+
+
+def compare_cards(old_dir, new_dir, which="v5", modes=("sparse",)):
+    """Markdown: two releases' card evaluations (their evals/ directories) side by side, per
+    evaluation present in both and per mode: all cases, each prompt length, and the rows the
+    card shows by needle kind (with the trained / held-out subtotals), question family and
+    decoys placed (case_groups), as "passed/cases (%)" and the change in points. What a release
+    is adopted on (bench/needle-train-results.md) read off one table."""
+    def cell(oks):
+        return f"{sum(oks)}/{len(oks)} ({100 * sum(oks) / len(oks):.1f}%)" if oks else ""
+
+    def points(a, b):
+        return f"{100 * (sum(b) / len(b) - sum(a) / len(a)):+.1f}" if a and b else ""
+
+    out = []
+    for entry in CARD_EVALS if which == "v4" else CARD_EVALS_V5:
+        name, title = entry[0], entry[1]
+        paths = [os.path.join(d, name) for d in (old_dir, new_dir)]
+        if not all(os.path.exists(x) for x in paths):
+            continue
+        old, new = (json.load(open(x)) for x in paths)
+        for mode in modes:
+            if mode not in old["summary"] or mode not in new["summary"]:
+                continue
+            out += [f"### {title} (`{name}`), {mode}", "", "| cases | old | new | points |", "|---|---:|---:|---:|"]
+            rows = [("all", *([c["exact"][mode] for c in r["cases"] if mode in c.get("exact", {})]
+                               for r in (old, new)))]
+            for L in sorted({c["L"] for r in (old, new) for c in r["cases"]}):
+                rows.append((f"{L // 1024}k tokens", *([c["exact"][mode] for c in r["cases"]
+                                                        if c["L"] == L and mode in c.get("exact", {})]
+                                                       for r in (old, new))))
+            for key, what in GROUPINGS:
+                a, b = case_groups(old, key), case_groups(new, key)
+                if len(a) < 2 and len(b) < 2:
+                    continue
+                for value in list(a) + [v for v in b if v not in a]:
+                    rows.append((f"{key} {value}", a.get(value, {}).get(mode, []), b.get(value, {}).get(mode, [])))
+            out += [f"| {label} | {cell(a)} | {cell(b)} | {points(a, b)} |" for label, a, b in rows]
+            out.append("")
     return "\n".join(out)
 
 
@@ -1800,6 +1856,10 @@ def main(argv):
     f = sub.add_parser("card", help="rewrite the model card's tables from a training log and evaluations")
     f.add_argument("card"), f.add_argument("--train", required=True), f.add_argument("--evals", required=True)
     f.add_argument("--which", choices=("v4", "v5"), default="v4", help="the evaluations' list: CARD_EVALS or CARD_EVALS_V5")
+    cp = sub.add_parser("compare", help="two releases' card evaluations side by side (compare_cards)")
+    cp.add_argument("old"), cp.add_argument("new")
+    cp.add_argument("--which", choices=("v4", "v5"), default="v5")
+    cp.add_argument("--modes", default="sparse", help="modes compared, comma-separated (default sparse)")
     g = sub.add_parser("tokenizer-fixture", help="texts and their HF ids, for the C tokenizer's test")
     g.add_argument("dir"), g.add_argument("out"), g.add_argument("--count", type=int, default=60)
     h = sub.add_parser("oracle-fixture", help="transformers' greedy continuations, for the engine's test")
@@ -1856,6 +1916,8 @@ def main(argv):
                        [int(x) for x in args.lengths.split(",")], args.jsonl)
     elif args.cmd == "card":
         write_card(args.card, args.train, args.evals, args.which)
+    elif args.cmd == "compare":
+        print(compare_cards(args.old, args.new, args.which, args.modes.split(",")))
     elif args.cmd == "parity":
         init = seed_dir(args.dir, args.init)
         return parity(args.dir, init, args.out)
