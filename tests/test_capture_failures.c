@@ -492,9 +492,12 @@ static void test_store_stall_bounds_the_queue(void **state) {
     sqlite3_exec(lock, "COMMIT", NULL, NULL, NULL);
   }
   sqlite3_close(lock);
-  /* 256 queued + 32 workers waiting with their answers sent + the writer's stalled first batch */
+  /* The bound: the writer's stalled first batch (every job queued when it woke, so at most the
+  ** queue's 256 finished: on an idle machine about 60, under load more, 71 seen with the CPU
+  ** shared) + 256 queued + 32 workers waiting with their answers sent. Unbounded, all 1000 are
+  ** answered inside the 4 s. */
   print_message("answers while the store was locked: %d of %d\n", done_locked, N);
-  if (done_locked > 256 + 32 + 64)
+  if (done_locked > 256 + 256 + 32)
     fail_msg("%d answers while the store writer was stalled: its queue is not bounded", done_locked);
   int ok = 0;
   for (int i = 0; i < N; i++) {
