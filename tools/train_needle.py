@@ -22,6 +22,9 @@ checkpoint and leaves weights, a log and an evaluation behind.
   speed      training throughput of the eager path against the fast forward, side by side
   profile    where a fast-forward training step's time goes (torch.profiler), and torch.compile
              of its decoder layers against eager: throughput, and logits, losses, gradients
+  card       rewrite a model card's tables from its training log and evaluations
+  compare    two releases' card evaluations side by side (no GPU): all, per length, and the
+             card's rows by kind, question family and decoys, with the change in points
 
 Curriculum (why: a probe showed that a tiny V4 does not learn to copy across a small window
 from scratch, learns in-window copying quickly, and that an untrained indexer then picks the
@@ -48,11 +51,13 @@ release (models/needle-v4/, its training log in training/) seed a fresh DIR):
   python3 tools/train_needle.py stage 4 DIR --budget 520 [--init models/needle-v4] [--eval-seconds 75] \
       [--jsonl FILE]   # FILE: `sparsetrace needle make --batch` output, half of every batch
   python3 tools/train_needle.py eval DIR/weights --tokenizer DIR --out FILE.json [--seeds 8]
-  python3 tools/train_needle.py stage 5 DIR --budget 520 --init models/needle-v5 --jsonl FILE [--compile]
+  python3 tools/train_needle.py stage 5 DIR --budget 520 --init models/needle-v5 --jsonl FILE [--compile] \
+      [--peak 0.33] [--decay A:B] [--decoys SHARE:LO-HI] [--labelled SHARE]
   python3 tools/train_needle.py release DIR models/needle-v4 --budget 420
   python3 tools/train_needle.py release DIR DEST --budget 480 --card v5   # CARD_EVALS_V5, to 32k
   python3 tools/train_needle.py card models/needle-v4/README.md --train models/needle-v4/training \
       --evals models/needle-v4/evals [--which v5]
+  python3 tools/train_needle.py compare models/needle-v5/evals NEW/evals [--modes sparse,neox]
   python3 tools/train_needle.py parity|speed|profile DIR --init RELEASE --out FILE.json
   python3 tools/train_needle.py smoke DIR
 
