@@ -329,13 +329,14 @@ LIST(st_nc_decoy_questions,
 ** and an ending. With decoys the ask and the line wanted are the *_last lists': the most recent
 ** line of the label. Mixed, they make thousands of wordings, and what they share is the label to
 ** copy. No part comes from a held-out wording, q5, q6 or the last decoy question
-** (tests/test_needle_data.sh checks six words in a row against every held-out wording). */
+** (tests/test_needle_data.sh: no six words in a row, nor the first four or last three words, of
+** any held-out wording). */
 LIST(st_nc_ask_openers, "", "", "", "Quick sanity check.", "Before I forget:", "One detail, please.",
      "While the build runs:", "Side question.", "For the incident log:", "I am writing this up now.",
      "Stop for a moment.", "No need to run anything.", "This is answerable from the context.",
      "Keep it short:", "Checking my notes:", "For the review:", "A small one first.", "Careful here:")
 
-LIST(st_nc_ask_what, "What does the %s say%s?", "Which %s is set%s?", "Can you tell me the %s%s?",
+LIST(st_nc_ask_what, "What does the %s say%s?", "Which %s is set%s?", "Can you find the %s%s?",
      "What %s appears%s?", "I want the %s%s.", "Recall the %s%s.", "Look up the %s%s.",
      "Do you still have the %s%s?", "What is our %s%s?", "Which %s did we get%s?")
 

@@ -111,8 +111,9 @@ sys.exit(1 if missing or leak or bad_eval or no_labelled or label_fails or decoy
 PY
 # Composed questions (training only): about half of the training samples ask in one, evaluation
 # samples never (their questions are their family's, as before), and none shares six words in a
-# row with a held-out wording: the Python held-out family's and decoy wording, and the C tool's
-# held-out families q5 and q6 as `needle make --batch --split heldout` writes them.
+# row, or the first four or last three words, with a held-out wording: the Python held-out
+# family's and decoy wording, and the C tool's held-out families q5 and q6 as `needle make
+# --batch --split heldout` writes them.
 # The C tool's composed questions (`needle make --batch --composed`, with and without decoys) are
 # held to the same rule, against the same wordings and the C tool's held-out decoy wording.
 mk() { $st needle make --batch "$1" --jsonl "$work/$2.jsonl" --seed 5 --formats openai-chat \
@@ -133,9 +134,24 @@ def words(text, label):
 def grams(ws, n=6):
     return {tuple(ws[i:i + n]) for i in range(len(ws) - n + 1)}
 
-held = set()
+# What a composed question may not share with a held-out wording: six words in a row, nor its
+# first four or last three words. The ends are what the model reads first and last before it
+# answers; on the engine, q0 ended by q5's "verbatim and stop." drops from 25 to 14 of 30
+# (bench/needle-train-results.md), so a composed ending equal to a held-out one would train the
+# held-out wording's part that counts.
+held, ends = set(), set()
+def hold(ws):
+    global held, ends
+    held |= grams(ws)
+    ends |= {tuple(ws[:4]), tuple(ws[-3:])}
+def leak(ws):
+    """The first run of ws found among the held-out wordings' six-word runs or ends, or None."""
+    for run in sorted(grams(ws)) + [tuple(ws[i:i + n]) for n in (3, 4) for i in range(len(ws) - n + 1)]:
+        if run in held or run in ends:
+            return " ".join(run)
+    return None
 for w in nd.FAMILIES[nd.HELDOUT_FAMILY].questions + [nd.DECOY_QUESTIONS[-1]]:
-    held |= grams(words(w.format(label="Lbl", lower="lbl"), "Lbl"))
+    hold(words(w.format(label="Lbl", lower="lbl"), "Lbl"))
 def c_questions(name):
     for line in open(f"{sys.argv[2]}/{name}.jsonl"):
         e = json.loads(line)
@@ -144,7 +160,7 @@ c_held = 0
 for name in ("held", "held-decoys"):
     for e, ws in c_questions(name):
         if e["family"] in ("q5", "q6"):
-            held |= grams(ws)
+            hold(ws)
             c_held += 1
 fails = []
 if c_held < 20:
@@ -153,19 +169,18 @@ c_composed = set()
 for name in ("composed", "composed-decoys"):
     for e, ws in c_questions(name):
         c_composed.add(" ".join(ws))
-        shared = grams(ws) & held
+        shared = leak(ws)
         if e["family"] != "composed" or shared:
-            fails.append(f"{name}.jsonl example {e['index']} ({e['family']}) shares "
-                         f"{' '.join(sorted(shared)[0]) if shared else '-'!r} with a held-out wording")
+            fails.append(f"{name}.jsonl example {e['index']} ({e['family']}) shares {shared!r} with a held-out wording")
             break
 if len(c_composed) < 500:
     fails.append(f"the C tool's 600 composed questions hold only {len(c_composed)} wordings")
 r = random.Random(3)
 for i in range(3000):
     q = nd.composed_question(r, "Lbl")
-    shared = grams(words(q, "Lbl")) & held
+    shared = leak(words(q, "Lbl"))
     if shared:
-        fails.append(f"composed question shares {' '.join(sorted(shared)[0])!r} with a held-out wording: {q!r}")
+        fails.append(f"composed question shares {shared!r} with a held-out wording: {q!r}")
         break
 train = [nd.make_sample(f"q{i}") for i in range(200)]
 ev = [nd.make_sample(f"q{i}", train=False) for i in range(100)]
@@ -179,8 +194,8 @@ if not all(fam_wording(s) for s in ev):
     fails.append("an evaluation sample asks in a composed question")
 print("FAIL: " + "; ".join(fails) if fails else
       f"ok: composed questions: {composed} of {len(train)} training samples, no evaluation sample; "
-      f"none of 3000, nor the C tool's {len(c_composed)} composed wordings, shares six words with the "
-      f"{c_held + 4} held-out questions")
+      f"none of 3000, nor the C tool's {len(c_composed)} composed wordings, shares six words, a first four "
+      f"or a last three with the {c_held + 4} held-out questions")
 sys.exit(1 if fails else 0)
 PY
 [ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }

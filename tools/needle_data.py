@@ -611,16 +611,17 @@ DECOY_QUESTIONS = [
 # running any tool, ..." gets a tool call; "Tracking ticket" gets "Silver profile"). Mixed from
 # parts, the wordings are many, and what they share is the label to copy. No part is taken from a
 # held-out wording (tests/test_needle_data.sh checks that no composed question shares six words
-# in a row with one).
+# in a row with one, nor its first four or last three words: the engine shows the ending alone
+# moving recall most).
 COMPOSED_SHARE = 0.5
-Q_OPENERS = ["", "", "Quick question.", "Before the next step:", "One more thing.", "For my notes:",
+Q_OPENERS = ["", "", "Quick question.", "Before we go on:", "One more thing.", "For my notes:",
              "Sorry to interrupt.", "Let me double-check something.", "I lost track of a detail.",
              "Context check:", "Small favour before you go on.", "No tools needed for this one.",
              "You do not need to call anything here.", "Answer from what you already have.",
              "Pause the task for a second.", "Just to be sure:", "Important:", "For the ticket:"]
 Q_ASKS = ["What is the {lower}{where}?", "Which {lower} was given{where}?", "What {lower} did you see{where}?",
           "What was the {lower} again?", "Which {lower} are we using?", "Remind me of the {lower}{where}:",
-          "Look back for the {lower}{where}:", "Tell me the {lower}{where}:", "I need the {lower}{where}.",
+          "Look back for the {lower}{where}:", "Share the {lower}{where}:", "I need the {lower}{where}.",
           "Find the {lower}{where}."]
 Q_WHERES = ["", " above", " in the context", " from earlier", " in the setup", " in this session",
             " that was listed", " in the environment section", " in the notes above"]
@@ -631,8 +632,8 @@ Q_FORMATS = ["Reply with the line that starts with \"{label}:\"", "Give the whol
              "Just the \"{label}\" line", "Send back the line starting \"{label}:\""]
 Q_MANNERS = ["", " exactly", " verbatim", " unchanged", " character for character", " as it appears",
              " as written", " word for word", " without editing it", " in full"]
-Q_ENDS = [".", ", and nothing else.", ", with no other text.", ". No commentary.", " as your whole reply.",
-          ", then stop.", ". Only that line.", ", nothing around it.", ". Do not call a tool."]
+Q_ENDS = [".", ", and nothing else.", ", with no other text.", ". No remarks.", " as your whole reply.",
+          ", then end there.", ". Only that line.", ", nothing around it.", ". Do not call a tool."]
 
 
 def composed_question(r, label):
