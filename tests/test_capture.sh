@@ -76,7 +76,14 @@ code=$(curl -s --noproxy '*' -o "$T/bad.out" -w '%{http_code}' -H 'content-type:
   -d '{"model": "m", oops' "$URL/v1/messages")
 check "malformed JSON relayed (upstream's 400)" test "$code" = 400
 
-"$BIN" requests --store "$T/store" list > "$T/list.out"
+# The proxy records an exchange after it has answered it, on its store writer's thread: wait (at
+# most 5 s) for the last one's finished row before browsing. Listing at once failed in a fresh-clone
+# CI run on the loaded 2-core machine: the malformed request's row was not yet finished.
+for _ in $(seq 100); do
+  "$BIN" requests --store "$T/store" list > "$T/list.out"
+  grep -q '400 .*complete' "$T/list.out" && break
+  sleep 0.05
+done
 check "requests list shows the stream" grep -q 'anthropic.messages .*/v1/messages .*claude-sh .*yes .*200 .*complete' "$T/list.out"
 check "requests list shows the 413" grep -q '413 .*rejected' "$T/list.out"
 check "requests list flags the malformed request" grep -q '400 .*complete\*' "$T/list.out"
