@@ -201,6 +201,15 @@ static uint64_t batch_mix(uint64_t x) { /* splitmix64's finaliser */
   return x ^ (x >> 31);
 }
 
+/* x's top 53 bits as a double, uniform in [0, 1). */
+static double batch_unit(uint64_t x) { return (double)(x >> 11) / 9007199254740992.0; }
+
+/* Whether example i gets a training-only variant of the given share: a draw on a stream of its
+** own (seed, salt, i), so every other field is drawn as without it. */
+static int batch_share(uint64_t seed, uint64_t salt, int64_t i, double share) {
+  return share > 0 && batch_unit(batch_mix(batch_mix(seed ^ salt) ^ batch_mix((uint64_t)i))) < share;
+}
+
 static json_t *ids_array(const int32_t *ids, size_t n) {
   json_t *a = json_array();
   for (size_t i = 0; a && i < n; i++)
@@ -259,7 +268,7 @@ static st_status batch_spec(const batch_options *b, uint64_t seed, int64_t i, st
   sp->format = b->n_formats ? b->formats[DRAW(b->n_formats)] : (st_needle_format)DRAW(ST_NEEDLE_FORMAT_COUNT);
   sp->thinking = DRAW(2);
   sp->render.thinking = sp->thinking;
-  sp->position = (double)((r = batch_mix(r)) >> 11) / 9007199254740992.0; /* uniform in [0, 1) */
+  sp->position = batch_unit(r = batch_mix(r));
   static const int64_t default_lengths[] = {1024, 2048, 4096};
   sp->tokens = b->n_lengths ? b->lengths[DRAW(b->n_lengths)] : default_lengths[DRAW(3)];
   sp->shape = b->n_shapes ? b->shapes[DRAW(b->n_shapes)] : (st_needle_shape)DRAW(ST_NEEDLE_SHAPE_COUNT);
@@ -270,16 +279,10 @@ static st_status batch_spec(const batch_options *b, uint64_t seed, int64_t i, st
     uint64_t d = batch_mix(batch_mix(seed ^ 0xDEC0D15EA5Eull) ^ (uint64_t)i);
     sp->decoys += (int)(d % (uint64_t)(b->decoys_hi - b->decoys + 1));
   }
-  /* a composed question, also on a stream of its own (train split only: run_batch refuses it with
-  ** heldout); the family drawn above is the one it replaces */
-  if (b->composed > 0) {
-    uint64_t c = batch_mix(batch_mix(seed ^ 0xC0A905EDull) ^ batch_mix((uint64_t)i));
-    if ((double)(c >> 11) / 9007199254740992.0 < b->composed) sp->family = ST_NEEDLE_FAMILY_COMPOSED;
-  }
-  if (b->open_labels > 0) { /* the same for a made-up label */
-    uint64_t c = batch_mix(batch_mix(seed ^ 0x1ABE1ull) ^ batch_mix((uint64_t)i));
-    sp->open_label = (double)(c >> 11) / 9007199254740992.0 < b->open_labels;
-  }
+  /* a composed question in place of the family drawn above, a made-up label (train split only:
+  ** cmd_make refuses both with heldout) */
+  if (batch_share(seed, 0xC0A905EDull, i, b->composed)) sp->family = ST_NEEDLE_FAMILY_COMPOSED;
+  sp->open_label = batch_share(seed, 0x1ABE1ull, i, b->open_labels);
 #undef DRAW
   return ST_OK;
 }

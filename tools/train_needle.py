@@ -1795,23 +1795,24 @@ def compare_cards(old_dir, new_dir, which="v5", modes=("sparse",)):
         if not all(os.path.exists(x) for x in paths):
             continue
         old, new = (json.load(open(x)) for x in paths)
+        # rows as (label, old cases, new cases), each {mode: [passed, ...]}, whatever the mode
+        rows = []
+        for label, pick in [("all", lambda c: True)] + [
+                (f"{L // 1024}k tokens", lambda c, L=L: c["L"] == L)
+                for L in sorted({c["L"] for r in (old, new) for c in r["cases"]})]:
+            rows.append((label, *({m: [c["exact"][m] for c in r["cases"] if pick(c) and m in c.get("exact", {})]
+                                   for m in modes} for r in (old, new))))
+        for key, what in GROUPINGS:
+            a, b = case_groups(old, key), case_groups(new, key)
+            if len(a) >= 2 or len(b) >= 2:
+                rows += [(f"{key} {value}", a.get(value, {}), b.get(value, {}))
+                         for value in list(a) + [v for v in b if v not in a]]
         for mode in modes:
             if mode not in old["summary"] or mode not in new["summary"]:
                 continue
             out += [f"### {title} (`{name}`), {mode}", "", "| cases | old | new | points |", "|---|---:|---:|---:|"]
-            rows = [("all", *([c["exact"][mode] for c in r["cases"] if mode in c.get("exact", {})]
-                               for r in (old, new)))]
-            for L in sorted({c["L"] for r in (old, new) for c in r["cases"]}):
-                rows.append((f"{L // 1024}k tokens", *([c["exact"][mode] for c in r["cases"]
-                                                        if c["L"] == L and mode in c.get("exact", {})]
-                                                       for r in (old, new))))
-            for key, what in GROUPINGS:
-                a, b = case_groups(old, key), case_groups(new, key)
-                if len(a) < 2 and len(b) < 2:
-                    continue
-                for value in list(a) + [v for v in b if v not in a]:
-                    rows.append((f"{key} {value}", a.get(value, {}).get(mode, []), b.get(value, {}).get(mode, [])))
-            out += [f"| {label} | {cell(a)} | {cell(b)} | {points(a, b)} |" for label, a, b in rows]
+            out += [f"| {label} | {cell(a.get(mode, []))} | {cell(b.get(mode, []))} | "
+                    f"{points(a.get(mode, []), b.get(mode, []))} |" for label, a, b in rows]
             out.append("")
     return "\n".join(out)
 
