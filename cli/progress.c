@@ -26,6 +26,7 @@ static void show(st_progress *p, double now) {
   fflush(stderr);
   p->last_shown = now;
   p->shown = 1;
+  p->rated |= p->done > 0 && now > 0;
 }
 
 void st_progress_start(st_progress *p, const char *what, const char *unit, int64_t total, int quiet) {
@@ -38,7 +39,7 @@ void st_progress_update(st_progress *p, int64_t done) {
   if (!p->on) return;
   p->done = done;
   double now = elapsed(p);
-  if (done >= p->total || now - p->last_shown >= 0.1) show(p, now);
+  if (done >= p->total || !p->rated || now - p->last_shown >= 0.1) show(p, now);
 }
 
 void st_progress_end(st_progress *p) {

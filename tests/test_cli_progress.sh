@@ -16,7 +16,8 @@ fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 python3 -c 'print([i * 7 % 250 + 1 for i in range(2500)])' >"$work/p.json"
 run="$st run --model $model --prompt-tokens $work/p.json --store $work/store --max-new-tokens 3 --tap logits --tap layers.1.indexer.*"
 
-# 1. on a terminal (script(1) gives the command a pty; stdout goes to a file): the progress line
+# 1. on a terminal (script(1) gives the command a pty; stdout goes to a file): the progress line,
+#    the first piece's always (its rate and time left), then at most ten a second
 script -qec "$run --out $work/tty.h5 --json >$work/tty.json" /dev/null >"$work/tty.err" 2>&1 || fail "run on a pty failed: $(cat "$work/tty.err")"
 if grep -aqE 'run: 1024/2503 tokens, [0-9.]+ tokens/s, [0-9]+ (s|min) left' "$work/tty.err" &&
    grep -aqE 'run: 2503 tokens in [0-9.]+ s' "$work/tty.err"; then
