@@ -5,11 +5,13 @@ needle's value verbatim, as `needle sweep` counts. Prints one line per example (
 family, mode, the needle, the answer) and the passes by family and by kind.
 
   tools/needle_engine_batch.py FILE.jsonl --model DIR [--st BIN] [--max-new-tokens N] [--backend B]
-                               [--question TEMPLATE] [--kinds LIST]
+                               [--question TEMPLATE] [--kinds LIST] [--set KEY=VALUE ...]
 
 --question asks every example TEMPLATE instead of its own question ({label}: the needle's label,
 {lower}: the same in lower case); the request is rendered again (`sparsetrace render`), so the
-same prompts can be asked in several wordings. --kinds: only the examples of these kinds.
+same prompts can be asked in several wordings. --kinds: only the examples of these kinds. --set:
+the engine's settings for every run (`sparsetrace run --set`, repeatable): topk=all tells a miss
+of the indexer's choice from a miss of the answer itself.
 
 Used for what the card's teacher-forced evaluations cannot show: what the model writes instead
 (bench/needle-train-results.md). Each example is one engine run, about a second at 1k tokens on
@@ -54,6 +56,7 @@ def main(argv):
     ap.add_argument("--max-new-tokens", type=int, default=48), ap.add_argument("--backend", default="cpu")
     ap.add_argument("--question", help="ask this instead ({label}, {lower})")
     ap.add_argument("--kinds", help="only these kinds, comma-separated")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an engine setting (repeatable)")
     args = ap.parse_args(argv)
     passed = collections.defaultdict(lambda: [0, 0])
     with tempfile.TemporaryDirectory() as work:
@@ -70,7 +73,8 @@ def main(argv):
             json.dump(ids, open(prompt, "w"))
             r = subprocess.run([args.st, "run", "--model", args.model, "--prompt-tokens", prompt, "--backend",
                                 args.backend, "--max-new-tokens", str(args.max_new_tokens), "--store", work,
-                                "-o", os.path.join(work, "run.h5"), "--force", "--json", "-q"],
+                                "-o", os.path.join(work, "run.h5"), "--force", "--json", "-q"]
+                               + [a for kv in args.set for a in ("--set", kv)],
                                capture_output=True, text=True)
             if r.returncode:
                 sys.exit(f"example {e['index']}: sparsetrace run failed: {r.stderr.strip()[-300:]}")

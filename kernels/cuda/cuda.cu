@@ -85,11 +85,14 @@ static st_status latched(gpu_ctx *c) {
   return c->error ? st_fail(c->error, "%s", c->error_text) : ST_OK;
 }
 
-/* Blocks of a redo kernel over at most `items` entries: two an SM (a grid-stride loop). */
+#if !defined(ST_HIP)
+/* Blocks of a redo kernel over at most `items` entries: two an SM (a grid-stride loop). The redo
+** kernels serve the cuda build's tensor-core paths alone. */
 static unsigned redo_blocks(const gpu_ctx *c, size_t items) {
   size_t most = (size_t)c->sms * 2;
   return (unsigned)(items < most ? items : most);
 }
+#endif
 
 /* Opts kernel f into `bytes` of dynamic shared memory once (per size reached). */
 template <typename F>
