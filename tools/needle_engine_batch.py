@@ -15,7 +15,7 @@ of the indexer's choice from a miss of the answer itself.
 
 Used for what the card's teacher-forced evaluations cannot show: what the model writes instead
 (bench/needle-train-results.md). Each example is one engine run, about a second at 1k tokens on
-two cores."""
+two cores. tests/test_needle_engine_batch.sh holds its verdicts to the engine run directly."""
 import argparse
 import collections
 import json

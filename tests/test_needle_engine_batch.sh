@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# tools/needle_engine_batch.py, whose figures the needle model's notes cite: each `needle make
+# --batch` example's prompt through `sparsetrace run`, a pass when the answer holds the value.
+# Checked against the engine run directly on the same ids (each verdict and the totals), with
+# and without --set; --question re-renders the request: asked in its own question it gives the
+# example's ids back, asked in another the new question is in the prompt; --kinds filters; a
+# setting the engine refuses stops the tool with the engine's error.
+set -uo pipefail
+st=${ST_BIN:?}
+src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
+model=$src/models/needle-v5
+tool=$src/tools/needle_engine_batch.py
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+[ -f "$model/model.safetensors" ] || { echo "FAIL: $model is missing"; exit 1; }
+
+$st needle make --batch 3 --jsonl "$work/e.jsonl" --seed 31 --model "$model" --lengths 512 \
+  --kinds host,number,path -q || { echo "FAIL: needle make"; exit 1; }
+
+# the engine on each example's ids, directly: PASS or miss per line, in order
+calls=0
+direct() {
+  : >"$work/direct.txt"
+  local i=0
+  calls=$((calls + 1))
+  while IFS= read -r line; do
+    printf '%s' "$line" | python3 -c 'import json, sys; json.dump(json.load(sys.stdin)["ids"], sys.stdout)' >"$work/p.json"
+    value=$(printf '%s' "$line" | python3 -c 'import json, sys; print(json.load(sys.stdin)["value"])')
+    if ! $st run --model "$model" --prompt-tokens "$work/p.json" --max-new-tokens 48 --store "$work/s" \
+           -o "$work/d$calls-$i.h5" --json -q "$@" >"$work/run.json"; then
+      echo error >>"$work/direct.txt"
+    else
+      text=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["text"])' "$work/run.json")
+      case $text in *"$value"*) echo PASS ;; *) echo miss ;; esac >>"$work/direct.txt"
+    fi
+    i=$((i + 1))
+  done <"$work/e.jsonl"
+}
+verdicts() { grep -E '^ *[0-9]+ ' "$1" | awk '{print $5}'; }
+check_against_direct() {  # label, tool output, engine settings
+  local label=$1 out=$2; shift 2
+  direct "$@"
+  if [ "$(verdicts "$out")" = "$(cat "$work/direct.txt")" ]; then
+    echo "ok: $label: each verdict as the engine run directly ($(tr '\n' ' ' <"$work/direct.txt"))"
+  else
+    fail "$label: the tool's verdicts $(verdicts "$out" | tr '\n' ' ') against the engine's $(tr '\n' ' ' <"$work/direct.txt")"
+  fi
+  local want
+  want="all: $(grep -c PASS "$work/direct.txt")/3"
+  grep -qx "$want" "$out" && echo "ok: $label: totals $want" || fail "$label: no '$want' line: $(tail -1 "$out")"
+}
+
+python3 "$tool" "$work/e.jsonl" --model "$model" --st "$st" >"$work/plain.txt" || fail "the tool failed"
+check_against_direct "as asked" "$work/plain.txt"
+python3 "$tool" "$work/e.jsonl" --model "$model" --st "$st" --set topk=1 --set compress_rope_theta=40000 \
+  >"$work/set.txt" || fail "the tool failed with --set"
+check_against_direct "--set topk=1 --set compress_rope_theta=40000" "$work/set.txt" --set topk=1 --set compress_rope_theta=40000
+
+# --kinds: only the examples of those kinds (the first example's kind, counted in the file)
+kind=$(head -1 "$work/e.jsonl" | python3 -c 'import json, sys; print(json.load(sys.stdin)["kind"])')
+want=$(python3 -c 'import json, sys; print(sum(json.loads(l)["kind"] == sys.argv[2] for l in open(sys.argv[1])))' \
+         "$work/e.jsonl" "$kind")
+python3 "$tool" "$work/e.jsonl" --model "$model" --st "$st" --kinds "$kind" >"$work/kinds.txt" || fail "--kinds failed"
+n=$(grep -cE '^ *[0-9]+ ' "$work/kinds.txt")
+others=$(grep -E '^ *[0-9]+ ' "$work/kinds.txt" | awk -v k="$kind" '$2 != k' | wc -l)
+[ "$n" = "$want" ] && [ "$others" = 0 ] && echo "ok: --kinds $kind keeps its $want example(s)" ||
+  fail "--kinds $kind: $n lines ($want in the file), $others of another kind"
+
+# --question: the request re-rendered (sparsetrace render) with its last user text replaced
+python3 - "$tool" "$work/e.jsonl" "$model" "$st" "$work" <<'PY' || failures=$((failures + 1))
+import importlib.util, json, subprocess, sys, types
+tool, jsonl, model, st, work = sys.argv[1:]
+spec = importlib.util.spec_from_file_location("neb", tool)
+neb = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(neb)
+args = types.SimpleNamespace(st=st, model=model)
+bad = 0
+for line in open(jsonl, encoding="utf-8"):
+    e = json.loads(line)
+    turns = e["request"].get("messages") or e["request"].get("input")
+    last = turns[-1]["content"]
+    own = last if isinstance(last, str) else next(b["text"] for b in last if "text" in b)
+    same = neb.rerender(args, neb.ask(json.loads(json.dumps(e["request"])), own), e["thinking"], work)
+    if same != e["ids"]:
+        print(f"FAIL: example {e['index']}: its own question re-rendered to other ids")
+        bad += 1
+    other = "Print the line for the sentinel-zebra setting and nothing else."
+    ids = neb.rerender(args, neb.ask(json.loads(json.dumps(e["request"])), other), e["thinking"], work)
+    text = subprocess.run([st, "tokenize", "--model", model, "--decode"], input=json.dumps(ids),
+                          capture_output=True, text=True).stdout
+    if ids == e["ids"] or other not in text or own in text:
+        print(f"FAIL: example {e['index']}: another question is not in its re-rendered prompt")
+        bad += 1
+print("ok: --question: its own question gives the example's ids back; another replaces it" if not bad else "")
+sys.exit(1 if bad else 0)
+PY
+
+# a setting the engine refuses: the tool stops with the engine's message
+if python3 "$tool" "$work/e.jsonl" --model "$model" --st "$st" --set topk=banana >"$work/bad.out" 2>"$work/bad.err"; then
+  fail "--set topk=banana was accepted"
+elif grep -q "topk" "$work/bad.err"; then
+  echo "ok: --set topk=banana stops the tool: $(tail -c 160 "$work/bad.err")"
+else
+  fail "--set topk=banana: no word of the engine's error: $(cat "$work/bad.err")"
+fi
+
+[ $failures -eq 0 ] && echo "all needle_engine_batch checks passed" || { echo "$failures failure(s)"; exit 1; }
