@@ -39,6 +39,10 @@ static herr_t walk_frame(unsigned n, const H5E_error2_t *e, void *data) {
   return 0;
 }
 
+static _Thread_local int h5_alloc_failed;
+int st_h5_alloc_failed(void) { return h5_alloc_failed; }
+void st_h5_alloc_failed_clear(void) { h5_alloc_failed = 0; }
+
 st_status st_h5_fail(st_status s, const char *fmt, ...) {
   char head[1024];
   va_list ap;
@@ -59,6 +63,7 @@ st_status st_h5_fail(st_status s, const char *fmt, ...) {
   snprintf(reason, sizeof reason, "%s", st_h5_guard_reason());
   st_h5_guard_clear();
   if (t.out_of_memory && !cause) s = ST_ENOMEM; /* not the file's fault, whatever head guessed */
+  h5_alloc_failed |= t.out_of_memory && !cause;
   if (*reason && t.len) return st_fail(s, "%s: %s (%s)", head, reason, t.buf);
   if (*reason) return st_fail(s, "%s: %s", head, reason);
   if (t.len) return st_fail(s, "%s: %s", head, t.buf);

@@ -22,6 +22,10 @@ void st_h5_quiet(void);
 ** guarded driver refused a read, ": <why> (<stack>)". Returns s, or ST_ENOMEM when a frame of the
 ** stack says an allocation failed (H5E_CANTALLOC, H5E_NOSPACE): that is not a corrupt file. */
 st_status st_h5_fail(st_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Whether an allocation inside libhdf5 failed (the ST_ENOMEM above) in any st_h5_fail on this
+** thread since st_h5_alloc_failed_clear: libhdf5's own request, not one of ours. */
+int st_h5_alloc_failed(void);
+void st_h5_alloc_failed_clear(void);
 
 /* Opens path read-only through a file driver that refuses metadata libhdf5 1.10 cannot survive
 ** (hdf5_guard.c): for files from elsewhere (st_trace_open). Returns the file, or -1 with the

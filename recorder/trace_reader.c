@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -370,12 +371,58 @@ fail:
 }
 
 #define PRECHECK_SECONDS 30
+/* What the pre-check's child may allocate beyond what it holds at the fork: far more than any
+** trace's metadata needs (its tokens, tap table and attribute strings), far less than a corrupt
+** length that libhdf5 allocates before it reads. A variable-length string claiming 4 GiB made it
+** allocate and touch 4 GiB, twice (child, then the caller's own open): 20 s and 4 GB of memory
+** before the error. Under the cap the allocation fails at once. */
+#define PRECHECK_HEADROOM ((rlim_t)1 << 30)
 
-/* Runs open_in_process on path in a forked child that reports its status over a pipe and
-** _exits (no atexit handlers, no stdio flush: the parent's buffers and files stay its own).
-** ST_OK when the child reported, whatever it found (the caller's own open finds it again and
-** says it); ST_EFORMAT naming the file when the child died without reporting or ran past
-** PRECHECK_SECONDS; ST_OK without a child when pipe or fork fails. */
+/* This process's data size (VmData: heap and private writable mappings, what RLIMIT_DATA
+** counts) in bytes, or 0 when /proc does not say. Read with read(2): this runs in a child forked
+** from a process that may have threads. */
+static rlim_t data_bytes(void) {
+  int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[4096];
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  const char *v = strstr(buf, "\nVmData:");
+  return v ? (rlim_t)strtoull(v + 9, NULL, 10) * 1024 : 0;
+}
+
+/* The memory the system could still give (/proc/meminfo's MemAvailable) in bytes, or 0. */
+static unsigned long long available_bytes(void) {
+  int fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[4096];
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  const char *v = strstr(buf, "MemAvailable:");
+  return v ? strtoull(v + 13, NULL, 10) * 1024 : 0;
+}
+
+/* Lowers RLIMIT_DATA to the data held now plus PRECHECK_HEADROOM (never raises it). */
+static void cap_data(void) {
+  rlim_t now = data_bytes();
+  struct rlimit r;
+  if (now == 0 || getrlimit(RLIMIT_DATA, &r) != 0) return;
+  rlim_t cap = now + PRECHECK_HEADROOM;
+  if (r.rlim_cur != RLIM_INFINITY && r.rlim_cur <= cap) return;
+  r.rlim_cur = cap;
+  setrlimit(RLIMIT_DATA, &r);
+}
+
+/* Runs open_in_process on path in a forked child, its memory capped (cap_data), that reports
+** its status and message over a pipe and _exits (no atexit handlers, no stdio flush: the
+** parent's buffers and files stay its own). Returns what the child found when it reported an
+** error (the parent does not read the file again); ST_OK when the child found the trace sound
+** (the caller then opens it itself); ST_EFORMAT naming the file when the child died without
+** reporting or ran past PRECHECK_SECONDS; ST_OK without a child when pipe or fork fails. */
 static st_status precheck_in_child(const char *path, unsigned flags) {
   int fds[2];
   if (pipe(fds) != 0) return ST_OK;
@@ -389,24 +436,59 @@ static st_status precheck_in_child(const char *path, unsigned flags) {
   }
   if (pid == 0) {
     close(fds[0]);
+    cap_data();
     st_trace *t = NULL; /* never closed: the kernel closes the file at _exit, sooner */
-    unsigned char verdict = (unsigned char)open_in_process(path, flags, &t);
-    _exit(write(fds[1], &verdict, 1) == 1 ? 0 : 1);
+    char report[1 + 2048];
+    st_h5_alloc_failed_clear();
+    st_status st = open_in_process(path, flags, &t);
+    /* libhdf5 could not allocate while the system had more than the cap to give: the cap
+    ** refused it, so the file claims more than any trace's metadata. Any other failed
+    ** allocation is the machine's shortage and stays "out of memory". */
+    if (st == ST_ENOMEM && st_h5_alloc_failed() && available_bytes() > PRECHECK_HEADROOM) {
+      char why[1536];
+      const char *msg = st_errmsg(), *oom = strstr(msg, "out of memory: ");
+      snprintf(why, sizeof why, "%s", oom ? oom + strlen("out of memory: ") : msg);
+      st = st_fail(ST_EFORMAT, "trace %s is corrupt: reading its metadata needs more than %llu MiB: "
+                   "%s", path, (unsigned long long)(PRECHECK_HEADROOM >> 20), why);
+    }
+    report[0] = (char)st;
+    size_t len = 1;
+    if (st != ST_OK) {
+      const char *msg = st_errmsg();
+      size_t m = strlen(msg);
+      if (m > sizeof report - 1) m = sizeof report - 1;
+      memcpy(report + 1, msg, m);
+      len += m;
+    }
+    _exit(write(fds[1], report, len) == (ssize_t)len ? 0 : 1);
   }
   close(fds[1]);
-  struct pollfd p = {.fd = fds[0], .events = POLLIN};
-  int ready;
-  do ready = poll(&p, 1, PRECHECK_SECONDS * 1000);
-  while (ready < 0 && errno == EINTR);
-  unsigned char verdict;
-  ssize_t got = ready > 0 ? read(fds[0], &verdict, 1) : -1;
-  if (ready <= 0) kill(pid, SIGKILL);
+  char report[1 + 2048 + 1];
+  size_t got = 0;
+  int ready = 1;
+  while (got < sizeof report - 1) { /* the child writes once and exits: read to end of file */
+    struct pollfd p = {.fd = fds[0], .events = POLLIN};
+    do ready = poll(&p, 1, PRECHECK_SECONDS * 1000);
+    while (ready < 0 && errno == EINTR);
+    if (ready <= 0) break;
+    ssize_t n = read(fds[0], report + got, sizeof report - 1 - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += (size_t)n;
+  }
+  if (ready == 0) kill(pid, SIGKILL);
   int status = 0;
   pid_t done;
   do done = waitpid(pid, &status, 0);
   while (done < 0 && errno == EINTR);
   close(fds[0]);
-  if (got == 1 || ready < 0) return ST_OK; /* reported, or poll failed: open in process */
+  if (got >= 1) {
+    st_status found = (st_status)(unsigned char)report[0];
+    if (found == ST_OK) return ST_OK;
+    report[got] = 0;
+    return st_fail(found, "%s", report + 1);
+  }
+  if (ready < 0) return ST_OK; /* poll failed: open in process */
   if (ready == 0)
     return st_fail(ST_EFORMAT, "trace %s is corrupt: the HDF5 library was still reading its "
                                "metadata after %d s (stopped)", path, PRECHECK_SECONDS);

@@ -16,8 +16,17 @@
 #                             past any check a caller can make; st_trace_open's pre-check in a
 #                             child process turns that into "the HDF5 library crashed reading it
 #                             (signal 11, ...)". Before: SEGV.
-# Each command gets 10 s (a clean open takes milliseconds); store check finds the file as a
-# trace without a row in a store written by test_recorder --fixture.
+#   vlen-huge-length.h5       found by a 120 s fuzzer run: one byte off a seed makes the
+#                             variable-length string attribute `config` claim about 4 GiB, which
+#                             libhdf5 allocates and touches before it finds the heap object too
+#                             short. Before: inspect took 20 s and 4 GB of memory (its pre-check
+#                             child, then its own open, each read it) to say "corrupt". Now the
+#                             child runs with its data capped 1 GiB above what it holds, fails the
+#                             allocation at once and hands its message over: "reading its metadata
+#                             needs more than 1024 MiB".
+# Each command gets 10 s (a clean open takes milliseconds) and, with everything it starts, at
+# most 512 MiB of memory at its peak (a small trace's metadata takes a few MiB); store check
+# finds the file as a trace without a row in a store written by test_recorder --fixture.
 set -u
 BIN=${ST_BIN:-}
 FIXTURE=${ST_BUILD_DIR:-}/tests/test_recorder
@@ -42,14 +51,25 @@ failed=0
 check() {
   local name=$1 file=$2 where=$3 want=$4
   shift 4
-  timeout -s KILL 10 "$@" >"$TMP/stdout" 2>"$TMP/stderr"
+  # the command's exit status, and its peak memory with what it started (the largest process of
+  # the tree: RUSAGE_CHILDREN's ru_maxrss, KiB) in $TMP/rss
+  python3 -c 'import resource, subprocess, sys
+try:
+    rc = subprocess.run(sys.argv[3:], stdout=open(sys.argv[1], "w"), stderr=open(sys.argv[2], "w"), timeout=10).returncode
+except subprocess.TimeoutExpired:
+    rc = 137
+open(sys.argv[1] + ".rss", "w").write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
+sys.exit(128 - rc if rc < 0 else rc)' "$TMP/stdout" "$TMP/stderr" "$@"
   local rc=$?
+  local rss_kib
+  rss_kib=$(cat "$TMP/stdout.rss" 2>/dev/null || echo 0)
   local text
   text=$(cat "$TMP/$where")
   local why=
   if [[ $rc -eq 137 ]]; then why="still running after 10 s (killed)"
   elif [[ $rc -ge 128 ]]; then why="killed by signal $((rc - 128))"
   elif [[ $rc -ne $want ]]; then why="exit $rc, wanted $want"
+  elif [[ $rss_kib -gt $((512 * 1024)) ]]; then why="it took $((rss_kib / 1024)) MiB of memory at its peak"
   elif [[ "$text" != *"$file"* ]]; then why="its $where does not name $file"
   elif [[ "$text" != *corrupt* ]]; then why="its $where does not say the trace is corrupt"
   fi

@@ -51,11 +51,13 @@ declare -A rss_limit=([trace]=4096)
 
 # Prints the library of the first frame that is neither the sanitizer/libFuzzer runtime, libc nor
 # the allocator's entry points (libFuzzer's malloc limit reports the caller of malloc: a corrupt
-# vlen length that libhdf5 allocates for before reading is its fault, not the caller's).
+# vlen length that libhdf5 allocates for before reading is its fault, not the caller's). A libc
+# frame symbolised from glibc's sources names no .so ("in __memset_avx512_unaligned_erms
+# string/../sysdeps/x86_64/..."): its sysdeps/ path marks it.
 first_frame_lib() {
   awk '/ERROR: (AddressSanitizer|libFuzzer)|runtime error:|ALARM:/ {on = 1}
        on && /^ *#[0-9]+ 0x/ {
-         if ($0 ~ /__sanitizer|__interceptor|__asan|__lsan|__ubsan|fuzzer::|libc\.so|in _start|pthread_kill|in raise |in abort |in (malloc|calloc|realloc|free|operator new) /) next
+         if ($0 ~ /__sanitizer|__interceptor|__asan|__lsan|__ubsan|fuzzer::|libc\.so|sysdeps\/|in _start|pthread_kill|in raise |in abort |in (malloc|calloc|realloc|free|operator new) /) next
          if (match($0, /\/[^ ()]*\.so[.0-9]*/)) print substr($0, RSTART, RLENGTH); else print "sparsetrace"
          exit }' "$1"
 }
