@@ -378,37 +378,30 @@ fail:
 ** before the error. Under the cap the allocation fails at once. */
 #define PRECHECK_HEADROOM ((rlim_t)1 << 30)
 
-/* This process's data size (VmData: heap and private writable mappings, what RLIMIT_DATA
-** counts) in bytes, or 0 when /proc does not say. Read with read(2): this runs in a child forked
-** from a process that may have threads. */
-static rlim_t data_bytes(void) {
-  int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+/* The figure after `key` (a line's start, "VmData:") in the /proc file at path, which states it
+** in kB, in bytes; 0 when the file or the line is missing. Read with read(2): this runs in a
+** child forked from a process that may have threads. */
+static unsigned long long proc_bytes(const char *path, const char *key) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return 0;
   char buf[4096];
   ssize_t n = read(fd, buf, sizeof buf - 1);
   close(fd);
   if (n <= 0) return 0;
   buf[n] = 0;
-  const char *v = strstr(buf, "\nVmData:");
-  return v ? (rlim_t)strtoull(v + 9, NULL, 10) * 1024 : 0;
-}
-
-/* The memory the system could still give (/proc/meminfo's MemAvailable) in bytes, or 0. */
-static unsigned long long available_bytes(void) {
-  int fd = open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  char buf[4096];
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return 0;
-  buf[n] = 0;
-  const char *v = strstr(buf, "MemAvailable:");
-  return v ? strtoull(v + 13, NULL, 10) * 1024 : 0;
+  size_t k = strlen(key);
+  for (const char *line = buf; line;) {
+    if (!strncmp(line, key, k)) return strtoull(line + k, NULL, 10) * 1024;
+    line = strchr(line, '\n');
+    if (line) line++;
+  }
+  return 0;
 }
 
 /* Lowers RLIMIT_DATA to the data held now plus PRECHECK_HEADROOM (never raises it). */
 static void cap_data(void) {
-  rlim_t now = data_bytes();
+  /* VmData: heap and private writable mappings, what RLIMIT_DATA counts */
+  rlim_t now = (rlim_t)proc_bytes("/proc/self/status", "VmData:");
   struct rlimit r;
   if (now == 0 || getrlimit(RLIMIT_DATA, &r) != 0) return;
   rlim_t cap = now + PRECHECK_HEADROOM;
@@ -444,7 +437,7 @@ static st_status precheck_in_child(const char *path, unsigned flags) {
     /* libhdf5 could not allocate while the system had more than the cap to give: the cap
     ** refused it, so the file claims more than any trace's metadata. Any other failed
     ** allocation is the machine's shortage and stays "out of memory". */
-    if (st == ST_ENOMEM && st_h5_alloc_failed() && available_bytes() > PRECHECK_HEADROOM) {
+    if (st == ST_ENOMEM && st_h5_alloc_failed() && proc_bytes("/proc/meminfo", "MemAvailable:") > PRECHECK_HEADROOM) {
       char why[1536];
       const char *msg = st_errmsg(), *oom = strstr(msg, "out of memory: ");
       snprintf(why, sizeof why, "%s", oom ? oom + strlen("out of memory: ") : msg);

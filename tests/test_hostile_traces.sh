@@ -52,7 +52,7 @@ check() {
   local name=$1 file=$2 where=$3 want=$4
   shift 4
   # the command's exit status, and its peak memory with what it started (the largest process of
-  # the tree: RUSAGE_CHILDREN's ru_maxrss, KiB) in $TMP/rss
+  # the tree: RUSAGE_CHILDREN's ru_maxrss, KiB) in $TMP/stdout.rss
   python3 -c 'import resource, subprocess, sys
 try:
     rc = subprocess.run(sys.argv[3:], stdout=open(sys.argv[1], "w"), stderr=open(sys.argv[2], "w"), timeout=10).returncode
