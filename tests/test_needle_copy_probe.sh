@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# tools/needle_copy_probe.py, whose per-token figures the needle model's notes cite: each example
+# teacher-forced once, every token of the needle line the answer copies scored against the
+# engine's argmax. Held to the engine's own greedy answers: greedy decoding and the teacher-forced
+# run see the same tokens until the greedy answer first leaves the expected one, so the tool's
+# first wrong token in the line must be exactly where the greedy answer first differs (and none
+# when the greedy answer copies the whole line). Checked for two models in one invocation, as
+# asked and with --set (a planted fault that makes the copies slip); --kinds filters; the printed
+# totals are the sums of the --json records.
+set -uo pipefail
+st=${ST_BIN:?}
+src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
+py=/usr/bin/python3
+[ -x $py ] || py=python3
+$py -c 'import h5py, numpy' 2>/dev/null || { echo "skip: h5py/numpy missing (Debian python3-h5py python3-numpy)"; exit 77; }
+tool=$src/tools/needle_copy_probe.py
+v5=$src/models/needle-v5
+v4=$src/models/needle-v4
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+$st needle make --batch 4 --jsonl "$work/e.jsonl" --seed 77 --model "$v5" --lengths 512 \
+  --kinds key,commit,random,path -q || { echo "FAIL: needle make"; exit 1; }
+
+# each model's greedy answer per example, straight from the engine (generated ids)
+greedy() {  # model out settings...
+  local model=$1 out=$2 i=0
+  shift 2
+  : >"$out"
+  while IFS= read -r line; do
+    printf '%s' "$line" | $py -c 'import json, sys; json.dump(json.load(sys.stdin)["ids"], sys.stdout)' >"$work/p.json"
+    $st run --model "$model" --prompt-tokens "$work/p.json" --max-new-tokens 64 --store "$work/s" \
+      -o "$work/$(basename "$out" .txt)-$i.h5" --json -q "$@" >"$work/run.json" || { echo "FAIL: greedy run" >&2; return 1; }
+    $py -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))["generated"]))' "$work/run.json" >>"$out"
+    i=$((i + 1))
+  done <"$work/e.jsonl"
+}
+
+# the tool's first wrong index per (model, example) against the greedy answers' first difference
+check() {  # label, tool json, then pairs of model and greedy file
+  local label=$1 records=$2
+  shift 2
+  $py - "$work/e.jsonl" "$records" "$label" "$@" <<'PY'
+import json, sys
+jsonl, records, label, *pairs = sys.argv[1:]
+examples = [json.loads(l) for l in open(jsonl)]
+recs = json.load(open(records))
+bad = checked = slipped = 0
+for model, greedy_file in zip(pairs[::2], pairs[1::2]):
+    for e, gen in zip(examples, (json.loads(l) for l in open(greedy_file))):
+        mine = [r for r in recs if r["model"] == model and r["example"] == e["index"]]
+        if not mine:
+            print(f"FAIL: {label}: {model} example {e['index']}: no scored tokens"); bad += 1; continue
+        ans = e["answer_ids"]
+        d = next((k for k in range(min(len(ans), len(gen))) if ans[k] != gen[k]), min(len(ans), len(gen)))
+        if d < mine[0]["answer_index"]:
+            continue  # the greedy answer left before the line: nothing in it to compare
+        want = next((r["index"] for r in mine if r["answer_index"] == d), None)
+        got = next((r["index"] for r in mine if r["wrong"]), None)
+        checked += 1
+        slipped += want is not None
+        if got != want:
+            print(f"FAIL: {label}: {model} example {e['index']}: first wrong token {got}, the greedy answer "
+                  f"first differs at {want}"); bad += 1
+        if any(r["source"] != e["needle_span"][0] + r["index"] for r in mine):
+            print(f"FAIL: {label}: {model} example {e['index']}: a source position is not the line's"); bad += 1
+pairs_n = len(pairs) // 2 * len(examples)
+if checked * 2 < pairs_n or not slipped:
+    print(f"FAIL: {label}: {checked} of {pairs_n} answers reached the line, {slipped} left it: too few to "
+          "tell"); bad += 1
+if not bad:
+    print(f"ok: {label}: the first wrong token is where the greedy answer leaves the line, "
+          f"{checked} answers ({slipped} leave it)")
+sys.exit(1 if bad else 0)
+PY
+}
+
+greedy "$v5" "$work/g5.txt" && greedy "$v4" "$work/g4.txt" || exit 1
+$py "$tool" "$work/e.jsonl" --model "$v5" --model "$v4" --st "$st" --json "$work/r.json" >"$work/out.txt" ||
+  fail "the tool failed"
+check "as asked" "$work/r.json" "$v5" "$work/g5.txt" "$v4" "$work/g4.txt" || failures=$((failures + 1))
+
+set_args=(--set topk=1 --set compress_rope_theta=40000)
+greedy "$v5" "$work/f5.txt" "${set_args[@]}" || exit 1
+$py "$tool" "$work/e.jsonl" --model "$v5" --st "$st" --json "$work/f.json" "${set_args[@]}" >"$work/fault.txt" ||
+  fail "the tool failed with --set"
+check "--set topk=1 --set compress_rope_theta=40000" "$work/f.json" "$v5" "$work/f5.txt" || failures=$((failures + 1))
+# the fault must change what the tool sees, or --set was not forwarded
+$py - "$work/r.json" "$work/f.json" "$v5" <<'PY' || failures=$((failures + 1))
+import json, sys
+a, b, m = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
+wa = sum(r["wrong"] for r in a if r["model"] == m)
+wb = sum(r["wrong"] for r in b)
+print(f"ok: --set: {wa} wrong tokens as asked, {wb} under the fault" if wb > wa else
+      f"FAIL: --set: {wa} wrong tokens as asked, {wb} under the fault (not forwarded?)")
+sys.exit(0 if wb > wa else 1)
+PY
+
+# the printed totals are the records' sums, per model
+$py - "$work/r.json" "$work/out.txt" "$v5" "$v4" <<'PY' || failures=$((failures + 1))
+import json, sys
+recs, out, models = json.load(open(sys.argv[1])), open(sys.argv[2]).read(), sys.argv[3:]
+bad = 0
+for m in models:
+    mine = [r for r in recs if r["model"] == m]
+    head = f"{m}: {sum(r['wrong'] for r in mine)}/{len(mine)} "
+    if not any(line.startswith(head) for line in out.splitlines()):
+        print(f"FAIL: no line starting {head!r}"); bad += 1
+print("ok: each model's printed total is its records' sum" if not bad else "")
+sys.exit(1 if bad else 0)
+PY
+
+# --kinds: only that kind's examples are scored
+$py "$tool" "$work/e.jsonl" --model "$v5" --st "$st" --kinds commit --json "$work/k.json" >/dev/null ||
+  fail "--kinds failed"
+$py - "$work/k.json" "$work/e.jsonl" <<'PY' || failures=$((failures + 1))
+import json, sys
+recs = json.load(open(sys.argv[1]))
+want = {json.loads(l)["index"] for l in open(sys.argv[2]) if json.loads(l)["kind"] == "commit"}
+got = {r["example"] for r in recs}
+print(f"ok: --kinds commit scores examples {sorted(got)}" if got == want and want else
+      f"FAIL: --kinds commit scored {sorted(got)}, the commit examples are {sorted(want)}")
+sys.exit(0 if got == want and want else 1)
+PY
+
+[ $failures -eq 0 ] && echo "all needle_copy_probe checks passed" || { echo "$failures failure(s)"; exit 1; }

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Where the needle model's copying breaks, token by token. Each `sparsetrace needle make --batch`
+example's prompt and its expected answer go through the engine once, teacher-forced (`sparsetrace
+run` with the logits tap over the answer), and every token of the needle line that the answer
+copies is scored: is it the engine's argmax there? Greedy decoding writes the answer exactly when
+every one of them (and the answer's tokens before the line) is, so the first wrong token is where
+a greedy answer leaves the line; the tokens after it show how often the copy would slip again.
+
+  tools/needle_copy_probe.py FILE.jsonl --model DIR [--model DIR ...] [--st BIN] [--backend B]
+                             [--kinds LIST] [--set KEY=VALUE ...] [--json OUT]
+
+Prints, for each model side by side: the needle tokens scored and the share wrong, the examples
+with a wrong token, and the wrong share by the token's index in the line (in eights), by the
+place of its source token in its compressed row (prompt position mod the CSA layers' compression
+ratio), by kind, and where each example's first wrong token falls. --json writes every scored
+token ({model, example, kind, index: in the line, source: its prompt position, answer_index,
+wrong}).
+
+Used for what a pass/miss count cannot show: whether a model loses a long random value from its
+start, at the compressed rows' boundaries or further along it (bench/needle-train-results.md).
+tests/test_needle_copy_probe.sh holds its first wrong tokens to the engine's greedy answers."""
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sparsetrace_read  # noqa: E402  (h5py + numpy)
+
+
+def compress_ratio(model):
+    """The CSA layers' compression ratio from the engine's config.json (4 in DeepSeek-V4)."""
+    ratios = json.load(open(os.path.join(model, "config.json"))).get("compress_ratios", [])
+    small = [r for r in ratios if r and r > 1]
+    return min(small) if small else 4
+
+
+def needle_in_answer(needle, answer):
+    """Where the prompt's needle tokens start in the answer's ids, and how many of them the answer
+    holds verbatim: all of them, or all but the first (merged with the text before it)."""
+    for skip in (0, 1):
+        part = needle[skip:]
+        for k in range(len(answer) - len(part) + 1):
+            if answer[k:k + len(part)] == part:
+                return k, skip
+    return None, None
+
+
+def score(args, model, example, work):
+    """The example's scored tokens: [(index in the needle line, source position, answer index,
+    wrong)], and
+    whether an answer token before the line is already wrong."""
+    ids, answer = example["ids"], example["answer_ids"]
+    start, end = example["needle_span"]
+    k0, skip = needle_in_answer(ids[start:end], answer)
+    if k0 is None:
+        return None, None
+    prompt = os.path.join(work, "prompt.json")
+    trace = os.path.join(work, "run.h5")
+    json.dump(ids + answer, open(prompt, "w"))
+    # logits row i predicts token i + 1: the answer's tokens are predicted at n-1 .. n-2+len(answer)
+    n = len(ids)
+    r = subprocess.run([args.st, "run", "--model", model, "--prompt-tokens", prompt, "--backend", args.backend,
+                        "--tap", "logits", "--positions", f"{n - 1}:{n - 1 + len(answer)}", "--store", work,
+                        "-o", trace, "--force", "-q"] + [a for kv in args.set for a in ("--set", kv)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"example {example['index']}: sparsetrace run failed: {r.stderr.strip()[-300:]}")
+    tap = sparsetrace_read.read_tap(trace, "logits")
+    if list(tap.positions) != list(range(n - 1, n - 1 + len(answer))):
+        sys.exit(f"example {example['index']}: the logits tap holds positions {tap.positions[:3]}..., "
+                 f"not {n - 1}..{n - 2 + len(answer)}")
+    best = tap.array.argmax(axis=1)
+    prefix_wrong = any(best[k] != answer[k] for k in range(k0))
+    tokens = [(skip + m, start + skip + m, k0 + m, int(best[k0 + m] != answer[k0 + m]))
+              for m in range(min(end - start - skip, len(answer) - k0))]
+    return tokens, prefix_wrong
+
+
+def share(wrong, total):
+    return f"{wrong}/{total} {100.0 * wrong / total:5.1f}%" if total else "-"
+
+
+def table(title, keys, cells, models):
+    """One row per key, one column per model: 'wrong/total share'."""
+    width = max(len(title), *(len(str(k)) for k in keys)) if keys else len(title)
+    cols = [max(18, len(os.path.basename(m.rstrip("/")))) for m in models]
+    print(f"{title:<{width}}  " + "  ".join(f"{os.path.basename(m.rstrip('/')):>{c}}" for m, c in zip(models, cols)))
+    for k in keys:
+        print(f"{str(k):<{width}}  " + "  ".join(f"{share(*cells[m].get(k, (0, 0))):>{c}}"
+                                                  for m, c in zip(models, cols)))
+    print()
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("jsonl")
+    ap.add_argument("--model", action="append", required=True, help="a model directory (repeatable)")
+    ap.add_argument("--st", default=os.environ.get("ST_BIN", "build/sparsetrace"))
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--kinds", help="only these kinds, comma-separated")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an engine setting (repeatable)")
+    ap.add_argument("--json", help="write every scored token here")
+    args = ap.parse_args(argv)
+    examples = [json.loads(line) for line in open(args.jsonl, encoding="utf-8") if line.strip()]
+    if args.kinds:
+        examples = [e for e in examples if e["kind"] in args.kinds.split(",")]
+    records = []
+    views = collections.OrderedDict((name, {m: collections.defaultdict(lambda: [0, 0]) for m in args.model})
+                                    for name in ("all", "index in the line", "place in its compressed row",
+                                                 "kind", "first wrong token at index"))
+    summary = {}
+    with tempfile.TemporaryDirectory() as work:
+        for model in args.model:
+            ratio = compress_ratio(model)
+            v = {name: views[name][model] for name in views}
+            examples_wrong = prefix_wrong_n = skipped = 0
+            for e in examples:
+                tokens, prefix_wrong = score(args, model, e, work)
+                if tokens is None:
+                    skipped += 1
+                    continue
+                prefix_wrong_n += prefix_wrong
+                first = next((i for i, _, _, w in tokens if w), None)
+                examples_wrong += first is not None
+                if first is not None:
+                    v["first wrong token at index"][f"{first // 8 * 8:3d}-{first // 8 * 8 + 7}"][0] += 1
+                for i, src, k, w in tokens:
+                    for name, key in (("all", "all"), ("index in the line", f"{i // 8 * 8:3d}-{i // 8 * 8 + 7}"),
+                                      ("place in its compressed row", f"{src % ratio} of {ratio}"),
+                                      ("kind", e["kind"])):
+                        v[name][key][0] += w
+                        v[name][key][1] += 1
+                    records.append({"model": model, "example": e["index"], "kind": e["kind"], "index": i,
+                                    "source": src, "answer_index": k, "wrong": w})
+            for cell in v["first wrong token at index"].values():
+                cell[1] = examples_wrong
+            summary[model] = (examples_wrong, len(examples) - skipped, prefix_wrong_n, skipped)
+    for model in args.model:
+        examples_wrong, scored, prefix_wrong_n, skipped = summary[model]
+        print(f"{model}: {share(*views['all'][model]['all'])} of the needle tokens wrong; "
+              f"{examples_wrong} of {scored} examples with a wrong token"
+              + (f"; {prefix_wrong_n} with a wrong token before the line" if prefix_wrong_n else "")
+              + (f"; {skipped} skipped (the answer does not hold the needle's tokens)" if skipped else ""))
+    print()
+    for name in list(views)[1:]:
+        keys = sorted({k for m in args.model for k in views[name][m]})
+        table(name, keys, views[name], args.model)
+    if args.json:
+        json.dump(records, open(args.json, "w"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
