@@ -39,14 +39,20 @@ def compress_ratio(model):
 
 
 def needle_in_answer(needle, answer):
-    """Where the prompt's needle tokens start in the answer's ids, and how many of them the answer
-    holds verbatim: all of them, or all but the first (merged with the text before it)."""
-    for skip in (0, 1):
-        part = needle[skip:]
+    """Where the prompt's needle tokens start in the answer's ids: (answer index, the first needle
+    token it holds, how many). The answer holds them verbatim, or all but the first or the last,
+    which the prompt's tokenizer may have merged with the text before or after the line."""
+    for skip, drop in ((0, 0), (1, 0), (0, 1), (1, 1)):
+        part = needle[skip:len(needle) - drop]
         for k in range(len(answer) - len(part) + 1):
             if answer[k:k + len(part)] == part:
-                return k, skip
-    return None, None
+                return k, skip, len(part)
+    return None, None, None
+
+
+def eighths(i):
+    """The bin of eight an index falls in, as ' 16-23'."""
+    return f"{i // 8 * 8:3d}-{i // 8 * 8 + 7}"
 
 
 def score(args, model, example, work):
@@ -55,7 +61,7 @@ def score(args, model, example, work):
     whether an answer token before the line is already wrong."""
     ids, answer = example["ids"], example["answer_ids"]
     start, end = example["needle_span"]
-    k0, skip = needle_in_answer(ids[start:end], answer)
+    k0, skip, count = needle_in_answer(ids[start:end], answer)
     if k0 is None:
         return None, None
     prompt = os.path.join(work, "prompt.json")
@@ -127,9 +133,9 @@ def main(argv):
                 first = next((i for i, _, _, w in tokens if w), None)
                 examples_wrong += first is not None
                 if first is not None:
-                    v["first wrong token at index"][f"{first // 8 * 8:3d}-{first // 8 * 8 + 7}"][0] += 1
+                    v["first wrong token at index"][eighths(first)][0] += 1
                 for i, src, k, w in tokens:
-                    for name, key in (("all", "all"), ("index in the line", f"{i // 8 * 8:3d}-{i // 8 * 8 + 7}"),
+                    for name, key in (("all", "all"), ("index in the line", eighths(i)),
                                       ("place in its compressed row", f"{src % ratio} of {ratio}"),
                                       ("kind", e["kind"])):
                         v[name][key][0] += w
