@@ -25,9 +25,9 @@ $st needle make --batch 4 --jsonl "$work/e.jsonl" --seed 77 --model "$v5" --leng
   --kinds key,commit,random,path -q || { echo "FAIL: needle make"; exit 1; }
 
 # each model's greedy answer per example, straight from the engine (generated ids)
-greedy() {  # model out settings...
-  local model=$1 out=$2 i=0
-  shift 2
+greedy() {  # examples model out settings...
+  local examples=$1 model=$2 out=$3 i=0
+  shift 3
   : >"$out"
   while IFS= read -r line; do
     printf '%s' "$line" | $py -c 'import json, sys; json.dump(json.load(sys.stdin)["ids"], sys.stdout)' >"$work/p.json"
@@ -35,14 +35,14 @@ greedy() {  # model out settings...
       -o "$work/$(basename "$out" .txt)-$i.h5" --json -q "$@" >"$work/run.json" || { echo "FAIL: greedy run" >&2; return 1; }
     $py -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))["generated"]))' "$work/run.json" >>"$out"
     i=$((i + 1))
-  done <"$work/e.jsonl"
+  done <"$examples"
 }
 
 # the tool's first wrong index per (model, example) against the greedy answers' first difference
-check() {  # label, tool json, then pairs of model and greedy file
-  local label=$1 records=$2
-  shift 2
-  $py - "$work/e.jsonl" "$records" "$label" "$@" <<'PY'
+check() {  # label, examples, tool json, then pairs of model and greedy file
+  local label=$1 examples=$2 records=$3
+  shift 3
+  $py - "$examples" "$records" "$label" "$@" <<'PY'
 import json, sys
 jsonl, records, label, *pairs = sys.argv[1:]
 examples = [json.loads(l) for l in open(jsonl)]
@@ -77,16 +77,16 @@ sys.exit(1 if bad else 0)
 PY
 }
 
-greedy "$v5" "$work/g5.txt" && greedy "$v4" "$work/g4.txt" || exit 1
+greedy "$work/e.jsonl" "$v5" "$work/g5.txt" && greedy "$work/e.jsonl" "$v4" "$work/g4.txt" || exit 1
 $py "$tool" "$work/e.jsonl" --model "$v5" --model "$v4" --st "$st" --json "$work/r.json" >"$work/out.txt" ||
   fail "the tool failed"
-check "as asked" "$work/r.json" "$v5" "$work/g5.txt" "$v4" "$work/g4.txt" || failures=$((failures + 1))
+check "as asked" "$work/e.jsonl" "$work/r.json" "$v5" "$work/g5.txt" "$v4" "$work/g4.txt" || failures=$((failures + 1))
 
 set_args=(--set topk=1 --set compress_rope_theta=40000)
-greedy "$v5" "$work/f5.txt" "${set_args[@]}" || exit 1
+greedy "$work/e.jsonl" "$v5" "$work/f5.txt" "${set_args[@]}" || exit 1
 $py "$tool" "$work/e.jsonl" --model "$v5" --st "$st" --json "$work/f.json" "${set_args[@]}" >"$work/fault.txt" ||
   fail "the tool failed with --set"
-check "--set topk=1 --set compress_rope_theta=40000" "$work/f.json" "$v5" "$work/f5.txt" || failures=$((failures + 1))
+check "--set topk=1 --set compress_rope_theta=40000" "$work/e.jsonl" "$work/f.json" "$v5" "$work/f5.txt" || failures=$((failures + 1))
 # the fault must change what the tool sees, or --set was not forwarded
 $py - "$work/r.json" "$work/f.json" "$v5" <<'PY' || failures=$((failures + 1))
 import json, sys
@@ -97,6 +97,40 @@ print(f"ok: --set: {wa} wrong tokens as asked, {wb} under the fault" if wb > wa 
       f"FAIL: --set: {wa} wrong tokens as asked, {wb} under the fault (not forwarded?)")
 sys.exit(0 if wb > wa else 1)
 PY
+
+# a needle whose last token the prompt's tokenizer merged with the text after the line: examples
+# 154 and 167 of this batch ("Session token: N?w3L:0Zrs#28Rdg2wRr%:%:" then a newline, one token
+# in the prompt and two in the answer). Scored on the tokens the answer holds, not skipped.
+$st needle make --batch 168 --jsonl "$work/m.jsonl" --seed 777 --model "$v5" --lengths 1k,2k \
+  --kinds key,random,commit --split train -q || { echo "FAIL: needle make"; exit 1; }
+$py - "$work/m.jsonl" "$work/merged.jsonl" <<'PY' || failures=$((failures + 1))
+import json, sys
+keep = [l for l in open(sys.argv[1]) if json.loads(l)["index"] in (154, 167)]
+ok = len(keep) == 2 and all((lambda e: e["ids"][e["needle_span"][1] - 1] not in e["answer_ids"][-3:])(json.loads(l))
+                            for l in keep)
+open(sys.argv[2], "w").writelines(keep)
+print("ok: examples 154 and 167 end their needle on a merged token" if ok else
+      "FAIL: examples 154 and 167 of seed 777 are not the merged-last-token case any more")
+sys.exit(0 if ok else 1)
+PY
+greedy "$work/merged.jsonl" "$v5" "$work/gm.txt" || exit 1
+$py "$tool" "$work/merged.jsonl" --model "$v5" --st "$st" --json "$work/m.json" >"$work/merged.txt" ||
+  fail "the tool failed on the merged examples"
+grep -q skipped "$work/merged.txt" && fail "merged last token: $(head -1 "$work/merged.txt")"
+$py - "$work/merged.jsonl" "$work/m.json" <<'PY' || failures=$((failures + 1))
+import json, sys
+recs = json.load(open(sys.argv[2]))
+bad = 0
+for l in open(sys.argv[1]):
+    e = json.loads(l)
+    n = sum(r["example"] == e["index"] for r in recs)
+    want = e["needle_span"][1] - e["needle_span"][0] - 1
+    if n != want:
+        print(f"FAIL: example {e['index']}: {n} tokens scored, the needle's {want} before its merged last"); bad += 1
+print("ok: a merged last token: every other token of the line scored" if not bad else "")
+sys.exit(1 if bad else 0)
+PY
+check "a merged last token" "$work/merged.jsonl" "$work/m.json" "$v5" "$work/gm.txt" || failures=$((failures + 1))
 
 # the printed totals are the records' sums, per model
 $py - "$work/r.json" "$work/out.txt" "$v5" "$v4" <<'PY' || failures=$((failures + 1))

@@ -56,9 +56,8 @@ def eighths(i):
 
 
 def score(args, model, example, work):
-    """The example's scored tokens: [(index in the needle line, source position, answer index,
-    wrong)], and
-    whether an answer token before the line is already wrong."""
+    """The example's scored tokens, [(index in the needle line, source position, answer index,
+    wrong)], and whether an answer token before the line is already wrong."""
     ids, answer = example["ids"], example["answer_ids"]
     start, end = example["needle_span"]
     k0, skip, count = needle_in_answer(ids[start:end], answer)
@@ -82,7 +81,7 @@ def score(args, model, example, work):
     best = tap.array.argmax(axis=1)
     prefix_wrong = any(best[k] != answer[k] for k in range(k0))
     tokens = [(skip + m, start + skip + m, k0 + m, int(best[k0 + m] != answer[k0 + m]))
-              for m in range(min(end - start - skip, len(answer) - k0))]
+              for m in range(count)]
     return tokens, prefix_wrong
 
 
