@@ -98,20 +98,23 @@ print(f"ok: --set: {wa} wrong tokens as asked, {wb} under the fault" if wb > wa 
 sys.exit(0 if wb > wa else 1)
 PY
 
-# a needle whose last token the prompt's tokenizer merged with the text after the line: examples
-# 154 and 167 of this batch ("Session token: N?w3L:0Zrs#28Rdg2wRr%:%:" then a newline, one token
-# in the prompt and two in the answer). Scored on the tokens the answer holds, not skipped.
-$st needle make --batch 168 --jsonl "$work/m.jsonl" --seed 777 --model "$v5" --lengths 1k,2k \
-  --kinds key,random,commit --split train -q || { echo "FAIL: needle make"; exit 1; }
+# a needle whose last token the prompt's tokenizer merged with the text after the line: example 1
+# of this batch ("Session token: a?9_I3/7&d^Ry4b^9&W^g:S>" then a newline: one token in the prompt,
+# two in the answer). Scored on the tokens the answer holds, not skipped.
+$st needle make --batch 2 --jsonl "$work/m.jsonl" --seed 4 --model "$v5" --lengths 512 --kinds random \
+  --split train -q || { echo "FAIL: needle make"; exit 1; }
 $py - "$work/m.jsonl" "$work/merged.jsonl" <<'PY' || failures=$((failures + 1))
 import json, sys
-keep = [l for l in open(sys.argv[1]) if json.loads(l)["index"] in (154, 167)]
-ok = len(keep) == 2 and all((lambda e: e["ids"][e["needle_span"][1] - 1] not in e["answer_ids"][-3:])(json.loads(l))
-                            for l in keep)
+keep = [l for l in open(sys.argv[1]) if json.loads(l)["index"] == 1]
+e = json.loads(keep[0]) if keep else None
+needle = e["ids"][e["needle_span"][0]:e["needle_span"][1]] if e else []
+a = e["answer_ids"] if e else []
+merged = (e is not None and not any(a[k:k + len(needle)] == needle for k in range(len(a)))
+          and any(a[k:k + len(needle) - 1] == needle[:-1] for k in range(len(a))))
 open(sys.argv[2], "w").writelines(keep)
-print("ok: examples 154 and 167 end their needle on a merged token" if ok else
-      "FAIL: examples 154 and 167 of seed 777 are not the merged-last-token case any more")
-sys.exit(0 if ok else 1)
+print("ok: example 1 of seed 4 ends its needle on a merged token" if merged else
+      "FAIL: example 1 of seed 4 is not the merged-last-token case any more")
+sys.exit(0 if merged else 1)
 PY
 greedy "$work/merged.jsonl" "$v5" "$work/gm.txt" || exit 1
 $py "$tool" "$work/merged.jsonl" --model "$v5" --st "$st" --json "$work/m.json" >"$work/merged.txt" ||
