@@ -437,7 +437,8 @@ static st_status precheck_in_child(const char *path, unsigned flags) {
     /* libhdf5 could not allocate while the system had more than the cap to give: the cap
     ** refused it, so the file claims more than any trace's metadata. Any other failed
     ** allocation is the machine's shortage and stays "out of memory". */
-    if (st == ST_ENOMEM && st_h5_alloc_failed() && proc_bytes("/proc/meminfo", "MemAvailable:") > PRECHECK_HEADROOM) {
+    if (st == ST_ENOMEM && st_h5_alloc_failed() &&
+        proc_bytes("/proc/meminfo", "MemAvailable:") > PRECHECK_HEADROOM) {
       char why[1536];
       const char *msg = st_errmsg(), *oom = strstr(msg, "out of memory: ");
       snprintf(why, sizeof why, "%s", oom ? oom + strlen("out of memory: ") : msg);

@@ -34,7 +34,7 @@ import sparsetrace_read  # noqa: E402  (h5py + numpy)
 def compress_ratio(model):
     """The CSA layers' compression ratio from the engine's config.json (4 in DeepSeek-V4)."""
     ratios = json.load(open(os.path.join(model, "config.json"))).get("compress_ratios", [])
-    small = [r for r in ratios if r and r > 1]
+    small = [r for r in ratios if r > 1]
     return min(small) if small else 4
 
 
@@ -92,8 +92,9 @@ def share(wrong, total):
 def table(title, keys, cells, models):
     """One row per key, one column per model: 'wrong/total share'."""
     width = max(len(title), *(len(str(k)) for k in keys)) if keys else len(title)
-    cols = [max(18, len(os.path.basename(m.rstrip("/")))) for m in models]
-    print(f"{title:<{width}}  " + "  ".join(f"{os.path.basename(m.rstrip('/')):>{c}}" for m, c in zip(models, cols)))
+    names = [os.path.basename(m.rstrip("/")) for m in models]
+    cols = [max(18, len(name)) for name in names]
+    print(f"{title:<{width}}  " + "  ".join(f"{name:>{c}}" for name, c in zip(names, cols)))
     for k in keys:
         print(f"{str(k):<{width}}  " + "  ".join(f"{share(*cells[m].get(k, (0, 0))):>{c}}"
                                                   for m, c in zip(models, cols)))
