@@ -7,6 +7,11 @@
 #                             attributes (H5Aiterate2) made libhdf5 1.10 free a half-built table
 #                             of uninitialised pointers: SEGV in H5A__close (under ASan, or here
 #                             with MALLOC_PERTURB_, which fills fresh memory as a used heap would).
+#   attr-name-unterminated.h5  found by CI's fuzzer on 2026-12-05: a root attribute message's
+#                             name has no terminator, and libhdf5 1.10 strdup()s past its block
+#                             (H5MM_strdup from H5O_attr_shared_decode, under H5Aexists). ASan
+#                             reports the over-read in libhdf5; here the message does not decode
+#                             and every command says the trace is corrupt.
 #   gheap-empty-free-object.h5  the global heap collection holding the vlen strings ends in a
 #                             free-space object of size 0. Before: libhdf5 1.10's heap decoder
 #                             looped forever reading the first string attribute (format).

@@ -35,32 +35,22 @@ export LSAN_OPTIONS=suppressions=$PWD/tests/fuzz/lsan.supp:print_suppressions=0:
 export TMPDIR=$PWD/build-fuzz/tmp
 
 # Faults inside a library that a fuzzer feeds (libhdf5 1.10 reads a corrupt file out of bounds in
-# places: H5HG_read, an object header after free, 4 GiB vlen lengths) are not sparsetrace's to
-# fix: a fuzzer listed here may hit them (fuzz_trace opens in process; the commands pre-check a
-# trace in a child process, so users get an error instead). The ones the reader can avoid it
-# does (H5Aiterate2's crash, the global heap decoder's endless loop: gone since). Such a
-# report (its first frame past the sanitizer and libFuzzer runtimes lies in that library) is kept
-# in build-fuzz/artifacts/third-party/, counted, and the fuzzer restarted for the time left; any
-# other report fails the run, and so does every leak (the fuzzer itself suppresses the few that
-# libhdf5 makes on a failed open, by function).
+# places: H5HG_read, an object header after free, 4 GiB vlen lengths, strdup of a name with no
+# terminator) are not sparsetrace's to fix: a fuzzer listed here may hit them (fuzz_trace opens in
+# process; the commands pre-check a trace in a child process, so users get an error instead). The
+# ones the reader can avoid it does (H5Aiterate2's crash, the global heap decoder's endless loop:
+# gone since). Such a report (its first frame past the sanitizer and libFuzzer runtimes lies in
+# that library: tools/fuzz_first_frame.awk) is kept in build-fuzz/artifacts/third-party/, counted,
+# and the fuzzer restarted for the time left; any other report fails the run, and so does every
+# leak (the fuzzer itself suppresses the few that libhdf5 makes on a failed open, by function).
 declare -A third_party=([trace]=libhdf5)
 # Memory limit per fuzzer (MiB; default 2048). The trace fuzzer's process grows by the blocks
 # libhdf5 1.10 leaks on every failed open (suppressed in fuzz_trace.c, by function): ~2.8 MB an input,
 # past 2 GiB within 800 inputs (seen in CI as an rss-limit report with no frame of ours).
 declare -A rss_limit=([trace]=4096)
 
-# Prints the library of the first frame that is neither the sanitizer/libFuzzer runtime, libc nor
-# the allocator's entry points (libFuzzer's malloc limit reports the caller of malloc: a corrupt
-# vlen length that libhdf5 allocates for before reading is its fault, not the caller's). A libc
-# frame symbolised from glibc's sources names no .so ("in __memset_avx512_unaligned_erms
-# string/../sysdeps/x86_64/..."): its sysdeps/ path marks it.
-first_frame_lib() {
-  awk '/ERROR: (AddressSanitizer|libFuzzer)|runtime error:|ALARM:/ {on = 1}
-       on && /^ *#[0-9]+ 0x/ {
-         if ($0 ~ /__sanitizer|__interceptor|__asan|__lsan|__ubsan|fuzzer::|libc\.so|sysdeps\/|in _start|pthread_kill|in raise |in abort |in (malloc|calloc|realloc|free|operator new) /) next
-         if (match($0, /\/[^ ()]*\.so[.0-9]*/)) print substr($0, RSTART, RLENGTH); else print "sparsetrace"
-         exit }' "$1"
-}
+# The library where a report starts, or "sparsetrace" (tools/fuzz_first_frame.awk says how).
+first_frame_lib() { awk -f tools/fuzz_first_frame.awk "$1"; }
 
 run_one() {
   local n=$1 bin=build-fuzz/tests/fuzz/fuzz_$1
@@ -122,8 +112,12 @@ wait_first() {
   summary "$n" "$rc"
   if [ "$rc" -ne 0 ]; then
     failed=1
-    echo "---- $n: rc $rc; the end of build-fuzz/logs/$n.log:"
-    grep -v '^#[0-9]' "build-fuzz/logs/$n.log" | tail -60
+    echo "---- $n: rc $rc; from build-fuzz/logs/$n.log:"
+    # the report itself, its whole first stack, then the end of the log
+    grep -v '^#[0-9]' "build-fuzz/logs/$n.log" | awk '/ERROR: |runtime error:|ALARM:/ && !seen { seen = 1; k = 80 }
+      k > 0 { print; k-- }' | head -80
+    echo "...."
+    grep -v '^#[0-9]' "build-fuzz/logs/$n.log" | tail -12
     echo "----"
   fi
 }
