@@ -438,6 +438,8 @@ class Taps:
         torch = self.torch
         with torch.no_grad():
             for i, idx in self.loads.items():
+                if i in getattr(model, "_frozen_layers", ()):
+                    continue
                 gate = model.model.layers[i].mlp.gate
                 load = torch.bincount(idx.reshape(-1), minlength=gate.num_experts).float()
                 gate.e_score_correction_bias += BALANCE_RATE * torch.sign(load.mean() - load)
@@ -644,6 +646,60 @@ def _saved_steps(d):
     return [rec["step"] for rec in map(json.loads, open(path)) if rec.get("event") == "saved"]
 
 
+LAYER_RATIO = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+
+
+def model_config(outdir, init):
+    """The shape of the model a stage trains: DIR/model.json when a stage ran in DIR before, else
+    MODEL with INIT's layers (a release grown by tools/needle_grow.py has more, in its own order),
+    else MODEL. Any other field of INIT's config that differs from MODEL is refused: the fast
+    forward and the card are written for MODEL's widths. Written to DIR/model.json."""
+    path = os.path.join(outdir, "model.json")
+    if os.path.exists(path):
+        return json.load(open(path))
+    cfg = dict(MODEL)
+    src = os.path.join(init, "config.json") if init else None
+    if src and os.path.exists(src):
+        hf = json.load(open(src))
+        types = hf.get("layer_types")
+        if not isinstance(types, list) or any(t not in LAYER_RATIO for t in types):
+            raise SystemExit(f"{src}: layer_types {types!r}: want a list of {sorted(LAYER_RATIO)}")
+        cfg.update(num_hidden_layers=len(types),
+                   compress_ratios=[LAYER_RATIO[t] for t in types] + [0] * hf.get("num_nextn_predict_layers", 1))
+        for key in ("hidden_size", "num_attention_heads", "head_dim", "index_n_heads", "index_topk",
+                    "n_routed_experts", "moe_intermediate_size", "hc_mult", "sliding_window", "num_hash_layers"):
+            if key in hf and hf[key] != cfg[key]:
+                raise SystemExit(f"{src}: {key} = {hf[key]}, the stage trains {key} = {cfg[key]} only")
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=1)
+    return cfg
+
+
+def parse_layers(text):
+    """stage --train-layers L[,L...] as a sorted list of layer numbers; a SystemExit otherwise."""
+    try:
+        layers = sorted({int(x) for x in text.split(",")})
+    except ValueError:
+        layers = []
+    if not layers or layers[0] < 0:
+        raise SystemExit(f"stage --train-layers: want layer numbers, comma-separated, not {text!r}")
+    return layers
+
+
+def freeze_except(model, layers):
+    """Only the listed decoder layers train (block expansion: a grown release's new layers learn,
+    the source's stay as they were): every other parameter stops requiring a gradient, and the
+    balancing leaves the frozen layers' router biases alone. Returns the trainable count."""
+    n = model.config.num_hidden_layers
+    if layers[-1] >= n:
+        raise SystemExit(f"stage --train-layers {','.join(map(str, layers))}: the model has layers 0..{n - 1}")
+    keep = tuple(f"model.layers.{i}." for i in layers)
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith(keep))
+    model._frozen_layers = set(range(n)) - set(layers)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def seed_dir(outdir, init):
     """A fresh DIR gets the committed tokenizer and its measured ratio, and the log so far.
     Returns the save_pretrained directory to start from: `init` itself, or, when `init` is a
@@ -738,8 +794,8 @@ def stage_settings(stage_no, decoys=None, labelled=None, peak=None):
     return st
 
 
-def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=None, jsonl=None, compile=False,
-              splits=None, decay=None, decoys=None, labelled=None, peak=None):
+def run_stage(stage_no, outdir, budget, model_cfg=None, eval_seconds=75, init=None, jsonl=None, compile=False,
+              splits=None, decay=None, decoys=None, labelled=None, peak=None, train_layers=None):
     import torch
     t0 = time.time()
     st = stage_settings(stage_no, decoys, labelled, peak)
@@ -755,9 +811,11 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
     # Workers fork before CUDA starts in this process.
     saves = len(_saved_steps(outdir))
     loader = Loader(Batches(outdir, st, seed=1000 * stage_no + saves, ratio=info["chars_per_token"], jsonl=jsonl))
-    model = build_model(model_cfg, tok.get_vocab_size(), info["ids"], dev)
-    decayed = [p for n, p in model.named_parameters() if p.ndim >= 2 and "hc" not in n]
-    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "hc" not in n)]
+    model = build_model(model_cfg or model_config(outdir, init), tok.get_vocab_size(), info["ids"], dev)
+    trainable = freeze_except(model, train_layers) if train_layers else None
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decayed = [p for n, p in named if p.ndim >= 2 and "hc" not in n]
+    rest = [p for n, p in named if not (p.ndim >= 2 and "hc" not in n)]
     opt = torch.optim.AdamW([{"params": decayed, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
                             lr=st["lr"], betas=(0.9, 0.95), eps=1e-8)
     step = 0
@@ -788,6 +846,8 @@ def run_stage(stage_no, outdir, budget, model_cfg=MODEL, eval_seconds=75, init=N
     model.train()
     per_step = st.get("tokens", TOKENS_PER_STEP)
     log({"event": "stage", "stage": stage_no, **st, "params": n_params, "tokens_per_step": per_step,
+         "layers": model.config.num_hidden_layers,
+         **({"train_layers": train_layers, "trainable": trainable} if train_layers else {}),
          **({"decay": list(decay), "decay_floor": DECAY_FLOOR} if decay else {})})
     stop_at = t0 + budget - max(eval_seconds, 30)
     step0, tokens, agg = step, 0, {}
@@ -1848,6 +1908,8 @@ def main(argv):
                                     "of the needle's label, and the question asks for the last (needle_data.make_sample)")
     b.add_argument("--labelled", help="SHARE: that share of needle_data's prompts are of the labelled kind (labels "
                                       "and values in no list), the rest drawn among the trained kinds as before")
+    b.add_argument("--train-layers", help="L[,L...]: only these decoder layers train, the rest frozen (a release "
+                   "grown by tools/needle_grow.py: its new layers); give it to every call of the stage")
     b.add_argument("--peak", help="SCALE in (0, 1]: the stage's learning rate times SCALE, warmup and decay "
                                   "included (a fine-tune from a release whose rate was cooled down); give it "
                                   "again when the stage resumes in a later call")
@@ -1903,12 +1965,13 @@ def main(argv):
         decoys = parse_decoys(args.decoys) if args.decoys else None
         labelled = parse_share("--labelled", args.labelled) if args.labelled else None
         peak = parse_share("--peak", args.peak) if args.peak else None
+        train_layers = parse_layers(args.train_layers) if args.train_layers else None
         init = seed_dir(args.dir, args.init)
         if not os.path.exists(os.path.join(args.dir, "tokenizer.json")):
             train_tokenizer(args.dir)
         run_stage(args.n, args.dir, args.budget, eval_seconds=args.eval_seconds, init=init, jsonl=args.jsonl,
                   compile=args.compile, splits=args.splits, decay=decay, decoys=decoys,
-                  labelled=labelled, peak=peak)
+                  labelled=labelled, peak=peak, train_layers=train_layers)
     elif args.cmd == "eval":
         run_eval(args.weights, args.tokenizer, args.out, args.seeds, [int(x) for x in args.lengths.split(",")],
                  args.modes.split(","), args.family if args.family != "any" else None,

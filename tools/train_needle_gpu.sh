@@ -29,7 +29,8 @@
 #                      asked for (train_needle.py stage --decoys); LABELLED=SHARE: that share of them
 #                      are of the labelled kind, whose labels and values are in no list (--labelled);
 #                      PEAK=SCALE: the stage's learning rate times SCALE (--peak: a fine-tune from a
-#                      cooled-down release; give it to every call of the stage)
+#                      cooled-down release; give it to every call of the stage); TRAIN_LAYERS=L,...:
+#                      only those layers train (--train-layers; give it to every call of the stage)
 #                      Compiled, torch.compile's artifacts load from .compile-cache/needle.bin when it
 #                      was carried and are saved to OUT/compile-cache.bin (carry it back as
 #                      .compile-cache/needle.bin: compiling took 302 s on a fresh machine)
@@ -52,6 +53,10 @@
 #                      those alone, the others' files of an earlier call on this machine kept). Each runs
 #                      length by length, every mode at each: a short budget leaves out long lengths, not modes
 #
+# GROW=L[,L...]: INIT grown first by a copy of each listed layer right after it, outputs zeroed and
+# residual mix the identity (tools/needle_grow.py into /tmp/needle-grown; the stage trains that
+# model, e.g. TRAIN_LAYERS with the new layers' numbers, which needle_grow prints).
+#
 # Outputs go to OUT; logs and JSON are packed into OUT/logs.tgz at the end (the device tool brings
 # back few files). DIR (/tmp/needle-train) is the machine's own: it is lost with the machine.
 set -uo pipefail
@@ -62,6 +67,11 @@ export PYTHONUNBUFFERED=1 LD_LIBRARY_PATH=$PWD/.bundle/lib${LD_LIBRARY_PATH:+:$L
 init=${INIT:-models/needle-v4} stage=${STAGE:-5} dir=/tmp/needle-train cdata=/tmp/needle-c
 mkdir -p "$out/logs" "$cdata"
 SECONDS=0
+if [ -n "${GROW:-}" ]; then
+  [ -f /tmp/needle-grown/config.json ] || python3 tools/needle_grow.py "$init" /tmp/needle-grown --after "$GROW" \
+    | tee "$out/logs/grow.txt" || { echo "GROW=$GROW: needle_grow failed"; exit 1; }
+  init=/tmp/needle-grown
+fi
 step() { echo "== $1 ($SECONDS s)"; }
 for s in "$@"; do
   case $s in
@@ -128,6 +138,7 @@ PY
       [ -n "${DECOYS:-}" ] && j+=(--decoys "$DECOYS")
       [ -n "${LABELLED:-}" ] && j+=(--labelled "$LABELLED")
       [ -n "${PEAK:-}" ] && j+=(--peak "$PEAK")
+      [ -n "${TRAIN_LAYERS:-}" ] && j+=(--train-layers "$TRAIN_LAYERS")
       budget=${s#train:}
       [ "${budget:0:1}" = @ ] && budget=$(( ${budget:1} - SECONDS ))
       python3 tools/train_needle.py stage "$stage" "$dir" --init "$init" --budget "$budget" --eval-seconds 0 \

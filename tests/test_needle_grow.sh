@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# tools/needle_grow.py: a release grown by copies of its layers whose outputs are zero and whose
+# mHC residual mix is the identity computes what the release does. Held to the engine, on
+# needle make's prompts with 40 greedy tokens after each: every position's argmax (so the greedy
+# answer) equal, and the logits within 1e-4 of the largest logit. They cannot be bit-equal:
+# Sinkhorn's eps keeps the comb 4.3e-6 off the identity at --comb-diag 16, and the logits move by
+# about 1e-5 of their scale for it (2.5e-3 at --comb-diag 8, where the comb is 1e-3 off). The same
+# check must fail for a comb far from the identity (--comb-diag 4: 0.05 off), so it can fail.
+# The file itself: the source's layers byte for byte under their new numbers, each copy equal to
+# its source but for the zeroed output projections and the comb; the configs' layer lists; errors.
+set -uo pipefail
+st=${ST_BIN:?}
+src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
+py=/usr/bin/python3
+[ -x $py ] || py=python3
+$py -c 'import h5py, numpy' 2>/dev/null || { echo "skip: h5py/numpy missing (Debian python3-h5py python3-numpy)"; exit 77; }
+grow=$src/tools/needle_grow.py
+v5=$src/models/needle-v5
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+$py "$grow" "$v5" "$work/grown" --after 3,5 >"$work/grow.out" || { cat "$work/grow.out"; echo "FAIL: grow"; exit 1; }
+$py "$grow" "$v5" "$work/far" --after 3,5 --comb-diag 4 >/dev/null || { echo "FAIL: grow --comb-diag 4"; exit 1; }
+grep -q "8 layers (new: 4, 7, copies of 3, 5)" "$work/grow.out" || fail "summary: $(cat "$work/grow.out")"
+
+# the file: names, bytes, configs
+$py - "$v5" "$work/grown" <<'EOF' || fail "the grown release's tensors or configs"
+import json, re, sys
+import numpy as np
+src, dst = sys.argv[1], sys.argv[2]
+import os
+sys.path.insert(0, os.environ["ST_SOURCE_DIR"] + "/tools")
+import convert_release as cr
+a, b = cr.open_checkpoint(src), cr.open_checkpoint(dst)
+ok = True
+def bad(msg):
+    global ok
+    print(msg); ok = False
+mapping = {0: 0, 1: 1, 2: 2, 3: 3, 4: 3, 5: 4, 6: 5, 7: 5}   # grown layer -> source layer
+copies = {4, 7}
+names = set()
+for name, t in b.items():
+    m = re.match(r"^layers\.(\d+)\.(.+)$", name)
+    srcname = f"layers.{mapping[int(m.group(1))]}.{m.group(2)}" if m else name
+    names.add(srcname)
+    if srcname not in a:
+        bad(f"{name}: no {srcname} in the source"); continue
+    x, y = a[srcname].raw(), t.raw()
+    sub = m.group(2) if m else ""
+    if m and int(m.group(1)) in copies and re.match(r"attn\.wo_b\.weight|ffn\.(experts\.\d+|shared_experts)\.w2\.weight", sub):
+        if y.any(): bad(f"{name}: not zero")
+    elif m and int(m.group(1)) in copies and re.match(r"hc_(attn|ffn)_(fn|base)$", sub):
+        if not np.array_equal(x[:8], y[:8]): bad(f"{name}: pre/post part changed")
+        want = np.zeros_like(y[8:]) if sub.endswith("fn") else 16 * np.eye(4, dtype=np.float32).reshape(16)
+        if not np.array_equal(y[8:], want): bad(f"{name}: comb part {y[8:].ravel()[:6]}")
+    elif x.tobytes() != y.tobytes() or x.shape != y.shape:
+        bad(f"{name}: differs from {srcname}")
+if names != set(a): bad(f"source tensors not in the grown release: {sorted(set(a) - names)[:4]}")
+if len(b) != len(a) + sum(1 for n in a if n.startswith("layers.3.")) + sum(1 for n in a if n.startswith("layers.5.")):
+    bad(f"{len(b)} tensors")
+cfg = json.load(open(dst + "/config.json"))
+hf = json.load(open(dst + "/hf_config.json"))
+if cfg["num_hidden_layers"] != 8 or cfg["compress_ratios"] != [0, 4, 128, 4, 4, 128, 4, 4, 0]: bad(f"config {cfg['compress_ratios']}")
+if hf["num_hidden_layers"] != 8 or hf["layer_types"][4] != "compressed_sparse_attention" or len(hf["mlp_layer_types"]) != 8:
+    bad("hf_config")
+log = [json.loads(l) for l in open(dst + "/training/log.jsonl")]
+if log[-1].get("event") != "grown" or log[-1]["new_layers"] != [4, 7]: bad(f"log: {log[-1]}")
+sys.exit(0 if ok else 1)
+EOF
+
+# the engine: the same greedy answers and logits
+$st needle make --batch 2 --jsonl "$work/e.jsonl" --seed 78 --model "$v5" --lengths 512 \
+  --kinds commit,path -q || { echo "FAIL: needle make"; exit 1; }
+$py - "$st" "$work" "$v5" "$work/grown" "$work/far" <<'EOF' || failures=$((failures + 1))
+import json, os, subprocess, sys
+sys.path.insert(0, os.environ["ST_SOURCE_DIR"] + "/tools")
+import numpy as np
+import sparsetrace_read as sr
+st, work, v5, grown, far = sys.argv[1:]
+def run(model, ids, tag):
+    json.dump(ids, open(f"{work}/p.json", "w"))
+    out = f"{work}/{tag}.h5"
+    r = subprocess.run([st, "run", "--model", model, "--prompt-tokens", f"{work}/p.json", "--tap", "logits",
+                        "--max-new-tokens", "40", "--store", work, "-o", out, "--force", "-q"],
+                       capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"run {model}: {r.stderr[-300:]}")
+    return sr.read_tap(out, "logits").array
+ok = True
+for line in open(f"{work}/e.jsonl"):
+    ex = json.loads(line)
+    a = run(v5, ex["ids"], "src")
+    scale = float(np.abs(a).max())
+    for model, tag, same in ((grown, "grown", True), (far, "far", False)):
+        b = run(model, ex["ids"], tag)
+        rel = float(np.abs(a - b).max()) / scale
+        argmax = a.shape == b.shape and bool((a.argmax(1) == b.argmax(1)).all())
+        print(f"example {ex['index']}: {tag}: {a.shape[0]} positions, logits off by {rel:.2e} of the largest, "
+              f"argmax {'equal' if argmax else 'differs'}")
+        if same and not (argmax and rel <= 1e-4):
+            print(f"FAIL: example {ex['index']}: the grown model is not the source"); ok = False
+        if not same and argmax and rel <= 1e-4:
+            print(f"FAIL: example {ex['index']}: a comb far from the identity passed the check"); ok = False
+sys.exit(0 if ok else 1)
+EOF
+
+# errors: a hash layer, a layer out of range, a directory that is no release
+$py "$grow" "$v5" "$work/bad" --after 0 2>"$work/err" && fail "--after 0 (the hash layer) accepted"
+grep -q "routes by token hash" "$work/err" || fail "--after 0: $(cat "$work/err")"
+$py "$grow" "$v5" "$work/bad" --after 6 2>"$work/err" && fail "--after 6 accepted"
+grep -q "the model has layers 0..5" "$work/err" || fail "--after 6: $(cat "$work/err")"
+$py "$grow" "$work" "$work/bad" --after 3 2>"$work/err" && fail "a directory with no release accepted"
+grep -q "config.json" "$work/err" || fail "no release: $(cat "$work/err")"
+
+[ "$failures" -eq 0 ] && echo "needle grow: all checks pass" || exit 1

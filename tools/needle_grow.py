@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""Grow a needle model release by decoder layers that start as the identity.
+
+    needle_grow.py SRC_RELEASE DST_RELEASE --after L[,L...] [--comb-diag B]
+
+Each layer L named in --after gets a copy inserted right after it (block expansion): the copy
+keeps all of L's weights (its indexer, compressors, queries and keys, experts, mHC pre and post
+mixes) except what would make it change the residual streams:
+
+  outputs   the attention's wo_b, every routed expert's w2 and the shared expert's w2 are zero,
+            so both sub-layers return exactly 0 (FP8 and FP4 code 0 is +0 at any scale);
+  comb      the mHC residual mix of both sub-layers is the identity: the comb rows of
+            hc_{attn,ffn}_fn (8..23) are zero and hc_{attn,ffn}_base[8 + 4a + b] = B when a == b,
+            else 0. Sinkhorn of softmax(B*I) + eps is I to within 4.3e-6 at B = 16 (SPEC §2.2:
+            eps 1e-6 keeps it off exact): a residual stream already in bf16 moves by far less than
+            half a bf16 step, so the cast at the end of the block gives it back unchanged.
+
+The grown model computes what the source does (tests/test_needle_grow.sh holds the engine to it:
+the same greedy answers and logits) and has room to learn more: a fine-tune trains the new layers
+(train_needle.py stage --train-layers) while the source's stay as they were, or everything.
+A copy's gradients start at its zeroed outputs (wo_b, w2), as a zero-initialised residual branch
+does; its attention and indexer already read the rows its source reads.
+
+Writes the release format the source is in (SPEC-dsv4 §4, §5): config.json with the new
+num_hidden_layers and compress_ratios, hf_config.json with layer_types and mlp_layer_types,
+hf_dtypes.json, the tokenizer, and training/log.jsonl with a "grown" event appended (the
+lineage's steps go on). The model card (README.md) and evals/ belong to the source and are not
+copied. A layer under num_hash_layers (hash routing by token id) cannot be copied.
+
+Only python3 and numpy (Debian's python3-numpy), like convert_release.py.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import convert_release as cr  # noqa: E402
+
+COMB_DIAG = 16.0
+# per sub-layer mHC: 4 pre, 4 post, 16 comb entries (SPEC §2.2)
+COMB = slice(8, 24)
+ZEROED = (re.compile(r"^attn\.wo_b\.weight$"),
+          re.compile(r"^ffn\.experts\.\d+\.w2\.weight$"),
+          re.compile(r"^ffn\.shared_experts\.w2\.weight$"))
+LAYER_TYPE = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+
+
+class GrowError(Exception):
+    pass
+
+
+def identity_comb(t, name, diag):
+    """hc_*_fn [24, 4D] with its comb rows zeroed, or hc_*_base [24] with its comb entries B*I."""
+    a = t.raw().copy()
+    if t.dtype != "F32":
+        raise GrowError(f"{t.file.path}: tensor '{name}': want F32, found {t.dtype}")
+    if name.endswith("_fn"):
+        if a.ndim != 2 or a.shape[0] != 24:
+            raise GrowError(f"{t.file.path}: tensor '{name}': want [24, 4D], found {list(a.shape)}")
+        a[COMB] = 0
+    else:
+        if a.shape != (24,):
+            raise GrowError(f"{t.file.path}: tensor '{name}': want [24], found {list(a.shape)}")
+        a[COMB] = (np.eye(4, dtype=np.float32) * np.float32(diag)).reshape(16)
+    return a.tobytes()
+
+
+def plan_layers(n_layers, after, n_hash):
+    """[(new index, source index, is_copy)] for a model of n_layers grown after the listed ones."""
+    for L in after:
+        if not 0 <= L < n_layers:
+            raise GrowError(f"--after {L}: the model has layers 0..{n_layers - 1}")
+        if L < n_hash:
+            raise GrowError(f"--after {L}: layer {L} routes by token hash (num_hash_layers = {n_hash}); "
+                            f"its copy would not be a hash layer")
+    plan = []
+    for i in range(n_layers):
+        plan.append((len(plan), i, False))
+        if i in after:
+            plan.append((len(plan), i, True))
+    return plan
+
+
+def grow(src, dst, after, diag=COMB_DIAG):
+    rel = cr.load_json(os.path.join(src, "config.json"))
+    n = rel.get("num_hidden_layers")
+    ratios = rel.get("compress_ratios")
+    if not isinstance(n, int) or not isinstance(ratios, list) or len(ratios) < n:
+        raise GrowError(f"{src}/config.json: want num_hidden_layers and compress_ratios (one per layer, "
+                        f"then one per MTP block)")
+    plan = plan_layers(n, sorted(set(after)), rel.get("num_hash_layers", 0))
+    tensors = cr.open_checkpoint(src)
+    layer_re = re.compile(r"^layers\.(\d+)\.(.+)$")
+    by_layer = {}
+    rest = []
+    for name in tensors:
+        m = layer_re.match(name)
+        if m and int(m.group(1)) < n:
+            by_layer.setdefault(int(m.group(1)), []).append(m.group(2))
+        else:
+            rest.append(name)  # embed, head, hc_head_*, norm, MTP blocks (mtp.*)
+
+    def raw_bytes(t):
+        return lambda: t.raw().tobytes()
+
+    entries, renamed, zeroed = [], {}, []
+    for name in sorted(rest, key=cr.natural_key):
+        if name.startswith("layers."):
+            continue  # an MTP block stored as layers.N with N >= num_hidden_layers: after the layers
+        t = tensors[name]
+        entries.append((name, t.dtype, t.shape, raw_bytes(t)))
+        renamed[name] = name
+    for new, old, is_copy in plan:
+        for sub in sorted(by_layer.get(old, []), key=cr.natural_key):
+            t = tensors[f"layers.{old}.{sub}"]
+            out = f"layers.{new}.{sub}"
+            produce = raw_bytes(t)
+            if is_copy and any(r.match(sub) for r in ZEROED):
+                produce = (lambda t=t: bytes(t.nbytes))
+                zeroed.append(out)
+            elif is_copy and re.match(r"^hc_(attn|ffn)_(fn|base)$", sub):
+                produce = (lambda t=t, nm=f"layers.{old}.{sub}": identity_comb(t, nm, diag))
+            entries.append((out, t.dtype, t.shape, produce))
+            renamed[out] = f"layers.{old}.{sub}"
+    grown = len(plan)
+    for name in sorted(rest, key=cr.natural_key):  # MTP blocks as layers.N: renumbered past the new layers
+        m = layer_re.match(name)
+        if m:
+            out = f"layers.{int(m.group(1)) + grown - n}.{m.group(2)}"
+            t = tensors[name]
+            entries.append((out, t.dtype, t.shape, raw_bytes(t)))
+            renamed[out] = name
+    for new, old, is_copy in plan:
+        if is_copy and f"layers.{new}.attn.wo_b.weight" not in zeroed:
+            raise GrowError(f"{src}: layer {old} has no attn.wo_b.weight to zero: not a release of this model")
+
+    os.makedirs(dst, exist_ok=True)
+    size = cr.write_checkpoint(dst, entries, 0)
+    grown_ratios = [ratios[old] for _, old, _ in plan] + ratios[n:]
+    rel_out = dict(rel, num_hidden_layers=grown, compress_ratios=grown_ratios)
+    cr.write_json(os.path.join(dst, "config.json"), rel_out)
+    hf_path = os.path.join(src, "hf_config.json")
+    if os.path.exists(hf_path):
+        hf = cr.load_json(hf_path)
+        hf["num_hidden_layers"] = grown
+        for key in ("layer_types", "mlp_layer_types"):
+            if isinstance(hf.get(key), list) and len(hf[key]) == n:
+                hf[key] = [hf[key][old] for _, old, _ in plan]
+        if hf.get("layer_types") is not None:
+            want_types = [LAYER_TYPE.get(r) for r in grown_ratios[:grown]]
+            if hf["layer_types"] != want_types:
+                raise GrowError(f"{hf_path}: layer_types {hf['layer_types']} disagree with compress_ratios")
+        cr.write_json(os.path.join(dst, "hf_config.json"), hf)
+    dt_path = os.path.join(src, "hf_dtypes.json")
+    if os.path.exists(dt_path):
+        dts = cr.load_json(dt_path)
+        out = {}
+        for name in sorted(renamed, key=cr.natural_key):
+            base = renamed[name]
+            if base in dts:
+                out[name] = dts[base]
+        cr.write_json(os.path.join(dst, "hf_dtypes.json"), out)
+    cr.copy_side_files(src, dst)
+    log_src = os.path.join(src, "training", "log.jsonl")
+    if os.path.exists(log_src):
+        os.makedirs(os.path.join(dst, "training"), exist_ok=True)
+        for f in os.listdir(os.path.join(src, "training")):
+            shutil.copyfile(os.path.join(src, "training", f), os.path.join(dst, "training", f))
+        with open(os.path.join(dst, "training", "log.jsonl"), "a") as f:
+            f.write(json.dumps({"event": "grown", "from": os.path.normpath(src),
+                                "after": sorted(set(after)), "layers": [n, grown], "comb_diag": diag,
+                                "new_layers": [new for new, _, c in plan if c]}) + "\n")
+    return plan, size, zeroed
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("src"), ap.add_argument("dst")
+    ap.add_argument("--after", required=True, help="layers to copy, comma-separated (each copy goes right after it)")
+    ap.add_argument("--comb-diag", type=float, default=COMB_DIAG,
+                    help=f"the new layers' comb logits on the diagonal (default {COMB_DIAG:g})")
+    args = ap.parse_args(argv)
+    try:
+        after = [int(x) for x in args.after.split(",")]
+    except ValueError:
+        print(f"needle_grow: --after wants layer numbers, comma-separated, not {args.after!r}", file=sys.stderr)
+        return 2
+    if os.path.abspath(args.src) == os.path.abspath(args.dst):
+        print("needle_grow: DST must not be SRC", file=sys.stderr)
+        return 2
+    try:
+        plan, size, zeroed = grow(args.src, args.dst, after, args.comb_diag)
+    except (GrowError, cr.ConvertError) as e:
+        print(f"needle_grow: {e}", file=sys.stderr)
+        return 1
+    new = [new for new, _, c in plan if c]
+    print(f"{args.dst}: {len(plan)} layers (new: {', '.join(map(str, new))}, copies of "
+          f"{', '.join(str(old) for _, old, c in plan if c)}), {size} bytes, {len(zeroed)} output "
+          f"projections zeroed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
