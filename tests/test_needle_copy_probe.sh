@@ -4,9 +4,11 @@
 # engine's argmax. Held to the engine's own greedy answers: greedy decoding and the teacher-forced
 # run see the same tokens until the greedy answer first leaves the expected one, so the tool's
 # first wrong token in the line must be exactly where the greedy answer first differs (and none
-# when the greedy answer copies the whole line). Checked for two models in one invocation, as
-# asked and with --set (a planted fault that makes the copies slip); --kinds filters; the printed
-# totals are the sums of the --json records.
+# when the greedy answer copies the whole line), and its argmax the token the greedy answer wrote
+# there. Each wrong token's class (a skip, a repeat, ...) is what its definition gives from the
+# prompt's ids. Checked for two models in one invocation, as asked and with --set (a planted fault
+# that makes the copies slip); --kinds filters; the printed totals are the sums of the --json
+# records.
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
@@ -47,7 +49,7 @@ import json, sys
 jsonl, records, label, *pairs = sys.argv[1:]
 examples = [json.loads(l) for l in open(jsonl)]
 recs = json.load(open(records))
-bad = checked = slipped = 0
+bad = checked = slipped = classed = 0
 for model, greedy_file in zip(pairs[::2], pairs[1::2]):
     for e, gen in zip(examples, (json.loads(l) for l in open(greedy_file))):
         mine = [r for r in recs if r["model"] == model and r["example"] == e["index"]]
@@ -64,15 +66,31 @@ for model, greedy_file in zip(pairs[::2], pairs[1::2]):
         if got != want:
             print(f"FAIL: {label}: {model} example {e['index']}: first wrong token {got}, the greedy answer "
                   f"first differs at {want}"); bad += 1
+        first = next((r for r in mine if r["wrong"]), None)
+        if first and d < len(gen) and first["predicted"] != gen[d]:
+            print(f"FAIL: {label}: {model} example {e['index']}: the wrong token's argmax {first['predicted']}, "
+                  f"the greedy answer wrote {gen[d]} there"); bad += 1
+        # each wrong token's class, by its definition (SLIPS in the tool), from the prompt's ids
+        line = e["ids"][e["needle_span"][0]:e["needle_span"][1]]
+        for r in mine:
+            p, i = r["predicted"], r["index"]
+            want_slip = None if not r["wrong"] else (
+                "skip" if i + 1 < len(line) and p == line[i + 1] else
+                "repeat" if i >= 1 and p == line[i - 1] else "another token of the line" if p in line else
+                "the end" if p == 1 else "elsewhere in the prompt" if p in e["ids"] else "does not hold")
+            classed += want_slip is not None
+            if (want_slip is None) != (r["slip"] is None) or (want_slip and want_slip not in r["slip"]):
+                print(f"FAIL: {label}: {model} example {e['index']} index {i}: slip {r['slip']!r}, by its "
+                      f"definition {want_slip!r}"); bad += 1
         if any(r["source"] != e["needle_span"][0] + r["index"] for r in mine):
             print(f"FAIL: {label}: {model} example {e['index']}: a source position is not the line's"); bad += 1
 pairs_n = len(pairs) // 2 * len(examples)
-if checked * 2 < pairs_n or not slipped:
+if checked * 2 < pairs_n or not slipped or not classed:
     print(f"FAIL: {label}: {checked} of {pairs_n} answers reached the line, {slipped} left it: too few to "
           "tell"); bad += 1
 if not bad:
     print(f"ok: {label}: the first wrong token is where the greedy answer leaves the line, "
-          f"{checked} answers ({slipped} leave it)")
+          f"{checked} answers ({slipped} leave it); {classed} wrong tokens classed as defined")
 sys.exit(1 if bad else 0)
 PY
 }

@@ -12,9 +12,11 @@ a greedy answer leaves the line; the tokens after it show how often the copy wou
 Prints, for each model side by side: the needle tokens scored and the share wrong, the examples
 with a wrong token, and the wrong share by the token's index in the line (in eights), by the
 place of its source token in its compressed row (prompt position mod the CSA layers' compression
-ratio), by kind, and where each example's first wrong token falls. --json writes every scored
-token ({model, example, kind, index: in the line, source: its prompt position, answer_index,
-wrong}).
+ratio), by kind, where each example's first wrong token falls, and what the engine wrote instead
+of each wrong token (SLIPS: the line's next token, a skip; its previous one, a repeat; another
+of its tokens; the end of the answer; a token from elsewhere in the prompt; one the prompt does not
+hold). --json writes every scored token ({model, example, kind, index: in the line, source: its
+prompt position, answer_index, wrong, predicted: the argmax token, slip: its class or null}).
 
 Used for what a pass/miss count cannot show: whether a model loses a long random value from its
 start, at the compressed rows' boundaries or further along it (bench/needle-train-results.md).
@@ -50,6 +52,25 @@ def needle_in_answer(needle, answer):
     return None, None, None
 
 
+SLIPS = ("the line's next token (a skip)", "the line's previous token (a repeat)",
+         "another token of the line", "the end of the answer", "a token from elsewhere in the prompt",
+         "a token the prompt does not hold")
+
+
+def slip(predicted, i, line, prompt, eos):
+    """What a wrong token is (one of SLIPS), the argmax `predicted` where the line's token `i` was
+    due: a position slip along the line, or a token taken from somewhere else."""
+    if i + 1 < len(line) and predicted == line[i + 1]:
+        return SLIPS[0]
+    if i >= 1 and predicted == line[i - 1]:
+        return SLIPS[1]
+    if predicted in line:
+        return SLIPS[2]
+    if predicted == eos:
+        return SLIPS[3]
+    return SLIPS[4] if predicted in prompt else SLIPS[5]
+
+
 def eighths(i):
     """The bin of eight an index falls in, as ' 16-23'."""
     return f"{i // 8 * 8:3d}-{i // 8 * 8 + 7}"
@@ -80,7 +101,7 @@ def score(args, model, example, work):
                  f"not {n - 1}..{n - 2 + len(answer)}")
     best = tap.array.argmax(axis=1)
     prefix_wrong = any(best[k] != answer[k] for k in range(k0))
-    tokens = [(skip + m, start + skip + m, k0 + m, int(best[k0 + m] != answer[k0 + m]))
+    tokens = [(skip + m, start + skip + m, k0 + m, int(best[k0 + m] != answer[k0 + m]), int(best[k0 + m]))
               for m in range(count)]
     return tokens, prefix_wrong
 
@@ -117,11 +138,12 @@ def main(argv):
     records = []
     views = collections.OrderedDict((name, {m: collections.defaultdict(lambda: [0, 0]) for m in args.model})
                                     for name in ("all", "index in the line", "place in its compressed row",
-                                                 "kind", "first wrong token at index"))
+                                                 "kind", "first wrong token at index", "what the wrong token is"))
     summary = {}
     with tempfile.TemporaryDirectory() as work:
         for model in args.model:
             ratio = compress_ratio(model)
+            eos = json.load(open(os.path.join(model, "config.json"))).get("eos_token_id", 1)
             v = {name: views[name][model] for name in views}
             examples_wrong = prefix_wrong_n = skipped = 0
             for e in examples:
@@ -130,20 +152,27 @@ def main(argv):
                     skipped += 1
                     continue
                 prefix_wrong_n += prefix_wrong
-                first = next((i for i, _, _, w in tokens if w), None)
+                first = next((i for i, _, _, w, _ in tokens if w), None)
                 examples_wrong += first is not None
                 if first is not None:
                     v["first wrong token at index"][eighths(first)][0] += 1
-                for i, src, k, w in tokens:
+                start, end = e["needle_span"]
+                for i, src, k, w, pred in tokens:
                     for name, key in (("all", "all"), ("index in the line", eighths(i)),
                                       ("place in its compressed row", f"{src % ratio} of {ratio}"),
                                       ("kind", e["kind"])):
                         v[name][key][0] += w
                         v[name][key][1] += 1
+                    what = slip(pred, i, e["ids"][start:end], e["ids"], eos) if w else None
+                    if what:
+                        v["what the wrong token is"][what][0] += 1
                     records.append({"model": model, "example": e["index"], "kind": e["kind"], "index": i,
-                                    "source": src, "answer_index": k, "wrong": w})
+                                    "source": src, "answer_index": k, "wrong": w, "predicted": pred,
+                                    "slip": what})
             for cell in v["first wrong token at index"].values():
                 cell[1] = examples_wrong
+            for cell in v["what the wrong token is"].values():
+                cell[1] = v["all"]["all"][0]
             summary[model] = (examples_wrong, len(examples) - skipped, prefix_wrong_n, skipped)
     for model in args.model:
         examples_wrong, scored, prefix_wrong_n, skipped = summary[model]
@@ -153,7 +182,8 @@ def main(argv):
               + (f"; {skipped} skipped (the answer does not hold the needle's tokens)" if skipped else ""))
     print()
     for name in list(views)[1:]:
-        keys = sorted({k for m in args.model for k in views[name][m]})
+        keys = sorted({k for m in args.model for k in views[name][m]},
+                      key=SLIPS.index if name == "what the wrong token is" else None)
         table(name, keys, views[name], args.model)
     if args.json:
         json.dump(records, open(args.json, "w"))
