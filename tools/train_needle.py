@@ -649,11 +649,12 @@ def _saved_steps(d):
 LAYER_RATIO = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
 
 
-def model_config(outdir, init):
+def model_config(outdir, init, save=False):
     """The shape of the model a stage trains: DIR/model.json when a stage ran in DIR before, else
     MODEL with INIT's layers (a release grown by tools/needle_grow.py has more, in its own order),
     else MODEL. Any other field of INIT's config that differs from MODEL is refused: the fast
-    forward and the card are written for MODEL's widths. Written to DIR/model.json."""
+    forward and the card are written for MODEL's widths. A stage saves it (save) as DIR/model.json:
+    its state.pt holds that model, whatever --init a later call names."""
     path = os.path.join(outdir, "model.json")
     if os.path.exists(path):
         return json.load(open(path))
@@ -670,8 +671,9 @@ def model_config(outdir, init):
                     "n_routed_experts", "moe_intermediate_size", "hc_mult", "sliding_window", "num_hash_layers"):
             if key in hf and hf[key] != cfg[key]:
                 raise SystemExit(f"{src}: {key} = {hf[key]}, the stage trains {key} = {cfg[key]} only")
-    with open(path, "w") as f:
-        json.dump(cfg, f, indent=1)
+    if save:
+        with open(path, "w") as f:
+            json.dump(cfg, f, indent=1)
     return cfg
 
 
@@ -811,7 +813,7 @@ def run_stage(stage_no, outdir, budget, model_cfg=None, eval_seconds=75, init=No
     # Workers fork before CUDA starts in this process.
     saves = len(_saved_steps(outdir))
     loader = Loader(Batches(outdir, st, seed=1000 * stage_no + saves, ratio=info["chars_per_token"], jsonl=jsonl))
-    model = build_model(model_cfg or model_config(outdir, init), tok.get_vocab_size(), info["ids"], dev)
+    model = build_model(model_cfg or model_config(outdir, init, save=True), tok.get_vocab_size(), info["ids"], dev)
     trainable = freeze_except(model, train_layers) if train_layers else None
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     decayed = [p for n, p in named if p.ndim >= 2 and "hc" not in n]
@@ -1330,7 +1332,7 @@ def parity(outdir, init, out):
     batches.append(padded.cuda())
     report, failed = {}, []
     for which in ("random", "release") if init else ("random",):
-        model = build_model(MODEL, tok.get_vocab_size(), info["ids"], "cuda")
+        model = build_model(model_config(outdir, init), tok.get_vocab_size(), info["ids"], "cuda")
         if which == "release":
             _load_init(model, init)
         model.eval()
@@ -1476,7 +1478,7 @@ def speed(outdir, init, out, steps=8, only=None):
         prepared.append([loader.next() for _ in range(steps + 2)])
         print(f"speed: {name}: {steps + 2} batches made in {time.time() - t0:.1f} s", flush=True)
         loader.close()
-    model = build_model(MODEL, tok.get_vocab_size(), info["ids"], "cuda")
+    model = build_model(model_config(outdir, init), tok.get_vocab_size(), info["ids"], "cuda")
     if init:
         _load_init(model, init)
     qat(model, True)
@@ -1557,7 +1559,7 @@ def profile(outdir, init, out, steps=4, scope="layers"):
         loader = Loader(Batches(outdir, st, seed=78, ratio=info["chars_per_token"]))
         prepared.append([loader.next() for _ in range(2 * steps + 6)])
         loader.close()
-    model = build_model(MODEL, tok.get_vocab_size(), info["ids"], "cuda")
+    model = build_model(model_config(outdir, init), tok.get_vocab_size(), info["ids"], "cuda")
     if init:
         _load_init(model, init)
     model.config._experts_implementation = EXPERTS
