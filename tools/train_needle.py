@@ -1538,6 +1538,33 @@ def _device_us(e, inclusive=False):
     return 0
 
 
+# The ATen ops that move memory without arithmetic: what the 16k profile's largest kernel
+# (direct_copy, 57% of the GPU time on 2026-12-03) is launched by.
+COPY_OPS = ("aten::copy_", "aten::_to_copy", "aten::to", "aten::contiguous", "aten::clone", "aten::cat",
+            "aten::reshape", "aten::index", "aten::index_put_", "aten::_index_put_impl_", "aten::constant_pad_nd",
+            "aten::masked_fill", "aten::expand", "aten::repeat")
+
+
+def copies_by_source(prof, limit=30):
+    """The profiled copies (COPY_OPS) grouped by the lines of the training code that made them, by
+    the GPU time of the kernels each op launched itself (a reshape's copy kernel is its
+    aten::copy_'s, listed under the reshape's line: no kernel is counted twice). Needs a profile
+    with with_stack=True. The autograd engine's backward ops carry no Python stack and are left
+    out (their forward op's line is where the copy was asked for)."""
+    rows = []
+    for e in prof.key_averages(group_by_stack_n=8):
+        if e.key not in COPY_OPS:
+            continue
+        # frames read "needle_fast.py(245): attention" (a full path in some torch versions)
+        ours = [os.path.basename(f) for f in (e.stack or [])
+                if os.path.basename(f.split("(")[0]) in ("needle_fast.py", "train_needle.py")]
+        if not ours:
+            continue
+        if _device_us(e) > 0:
+            rows.append(dict(op=e.key, calls=e.count, gpu_ms=round(_device_us(e) / 1e3, 1), where=ours[:3]))
+    return sorted(rows, key=lambda r: r["gpu_ms"], reverse=True)[:limit]
+
+
 def profile(outdir, init, out, steps=4, scope="layers"):
     """Where a training step's time goes on the fast forward, and what torch.compile of its
     decoder layers (needle_fast.use_compile) buys. Per prompt length (2k and 16k tokens, 64k
@@ -1545,7 +1572,10 @@ def profile(outdir, init, out, steps=4, scope="layers"):
     (the kernels by GPU time, the ATen ops by CPU time, the share of the wall time the GPU is
     busy), then eager and compiled steps side by side (tokens/s; the first compiled step's
     seconds, compilation included). On one batch of two 2k prompts, the compiled and eager
-    layers' logits, losses and gradients in fp32. Writes `out` after every measurement."""
+    layers' logits, losses and gradients in fp32. Then two more eager steps profiled with Python
+    stacks, for the copies by the line that asked for them (copies_by_source; a separate pass, the
+    stacks' host overhead kept out of the first one's busy share). Writes `out` after every
+    measurement."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
@@ -1557,7 +1587,7 @@ def profile(outdir, init, out, steps=4, scope="layers"):
     for name, lengths in configs:
         st = dict(STAGES[5], lengths=lengths, tokens=per_step, log_lengths=False)
         loader = Loader(Batches(outdir, st, seed=78, ratio=info["chars_per_token"]))
-        prepared.append([loader.next() for _ in range(2 * steps + 6)])
+        prepared.append([loader.next() for _ in range(2 * steps + 8)])
         loader.close()
     model = build_model(model_config(outdir, init), tok.get_vocab_size(), info["ids"], "cuda")
     if init:
@@ -1626,6 +1656,12 @@ def profile(outdir, init, out, steps=4, scope="layers"):
                                     for e in sorted(ops, key=lambda e: _device_us(e, True), reverse=True)[:40]],
                 "ops_by_self_cpu_time": [dict(name=e.key[:100], calls=e.count, self_cpu_ms=round(e.self_cpu_time_total / 1e3, 1))
                                          for e in sorted(ops, key=lambda e: e.self_cpu_time_total, reverse=True)[:25]]}
+            del prof
+            save()
+            with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                                        with_stack=True) as prof:
+                run(data[4 + steps:6 + steps])
+            row["profile"]["copies_by_source"] = copies_by_source(prof)
             del prof
         except Exception as e:  # noqa: BLE001 -- reported, and the next measurement runs
             row["eager_error"] = f"{type(e).__name__}: {str(e)[:400]}"
