@@ -15,7 +15,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # ST_BIN: an already built sparsetrace (skips the install and build); ST_DEMO_BACKEND: the compute
-# backend of the runs and sweeps (default cpu; replay and bisect use the one that recorded).
+# backend of the runs and sweeps (default cpu; replay and bisect use the one that recorded);
+# ST_DEMO_MODEL: another needle model release (default models/needle-v5: the closing text's
+# figures are its; the replay takes the layer whose indexer retrieves the needle as trained).
 if [ -z "${ST_BIN:-}" ]; then
   tools/deps.sh
   cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
@@ -23,7 +25,7 @@ if [ -z "${ST_BIN:-}" ]; then
 fi
 st=${ST_BIN:-build/sparsetrace}
 backend=${ST_DEMO_BACKEND:-cpu}
-model=models/needle-v5
+model=${ST_DEMO_MODEL:-models/needle-v5}
 store=traces/demo
 rm -rf "$store"
 mkdir -p "$store"
@@ -50,8 +52,14 @@ echo "== 5. inspect: what the first trace holds"
 $st inspect "$store/trained.h5" | head -24 || true
 echo
 a=$(field "$store/needle.json" needle_token) b=$(field "$store/needle.json" needle_token_end)
-echo "== 6. replay layer 5's indexer from the first trace under 8 settings (needle tokens $a:$b)"
-$st replay --trace "$store/trained.h5" --model "$model" --layer 5 --store "$store" --needle-tokens "$a:$b" \
+# the layer the demo replays: the CSA layer whose indexer retrieves the needle in the first run
+# (the store's needle_rank_by_layer, as run printed it), at the most answer positions
+layer=$($st query --json --store "$store" "SELECT v.layer FROM needle_rank_by_layer v JOIN runs r USING (run_id)
+  WHERE r.trace_path = 'trained.h5' AND v.replay_id IS NULL
+  ORDER BY v.retrieves DESC, v.answer_positions_kept DESC, v.layer DESC LIMIT 1" |
+  /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)[0]["layer"])')
+echo "== 6. replay layer $layer's indexer from the first trace under 8 settings (needle tokens $a:$b)"
+$st replay --trace "$store/trained.h5" --model "$model" --layer "$layer" --store "$store" --needle-tokens "$a:$b" \
   --sweep rotate=none,q,k,both --sweep topk=32,4
 echo
 echo "== 7. bisect: which change flips a layer's needle verdict, and which counts it changes"
@@ -76,12 +84,12 @@ $st report --store "$store" --model "$model" "$store/trained.h5" "$store/rotate-
 echo "open $store/report.html (self-contained: file:// is fine)"
 echo
 echo "What it shows: as trained, the model copies the line back from 7,400 tokens earlier, far beyond"
-echo "its 64-token window: the indexer of layer 5, its last CSA layer, keeps the needle's compressed"
-echo "rows among its 32 of 4,103 at 16 of the answer's 17 positions. Rotating only the indexer query"
-echo "scrambles q.k: the rows kept change although every other tensor is identical, the needle drops"
-echo "out of the top-k in the middle of the line, and the model answers with another project's path."
-echo "Rotating both sides keeps it: the Hadamard is orthogonal. bisect names the setting, the layer"
-echo "whose verdict it flips and the layers where it only changes the counts (layer 5: 16 -> 6 of 17);"
-echo "the sweep shows the recall it costs (14/16 -> 1/16), and the scoreboard the same per case for"
-echo "each candidate: rotate=q breaks every case the model passes as trained, rotate=both breaks none."
+echo "its 64-token window: the indexer of layer $layer keeps the needle's compressed rows among its 32"
+echo "of 4,103 at 16 of the answer's 17 positions. Rotating only the indexer query scrambles q.k: the"
+echo "rows kept change although every other tensor is identical, the needle drops out of the top-k in"
+echo "the middle of the line, and the model answers with another project's path. Rotating both sides"
+echo "keeps it: the Hadamard is orthogonal. bisect names the setting, the layer whose verdict it flips"
+echo "and the layers where it only changes the counts (layer $layer: 16 -> 6 of 17); the sweep shows the"
+echo "recall it costs (14/16 -> 1/16), and the scoreboard the same per case for each candidate:"
+echo "rotate=q breaks every case the model passes as trained, rotate=both breaks none."
 echo "The verdict rule: schemas/needle-verdicts.md."
