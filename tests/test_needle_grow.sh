@@ -27,12 +27,11 @@ grep -q "8 layers (new: 4, 7, copies of 3, 5)" "$work/grow.out" || fail "summary
 
 # the file: names, bytes, configs
 $py - "$v5" "$work/grown" <<'EOF' || fail "the grown release's tensors or configs"
-import json, re, sys
+import json, os, re, sys
 import numpy as np
-src, dst = sys.argv[1], sys.argv[2]
-import os
 sys.path.insert(0, os.environ["ST_SOURCE_DIR"] + "/tools")
 import convert_release as cr
+src, dst = sys.argv[1], sys.argv[2]
 a, b = cr.open_checkpoint(src), cr.open_checkpoint(dst)
 ok = True
 def bad(msg):
