@@ -33,10 +33,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sparsetrace_read  # noqa: E402  (h5py + numpy)
 
 
-def compress_ratio(model):
+def compress_ratio(config):
     """The CSA layers' compression ratio from the engine's config.json (4 in DeepSeek-V4)."""
-    ratios = json.load(open(os.path.join(model, "config.json"))).get("compress_ratios", [])
-    small = [r for r in ratios if r > 1]
+    small = [r for r in config.get("compress_ratios", []) if r > 1]
     return min(small) if small else 4
 
 
@@ -142,8 +141,9 @@ def main(argv):
     summary = {}
     with tempfile.TemporaryDirectory() as work:
         for model in args.model:
-            ratio = compress_ratio(model)
-            eos = json.load(open(os.path.join(model, "config.json"))).get("eos_token_id", 1)
+            with open(os.path.join(model, "config.json")) as f:
+                config = json.load(f)
+            ratio, eos = compress_ratio(config), config.get("eos_token_id", 1)
             v = {name: views[name][model] for name in views}
             examples_wrong = prefix_wrong_n = skipped = 0
             for e in examples:
@@ -156,14 +156,14 @@ def main(argv):
                 examples_wrong += first is not None
                 if first is not None:
                     v["first wrong token at index"][eighths(first)][0] += 1
-                start, end = e["needle_span"]
+                line = e["ids"][slice(*e["needle_span"])]
                 for i, src, k, w, pred in tokens:
                     for name, key in (("all", "all"), ("index in the line", eighths(i)),
                                       ("place in its compressed row", f"{src % ratio} of {ratio}"),
                                       ("kind", e["kind"])):
                         v[name][key][0] += w
                         v[name][key][1] += 1
-                    what = slip(pred, i, e["ids"][start:end], e["ids"], eos) if w else None
+                    what = slip(pred, i, line, e["ids"], eos) if w else None
                     if what:
                         v["what the wrong token is"][what][0] += 1
                     records.append({"model": model, "example": e["index"], "kind": e["kind"], "index": i,

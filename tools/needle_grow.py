@@ -57,9 +57,9 @@ class GrowError(Exception):
 
 def identity_comb(t, name, diag):
     """hc_*_fn [24, 4D] with its comb rows zeroed, or hc_*_base [24] with its comb entries B*I."""
-    a = t.raw().copy()
     if t.dtype != "F32":
         raise GrowError(f"{t.file.path}: tensor '{name}': want F32, found {t.dtype}")
+    a = t.raw().copy()
     if name.endswith("_fn"):
         if a.ndim != 2 or a.shape[0] != 24:
             raise GrowError(f"{t.file.path}: tensor '{name}': want [24, 4D], found {list(a.shape)}")
@@ -97,22 +97,21 @@ def grow(src, dst, after, diag=COMB_DIAG):
     plan = plan_layers(n, sorted(set(after)), rel.get("num_hash_layers", 0))
     tensors = cr.open_checkpoint(src)
     layer_re = re.compile(r"^layers\.(\d+)\.(.+)$")
-    by_layer = {}
-    rest = []
+    by_layer, rest, mtp = {}, [], []
     for name in tensors:
         m = layer_re.match(name)
         if m and int(m.group(1)) < n:
             by_layer.setdefault(int(m.group(1)), []).append(m.group(2))
+        elif m:
+            mtp.append(name)  # an MTP block stored as layers.N, N >= num_hidden_layers: after the layers
         else:
-            rest.append(name)  # embed, head, hc_head_*, norm, MTP blocks (mtp.*)
+            rest.append(name)  # embed, head, hc_head_*, norm, MTP blocks named mtp.*
 
     def raw_bytes(t):
         return lambda: t.raw().tobytes()
 
     entries, renamed, zeroed = [], {}, []
     for name in sorted(rest, key=cr.natural_key):
-        if name.startswith("layers."):
-            continue  # an MTP block stored as layers.N with N >= num_hidden_layers: after the layers
         t = tensors[name]
         entries.append((name, t.dtype, t.shape, raw_bytes(t)))
         renamed[name] = name
@@ -129,13 +128,12 @@ def grow(src, dst, after, diag=COMB_DIAG):
             entries.append((out, t.dtype, t.shape, produce))
             renamed[out] = f"layers.{old}.{sub}"
     grown = len(plan)
-    for name in sorted(rest, key=cr.natural_key):  # MTP blocks as layers.N: renumbered past the new layers
+    for name in sorted(mtp, key=cr.natural_key):  # renumbered past the new layers
         m = layer_re.match(name)
-        if m:
-            out = f"layers.{int(m.group(1)) + grown - n}.{m.group(2)}"
-            t = tensors[name]
-            entries.append((out, t.dtype, t.shape, raw_bytes(t)))
-            renamed[out] = name
+        out = f"layers.{int(m.group(1)) + grown - n}.{m.group(2)}"
+        t = tensors[name]
+        entries.append((out, t.dtype, t.shape, raw_bytes(t)))
+        renamed[out] = name
     for new, old, is_copy in plan:
         if is_copy and f"layers.{new}.attn.wo_b.weight" not in zeroed:
             raise GrowError(f"{src}: layer {old} has no attn.wo_b.weight to zero: not a release of this model")
