@@ -8,6 +8,8 @@
 # check must fail for a comb far from the identity (--comb-diag 4: 0.05 off), so it can fail.
 # The file itself: the source's layers byte for byte under their new numbers, each copy equal to
 # its source but for the zeroed output projections and the comb; the configs' layer lists; errors.
+# --pack and --new-layers: a grown release whose new layers were changed (as a fine-tune of them
+# would) grows again from the source and the packed file into the same bytes and the same log.
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
@@ -112,5 +114,71 @@ $py "$grow" "$v5" "$work/bad" --after 6 2>"$work/err" && fail "--after 6 accepte
 grep -q "the model has layers 0..5" "$work/err" || fail "--after 6: $(cat "$work/err")"
 $py "$grow" "$work" "$work/bad" --after 3 2>"$work/err" && fail "a directory with no release accepted"
 grep -q "config.json" "$work/err" || fail "no release: $(cat "$work/err")"
+
+# --pack / --new-layers: "tuned" is the grown release with every tensor of its new layers changed
+# (their source layer's bytes, the comb's logits plus one) and a save at step 9000 in its log
+$py - "$v5" "$work/grown" "$work/tuned" <<'EOF' || fail "making the tuned release"
+import json, os, re, shutil, sys
+import numpy as np
+sys.path.insert(0, os.environ["ST_SOURCE_DIR"] + "/tools")
+import convert_release as cr
+src, grown, tuned = sys.argv[1:]
+shutil.copytree(grown, tuned)
+a, g = cr.open_checkpoint(src), cr.open_checkpoint(grown)
+source_of = {"4": 3, "7": 5}
+entries = []
+for name in sorted(g, key=cr.natural_key):
+    t = g[name]
+    m = re.match(r"^layers\.(4|7)\.(.+)$", name)
+    data = t.raw().tobytes()
+    if m and re.match(r"hc_(attn|ffn)_(fn|base)$", m.group(2)):
+        data = (t.raw() + np.float32(1)).tobytes()
+    elif m:
+        data = a[f"layers.{source_of[m.group(1)]}.{m.group(2)}"].raw().tobytes()
+        if data == t.raw().tobytes():
+            data = bytes(b ^ 1 for b in data)  # still a valid code or exponent
+    entries.append((name, t.dtype, t.shape, lambda d=data: d))
+cr.write_checkpoint(tuned, entries, 0)
+with open(tuned + "/training/log.jsonl", "a") as f:
+    f.write(json.dumps({"event": "saved", "step": 9000, "stage": 5}) + "\n")
+EOF
+$py "$grow" --pack "$work/tuned" "$work/new.safetensors" >"$work/pack.out" || fail "--pack: $(cat "$work/pack.out")"
+grep -q "layers 4, 7 of" "$work/pack.out" || fail "--pack summary: $(cat "$work/pack.out")"
+$py "$grow" "$v5" "$work/regrown" --after 3,5 --new-layers "$work/new.safetensors" >/dev/null || fail "--new-layers"
+$py - "$work/grown" "$work/tuned" "$work/regrown" <<'EOF' || fail "--new-layers did not rebuild the tuned release"
+import json, os, sys
+sys.path.insert(0, os.environ["ST_SOURCE_DIR"] + "/tools")
+import convert_release as cr
+grown, tuned, regrown = sys.argv[1:]
+g, t, r = (cr.open_checkpoint(d) for d in (grown, tuned, regrown))
+new = [n for n in g if n.startswith(("layers.4.", "layers.7."))]
+changed = sum(g[n].raw().tobytes() != t[n].raw().tobytes() for n in new)
+same = set(t) == set(r) and all(t[n].dtype == r[n].dtype and t[n].raw().tobytes() == r[n].raw().tobytes() for n in t)
+log = [json.loads(l) for l in open(regrown + "/training/log.jsonl")]
+print(f"tuned: {changed} of the new layers' {len(new)} tensors changed; rebuilt byte for byte: {same}; log ends {log[-1]}")
+sys.exit(0 if same and changed == len(new) and log[-1].get("step") == 9000 and log[-2].get("event") == "new layers" else 1)
+EOF
+# errors: a release that did not grow, another growth, a file short of a tensor or with one too many
+$py "$grow" --pack "$v5" "$work/bad.safetensors" 2>"$work/err" && fail "--pack of an ungrown release accepted"
+grep -q 'no "grown" event' "$work/err" || fail "--pack ungrown: $(cat "$work/err")"
+$py "$grow" "$v5" "$work/bad" --after 3 --new-layers "$work/new.safetensors" 2>"$work/err" && fail "--new-layers of another growth accepted"
+grep -qF "grew after [3, 5], not after [3]" "$work/err" || fail "--new-layers --after 3: $(cat "$work/err")"
+$py - "$work/new.safetensors" "$work" <<'EOF' || fail "making the bad pack files"
+import os, sys
+sys.path.insert(0, os.environ["ST_SOURCE_DIR"] + "/tools")
+import convert_release as cr
+f = cr.SafetensorsFile(sys.argv[1])
+names = sorted(f.tensors, key=cr.natural_key)
+def entry(n, as_name=None):
+    t = f.tensors[n]
+    return (as_name or n, t.dtype, t.shape, lambda: t.raw().tobytes())
+cr.write_safetensors(sys.argv[2] + "/short.safetensors", [entry(n) for n in names[1:]], f.metadata)
+cr.write_safetensors(sys.argv[2] + "/extra.safetensors", [entry(n) for n in names] + [entry(names[0], "layers.5.extra")],
+                     f.metadata)
+EOF
+$py "$grow" "$v5" "$work/bad" --after 3,5 --new-layers "$work/short.safetensors" 2>"$work/err" && fail "a pack file short of a tensor accepted"
+grep -q "no tensor 'layers.4" "$work/err" || fail "short pack: $(cat "$work/err")"
+$py "$grow" "$v5" "$work/bad" --after 3,5 --new-layers "$work/extra.safetensors" 2>"$work/err" && fail "a pack file with a tensor too many accepted"
+grep -q "tensor 'layers.5.extra' is not one of the new layers'" "$work/err" || fail "extra pack: $(cat "$work/err")"
 
 [ "$failures" -eq 0 ] && echo "needle grow: all checks pass" || exit 1

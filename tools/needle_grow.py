@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Grow a needle model release by decoder layers that start as the identity.
 
-    needle_grow.py SRC_RELEASE DST_RELEASE --after L[,L...] [--comb-diag B]
+    needle_grow.py SRC_RELEASE DST_RELEASE --after L[,L...] [--comb-diag B] [--new-layers FILE]
+    needle_grow.py --pack GROWN_RELEASE FILE
 
 Each layer L named in --after gets a copy inserted right after it (block expansion): the copy
 keeps all of L's weights (its indexer, compressors, queries and keys, experts, mHC pre and post
@@ -27,6 +28,13 @@ num_hidden_layers and compress_ratios, hf_config.json with layer_types and mlp_l
 hf_dtypes.json, the tokenizer, and training/log.jsonl with a "grown" event appended (the
 lineage's steps go on). The model card (README.md) and evals/ belong to the source and are not
 copied. A layer under num_hash_layers (hash routing by token id) cannot be copied.
+
+A fine-tune that trained only the new layers leaves the source's layers as they were in value (a
+release re-encodes them: a block whose largest code is small gets half the scale and twice the
+codes, the same numbers). So --pack keeps just the new layers of such a release, about 4 MB of
+the 18 MB, with the lineage's training log since it was grown, and --new-layers FILE grows the
+source again with those layers in place of the fresh copies: the fine-tuned model again, to be
+evaluated or trained further, from a file small enough to commit and carry.
 
 Only python3 and numpy (Debian's python3-numpy), like convert_release.py.
 """
@@ -87,7 +95,59 @@ def plan_layers(n_layers, after, n_hash):
     return plan
 
 
-def grow(src, dst, after, diag=COMB_DIAG):
+def grown_event(release):
+    """The last "grown" event of a release's training log, and the log's records after it."""
+    path = os.path.join(release, "training", "log.jsonl")
+    try:
+        with open(path) as f:
+            lines = [line for line in f if line.strip()]
+    except OSError as e:
+        raise GrowError(f"{path}: cannot read: {e.strerror}") from None
+    recs = []
+    for i, line in enumerate(lines):
+        try:
+            recs.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise GrowError(f"{path}: line {i + 1}: {e.msg}") from None
+    at = [i for i, r in enumerate(recs) if isinstance(r, dict) and r.get("event") == "grown"]
+    if not at:
+        raise GrowError(f"{path}: no \"grown\" event: {release} was not made by needle_grow")
+    return recs[at[-1]], recs[at[-1] + 1:]
+
+
+def pack(grown, path):
+    """The new layers of a grown (and maybe fine-tuned) release into one safetensors file, with
+    the grown event and the training log after it in its metadata. Returns (layers, bytes)."""
+    event, since = grown_event(grown)
+    new = event.get("new_layers")
+    if not isinstance(new, list) or not new or not all(isinstance(n, int) for n in new):
+        raise GrowError(f"{grown}/training/log.jsonl: the grown event has no \"new_layers\" list")
+    tensors = cr.open_checkpoint(grown)
+    names = [n for n in tensors if re.match(r"^layers\.(\d+)\.", n) and int(n.split(".")[1]) in new]
+    for n in new:
+        if not any(name.startswith(f"layers.{n}.") for name in names):
+            raise GrowError(f"{grown}: no tensor of layer {n}, which its log says is new")
+    entries = [(n, tensors[n].dtype, tensors[n].shape, (lambda t=tensors[n]: t.raw().tobytes()))
+               for n in sorted(names, key=cr.natural_key)]
+    meta = {"needle_grow": json.dumps(event), "log_since": json.dumps(since)}
+    return new, cr.write_safetensors(path, entries, meta)
+
+
+def read_pack(path, after):
+    """A --pack file's tensors, its grown event and log, checked against this growth (--after)."""
+    f = cr.SafetensorsFile(path)
+    meta = f.metadata or {}
+    try:
+        event, since = json.loads(meta["needle_grow"]), json.loads(meta["log_since"])
+    except (KeyError, TypeError, json.JSONDecodeError):
+        raise GrowError(f"{path}: not a needle_grow --pack file (no \"needle_grow\" and \"log_since\" "
+                        f"in its metadata)") from None
+    if sorted(event.get("after") or []) != sorted(set(after)):
+        raise GrowError(f"{path}: its layers grew after {event.get('after')}, not after {sorted(set(after))}")
+    return f.tensors, event, since
+
+
+def grow(src, dst, after, diag=COMB_DIAG, new_layers=None):
     rel = cr.load_json(os.path.join(src, "config.json"))
     n = rel.get("num_hidden_layers")
     ratios = rel.get("compress_ratios")
@@ -110,6 +170,8 @@ def grow(src, dst, after, diag=COMB_DIAG):
     def raw_bytes(t):
         return lambda: t.raw().tobytes()
 
+    packed, packed_event, packed_log = read_pack(new_layers, after) if new_layers else ({}, None, [])
+    packed_used = set()
     entries, renamed, zeroed = [], {}, []
     for name in sorted(rest, key=cr.natural_key):
         t = tensors[name]
@@ -125,6 +187,16 @@ def grow(src, dst, after, diag=COMB_DIAG):
                 zeroed.append(out)
             elif is_copy and re.match(r"^hc_(attn|ffn)_(fn|base)$", sub):
                 produce = (lambda t=t, nm=f"layers.{old}.{sub}": identity_comb(t, nm, diag))
+            if is_copy and packed:
+                p = packed.get(out)
+                if p is None:
+                    raise GrowError(f"{new_layers}: no tensor '{out}' (layer {new} is new: every tensor of it "
+                                    f"comes from the file)")
+                if p.dtype != t.dtype or list(p.shape) != list(t.shape):
+                    raise GrowError(f"{new_layers}: tensor '{out}': {p.dtype} {list(p.shape)}, but the "
+                                    f"grown layer's is {t.dtype} {list(t.shape)}")
+                produce = (lambda p=p: p.raw().tobytes())
+                packed_used.add(out)
             entries.append((out, t.dtype, t.shape, produce))
             renamed[out] = f"layers.{old}.{sub}"
     grown = len(plan)
@@ -137,6 +209,11 @@ def grow(src, dst, after, diag=COMB_DIAG):
     for new, old, is_copy in plan:
         if is_copy and f"layers.{new}.attn.wo_b.weight" not in zeroed:
             raise GrowError(f"{src}: layer {old} has no attn.wo_b.weight to zero: not a release of this model")
+
+    extra = sorted(set(packed) - packed_used, key=cr.natural_key)
+    if extra:
+        raise GrowError(f"{new_layers}: tensor '{extra[0]}' is not one of the new layers' "
+                        f"({len(extra)} such)")
 
     os.makedirs(dst, exist_ok=True)
     size = cr.write_checkpoint(dst, entries, 0)
@@ -174,17 +251,42 @@ def grow(src, dst, after, diag=COMB_DIAG):
             f.write(json.dumps({"event": "grown", "from": os.path.normpath(src),
                                 "after": sorted(set(after)), "layers": [n, grown], "comb_diag": diag,
                                 "new_layers": [new for new, _, c in plan if c]}) + "\n")
+            if packed_event:
+                # the fine-tune of the new layers goes on where it was: its steps and saves
+                f.write(json.dumps({"event": "new layers", "from": os.path.normpath(new_layers),
+                                    "grown_from": packed_event.get("from")}) + "\n")
+                for rec in packed_log:
+                    f.write(json.dumps(rec) + "\n")
     return plan, size, zeroed
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("src"), ap.add_argument("dst")
-    ap.add_argument("--after", required=True, help="layers to copy, comma-separated (each copy goes right after it)")
+    ap.add_argument("src", help="the release to grow (with --pack: a grown release)")
+    ap.add_argument("dst", help="the grown release's directory (with --pack: the file to write)")
+    ap.add_argument("--after", help="layers to copy, comma-separated (each copy goes right after it)")
+    ap.add_argument("--new-layers", metavar="FILE", help="the new layers from FILE (written by --pack), "
+                    "not fresh copies")
+    ap.add_argument("--pack", action="store_true", help="write SRC's new layers (its log's grown event "
+                    "names them) and its training log since it grew to the file DST")
     ap.add_argument("--comb-diag", type=float, default=COMB_DIAG,
                     help=f"the new layers' comb logits on the diagonal (default {COMB_DIAG:g})")
     args = ap.parse_args(argv)
+    if args.pack:
+        if args.after or args.new_layers:
+            print("needle_grow: --pack takes no --after or --new-layers", file=sys.stderr)
+            return 2
+        try:
+            new, size = pack(args.src, args.dst)
+        except (GrowError, cr.ConvertError) as e:
+            print(f"needle_grow: {e}", file=sys.stderr)
+            return 1
+        print(f"{args.dst}: layers {', '.join(map(str, new))} of {args.src}, {size} bytes")
+        return 0
+    if not args.after:
+        print("needle_grow: --after is required (or --pack)", file=sys.stderr)
+        return 2
     try:
         after = [int(x) for x in args.after.split(",")]
     except ValueError:
@@ -194,14 +296,15 @@ def main(argv=None):
         print("needle_grow: DST must not be SRC", file=sys.stderr)
         return 2
     try:
-        plan, size, zeroed = grow(args.src, args.dst, after, args.comb_diag)
+        plan, size, zeroed = grow(args.src, args.dst, after, args.comb_diag, args.new_layers)
     except (GrowError, cr.ConvertError) as e:
         print(f"needle_grow: {e}", file=sys.stderr)
         return 1
     new = [new for new, _, c in plan if c]
     print(f"{args.dst}: {len(plan)} layers (new: {', '.join(map(str, new))}, copies of "
-          f"{', '.join(str(old) for _, old, c in plan if c)}), {size} bytes, {len(zeroed)} output "
-          f"projections zeroed")
+          f"{', '.join(str(old) for _, old, c in plan if c)}), {size} bytes, "
+          + (f"the new layers from {args.new_layers}" if args.new_layers else
+             f"{len(zeroed)} output projections zeroed"))
     return 0
 
 

@@ -55,7 +55,9 @@
 #
 # GROW=L[,L...]: INIT grown first by a copy of each listed layer right after it, outputs zeroed and
 # residual mix the identity (tools/needle_grow.py into /tmp/needle-grown; the stage trains that
-# model, e.g. TRAIN_LAYERS with the new layers' numbers, which needle_grow prints).
+# model, e.g. TRAIN_LAYERS with the new layers' numbers, which needle_grow prints). GROWN_LAYERS=FILE:
+# the new layers from FILE (needle_grow.py --pack of an earlier fine-tune of them, e.g.
+# models/checkpoints/needle-v5-grown-8344.safetensors), not fresh copies: that fine-tune goes on.
 #
 # Outputs go to OUT; logs and JSON are packed into OUT/logs.tgz at the end (the device tool brings
 # back few files). DIR (/tmp/needle-train) is the machine's own: it is lost with the machine.
@@ -69,7 +71,8 @@ mkdir -p "$out/logs" "$cdata"
 SECONDS=0
 if [ -n "${GROW:-}" ]; then
   [ -f /tmp/needle-grown/config.json ] || python3 tools/needle_grow.py "$init" /tmp/needle-grown --after "$GROW" \
-    | tee "$out/logs/grow.txt" || { echo "GROW=$GROW: needle_grow failed"; exit 1; }
+    ${GROWN_LAYERS:+--new-layers "$GROWN_LAYERS"} | tee "$out/logs/grow.txt" \
+    || { echo "GROW=$GROW: needle_grow failed"; exit 1; }
   init=/tmp/needle-grown
 fi
 step() { echo "== $1 ($SECONDS s)"; }
