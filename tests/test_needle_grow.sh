@@ -176,6 +176,21 @@ cr.write_safetensors(sys.argv[2] + "/short.safetensors", [entry(n) for n in name
 cr.write_safetensors(sys.argv[2] + "/extra.safetensors", [entry(n) for n in names] + [entry(names[0], "layers.5.extra")],
                      f.metadata)
 EOF
+# a fine-tune that changed a layer it did not grow: its new layers belong to other weights
+$py - "$work/tuned" "$work/tuned-base" <<'EOF' || fail "making the tuned-base release"
+import os, shutil, sys
+import numpy as np
+sys.path.insert(0, os.environ["ST_SOURCE_DIR"] + "/tools")
+import convert_release as cr
+shutil.copytree(sys.argv[1], sys.argv[2])
+t = cr.open_checkpoint(sys.argv[1])
+data = {n: t[n].raw().tobytes() for n in t}
+data["layers.1.hc_attn_base"] = (t["layers.1.hc_attn_base"].raw() + np.float32(0.5)).tobytes()
+cr.write_checkpoint(sys.argv[2], [(n, t[n].dtype, t[n].shape, lambda d=data[n]: d) for n in sorted(t, key=cr.natural_key)], 0)
+EOF
+$py "$grow" --pack "$work/tuned-base" "$work/base.safetensors" >/dev/null || fail "--pack tuned-base"
+$py "$grow" "$v5" "$work/bad" --after 3,5 --new-layers "$work/base.safetensors" 2>"$work/err" && fail "new layers trained on other weights accepted"
+grep -q "were trained on other weights than" "$work/err" || fail "other base: $(cat "$work/err")"
 $py "$grow" "$v5" "$work/bad" --after 3,5 --new-layers "$work/short.safetensors" 2>"$work/err" && fail "a pack file short of a tensor accepted"
 grep -q "no tensor 'layers.4" "$work/err" || fail "short pack: $(cat "$work/err")"
 $py "$grow" "$v5" "$work/bad" --after 3,5 --new-layers "$work/extra.safetensors" 2>"$work/err" && fail "a pack file with a tensor too many accepted"

@@ -34,11 +34,14 @@ release re-encodes them: a block whose largest code is small gets half the scale
 codes, the same numbers). So --pack keeps just the new layers of such a release, about 4 MB of
 the 18 MB, with the lineage's training log since it was grown, and --new-layers FILE grows the
 source again with those layers in place of the fresh copies: the fine-tuned model again, to be
-evaluated or trained further, from a file small enough to commit and carry.
+evaluated or trained further, from a file small enough to commit and carry. The file holds a
+sha256 of the values of every other tensor of the fine-tune; --new-layers refuses a source whose
+values differ (new layers trained on other weights, or a fine-tune that changed the old layers).
 
 Only python3 and numpy (Debian's python3-numpy), like convert_release.py.
 """
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -115,6 +118,26 @@ def grown_event(release):
     return recs[at[-1]], recs[at[-1] + 1:]
 
 
+def values_digest(tensors, names):
+    """sha256 over the values of a release's tensors (FP8 and FP4 dequantised with their scales,
+    so a re-encoding of the same numbers hashes the same): names maps each name hashed (in order)
+    to the name it has in tensors."""
+    h = hashlib.sha256()
+    for name, stored in names:
+        v, how = cr.release_values(tensors, stored, cr.FP8_BLOCK)
+        h.update(name.encode() + b"\0" + how.encode() + b"\0")
+        h.update(np.ascontiguousarray(v if how == "int" else np.asarray(v, dtype=np.float64)).tobytes())
+    return h.hexdigest()
+
+
+def base_names(names, new):
+    """The tensors a fine-tune of the new layers alone leaves as they were (scales are in their
+    weights' values), in a fixed order."""
+    keep = [n for n in names if not n.endswith(".scale")
+            and not (re.match(r"^layers\.\d+\.", n) and int(n.split(".")[1]) in new)]
+    return sorted(keep, key=cr.natural_key)
+
+
 def pack(grown, path):
     """The new layers of a grown (and maybe fine-tuned) release into one safetensors file, with
     the grown event and the training log after it in its metadata. Returns (layers, bytes)."""
@@ -129,7 +152,8 @@ def pack(grown, path):
             raise GrowError(f"{grown}: no tensor of layer {n}, which its log says is new")
     entries = [(n, tensors[n].dtype, tensors[n].shape, (lambda t=tensors[n]: t.raw().tobytes()))
                for n in sorted(names, key=cr.natural_key)]
-    meta = {"needle_grow": json.dumps(event), "log_since": json.dumps(since)}
+    base = values_digest(tensors, [(n, n) for n in base_names(tensors, new)])
+    meta = {"needle_grow": json.dumps(event), "log_since": json.dumps(since), "base_values_sha256": base}
     return new, cr.write_safetensors(path, entries, meta)
 
 
@@ -144,7 +168,9 @@ def read_pack(path, after):
                         f"in its metadata)") from None
     if sorted(event.get("after") or []) != sorted(set(after)):
         raise GrowError(f"{path}: its layers grew after {event.get('after')}, not after {sorted(set(after))}")
-    return f.tensors, event, since
+    if not isinstance(meta.get("base_values_sha256"), str):
+        raise GrowError(f"{path}: no \"base_values_sha256\" in its metadata")
+    return f.tensors, event, since, meta["base_values_sha256"]
 
 
 def grow(src, dst, after, diag=COMB_DIAG, new_layers=None):
@@ -170,7 +196,8 @@ def grow(src, dst, after, diag=COMB_DIAG, new_layers=None):
     def raw_bytes(t):
         return lambda: t.raw().tobytes()
 
-    packed, packed_event, packed_log = read_pack(new_layers, after) if new_layers else ({}, None, [])
+    packed, packed_event, packed_log, packed_base = ({}, None, [], None) if not new_layers else \
+        read_pack(new_layers, after)
     packed_used = set()
     entries, renamed, zeroed = [], {}, []
     for name in sorted(rest, key=cr.natural_key):
@@ -214,6 +241,12 @@ def grow(src, dst, after, diag=COMB_DIAG, new_layers=None):
     if extra:
         raise GrowError(f"{new_layers}: tensor '{extra[0]}' is not one of the new layers' "
                         f"({len(extra)} such)")
+    if packed:
+        new = {new for new, _, c in plan if c}
+        names = base_names([e[0] for e in entries], new)
+        if values_digest(tensors, [(n, renamed[n]) for n in names]) != packed_base:
+            raise GrowError(f"{new_layers}: its new layers were trained on other weights than {src}'s "
+                            f"(the values of the layers it did not train differ)")
 
     os.makedirs(dst, exist_ok=True)
     size = cr.write_checkpoint(dst, entries, 0)
