@@ -4,7 +4,9 @@
 # Checked against the engine run directly on the same ids (each verdict and the totals), with
 # and without --set; --question re-renders the request: asked in its own question it gives the
 # example's ids back, asked in another the new question is in the prompt; --kinds filters; a
-# setting the engine refuses stops the tool with the engine's error.
+# setting the engine refuses stops the tool with the engine's error. With two models (needle-v5
+# and needle-v4, one tokenizer), each column is that model's verdicts run directly, and the line
+# of gains and losses against the first model is those verdicts' difference, in both orders.
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
@@ -28,7 +30,7 @@ direct() {
   while IFS= read -r line; do
     printf '%s' "$line" | python3 -c 'import json, sys; json.dump(json.load(sys.stdin)["ids"], sys.stdout)' >"$work/p.json"
     value=$(printf '%s' "$line" | python3 -c 'import json, sys; print(json.load(sys.stdin)["value"])')
-    if ! $st run --model "$model" --prompt-tokens "$work/p.json" --max-new-tokens 48 --store "$work/s" \
+    if ! $st run --model "${direct_model:-$model}" --prompt-tokens "$work/p.json" --max-new-tokens 48 --store "$work/s" \
            -o "$work/d$calls-$i.h5" --json -q "$@" >"$work/run.json"; then
       echo error >>"$work/direct.txt"
     else
@@ -75,7 +77,7 @@ tool, jsonl, model, st, work = sys.argv[1:]
 spec = importlib.util.spec_from_file_location("neb", tool)
 neb = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(neb)
-args = types.SimpleNamespace(st=st, model=model)
+args = types.SimpleNamespace(st=st, model=[model])
 bad = 0
 for line in open(jsonl, encoding="utf-8"):
     e = json.loads(line)
@@ -96,6 +98,42 @@ for line in open(jsonl, encoding="utf-8"):
 print("ok: --question: its own question gives the example's ids back; another replaces it" if not bad else "")
 sys.exit(1 if bad else 0)
 PY
+
+# two models: each column as that model run directly; gains and losses against the first
+v4=$src/models/needle-v4
+direct_model=$model direct && cp "$work/direct.txt" "$work/direct-v5.txt"
+direct_model=$v4 direct && cp "$work/direct.txt" "$work/direct-v4.txt"
+for order in "v5 v4" "v4 v5"; do
+  set -- $order
+  python3 "$tool" "$work/e.jsonl" --model "$( [ $1 = v5 ] && echo "$model" || echo "$v4")" \
+    --model "$( [ $2 = v5 ] && echo "$model" || echo "$v4")" --st "$st" >"$work/two.txt" || fail "two models ($order) failed"
+  cols=$(grep -E '^ *[0-9]+ ' "$work/two.txt" | awk '{print $5, $6}')
+  want=$(paste -d' ' "$work/direct-$1.txt" "$work/direct-$2.txt")
+  [ "$cols" = "$want" ] && echo "ok: two models ($order): each column as its model run directly ($(echo $want))" ||
+    fail "two models ($order): columns $(echo $cols) against the engine's $(echo $want)"
+  line=$(python3 - "$work/e.jsonl" "$work/direct-$1.txt" "$work/direct-$2.txt" <<'PY'
+import json, sys
+kinds = [json.loads(l)["kind"] for l in open(sys.argv[1])]
+a, b = (open(p).read().split() for p in sys.argv[2:])
+gains = [f"{i} {k}" for i, k in enumerate(kinds) if b[i] == "PASS" and a[i] != "PASS"]
+losses = [f"{i} {k}" for i, k in enumerate(kinds) if a[i] == "PASS" and b[i] != "PASS"]
+print(f"passes {len(gains)} it fails ({', '.join(gains) or 'none'}); fails {len(losses)} it passes ({', '.join(losses) or 'none'})")
+PY
+)
+  grep -qF "against $(basename "$( [ $1 = v5 ] && echo "$model" || echo "$v4")"): $line" "$work/two.txt" &&
+    echo "ok: two models ($order): $line" || fail "two models ($order): want '$line', got '$(tail -1 "$work/two.txt")'"
+done
+cmp -s "$work/direct-v5.txt" "$work/direct-v4.txt" && fail "needle-v4 and needle-v5 agree on every example: the comparison is not exercised"
+
+# models with other tokenizers cannot share a prompt's ids
+mkdir -p "$work/othertok"
+for f in "$model"/*; do ln -s "$f" "$work/othertok/"; done
+rm "$work/othertok/tokenizer.json" && sed 's/"<｜end▁of▁sentence｜>"/"<｜eos｜>"/' "$model/tokenizer.json" >"$work/othertok/tokenizer.json"
+if python3 "$tool" "$work/e.jsonl" --model "$model" --model "$work/othertok" --st "$st" >/dev/null 2>"$work/tok.err"; then
+  fail "models with different tokenizers accepted"
+else
+  grep -q "tokenizer.json differ" "$work/tok.err" && echo "ok: different tokenizers refused" || fail "tokenizers: $(cat "$work/tok.err")"
+fi
 
 # a setting the engine refuses: the tool stops with the engine's message
 if python3 "$tool" "$work/e.jsonl" --model "$model" --st "$st" --set topk=banana >"$work/bad.out" 2>"$work/bad.err"; then

@@ -4,8 +4,13 @@ prompt ids go through `sparsetrace run` (no taps), and it passes when the answer
 needle's value verbatim, as `needle sweep` counts. Prints one line per example (kind, question
 family, mode, the needle, the answer) and the passes by family and by kind.
 
-  tools/needle_engine_batch.py FILE.jsonl --model DIR [--st BIN] [--max-new-tokens N] [--backend B]
-                               [--question TEMPLATE] [--kinds LIST] [--set KEY=VALUE ...]
+  tools/needle_engine_batch.py FILE.jsonl --model DIR [--model DIR ...] [--st BIN] [--max-new-tokens N]
+                               [--backend B] [--question TEMPLATE] [--kinds LIST] [--set KEY=VALUE ...]
+
+With several --model, each example is answered by each model: its line holds every model's
+verdict in order, then each missing model's answer; the totals give a column per model, and the
+last lines name the examples each later model passes and fails against the first (a candidate
+against the release: what it gains and what it loses).
 
 --question asks every example TEMPLATE instead of its own question ({label}: the needle's label,
 {lower}: the same in lower case); the request is rendered again (`sparsetrace render`), so the
@@ -42,7 +47,7 @@ def ask(request, question):
 def rerender(args, request, thinking, work):
     path = os.path.join(work, "request.json")
     json.dump(request, open(path, "w"))
-    r = subprocess.run([args.st, "render", "--request", path, "--model", args.model, "--ids", "--thinking",
+    r = subprocess.run([args.st, "render", "--request", path, "--model", args.model[0], "--ids", "--thinking",
                         "on" if thinking else "off"], capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"sparsetrace render failed: {r.stderr.strip()[-300:]}")
@@ -51,14 +56,23 @@ def rerender(args, request, thinking, work):
 
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("jsonl"), ap.add_argument("--model", required=True)
+    ap.add_argument("jsonl")
+    ap.add_argument("--model", required=True, action="append", help="a model directory (repeatable: compared)")
     ap.add_argument("--st", default=os.environ.get("ST_BIN", "build/sparsetrace"))
     ap.add_argument("--max-new-tokens", type=int, default=48), ap.add_argument("--backend", default="cpu")
     ap.add_argument("--question", help="ask this instead ({label}, {lower})")
     ap.add_argument("--kinds", help="only these kinds, comma-separated")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an engine setting (repeatable)")
     args = ap.parse_args(argv)
-    passed = collections.defaultdict(lambda: [0, 0])
+    tokenizers = {tokenizer_bytes(m) for m in args.model}
+    if len(tokenizers) > 1:
+        sys.exit("needle_engine_batch: the models' tokenizer.json differ: one prompt's ids cannot be "
+                 "asked of all of them")
+    names = [os.path.basename(os.path.normpath(m)) for m in args.model]
+    if len(set(names)) < len(names):
+        names = args.model
+    passed = collections.defaultdict(lambda: [[0] * len(args.model), 0])
+    verdicts = []  # (index, kind, [ok per model])
     with tempfile.TemporaryDirectory() as work:
         prompt = os.path.join(work, "prompt.json")
         for line in open(args.jsonl, encoding="utf-8"):
@@ -71,23 +85,52 @@ def main(argv):
                 ids = rerender(args, ask(e["request"], args.question.format(label=label, lower=label.lower())),
                                e["thinking"], work)
             json.dump(ids, open(prompt, "w"))
-            r = subprocess.run([args.st, "run", "--model", args.model, "--prompt-tokens", prompt, "--backend",
-                                args.backend, "--max-new-tokens", str(args.max_new_tokens), "--store", work,
-                                "-o", os.path.join(work, "run.h5"), "--force", "--json", "-q"]
-                               + [a for kv in args.set for a in ("--set", kv)],
-                               capture_output=True, text=True)
-            if r.returncode:
-                sys.exit(f"example {e['index']}: sparsetrace run failed: {r.stderr.strip()[-300:]}")
-            answer = json.loads(r.stdout)["text"]
-            ok = e["value"] in answer
+            answers = [answer_of(args, model, prompt, work, e["index"]) for model in args.model]
+            oks = [e["value"] in a for a in answers]
+            verdicts.append((e["index"], e["kind"], oks))
             for key in ("family " + e["family"], "kind " + e["kind"], "all"):
-                passed[key][0] += ok
+                for i, ok in enumerate(oks):
+                    passed[key][0][i] += ok
                 passed[key][1] += 1
-            print(f"{e['index']:3d} {e['kind']:7s} {e['family']:8s} {'thinking' if e['thinking'] else 'chat':8s} "
-                  f"{'PASS' if ok else 'miss'}  {e['needle'][:60]!r} -> {answer[:90]!r}", flush=True)
+            head = (f"{e['index']:3d} {e['kind']:7s} {e['family']:8s} {'thinking' if e['thinking'] else 'chat':8s} "
+                    f"{' '.join('PASS' if ok else 'miss' for ok in oks)}  {e['needle'][:60]!r}")
+            if len(answers) == 1:
+                print(f"{head} -> {answers[0][:90]!r}", flush=True)
+                continue
+            print(head, flush=True)
+            for name, ok, answer in zip(names, oks, answers):
+                if not ok:
+                    print(f"      {name}: {answer[:90]!r}", flush=True)
+    if len(names) > 1:
+        print("models: " + " ".join(names))
     for key in sorted(passed, key=lambda k: (k == "all", k)):
-        print(f"{key}: {passed[key][0]}/{passed[key][1]}")
+        hits, n = passed[key]
+        print(f"{key}: " + " ".join(f"{h}/{n}" for h in hits))
+    for i, name in enumerate(names[1:], 1):
+        gains = [f"{idx} {kind}" for idx, kind, oks in verdicts if oks[i] and not oks[0]]
+        losses = [f"{idx} {kind}" for idx, kind, oks in verdicts if oks[0] and not oks[i]]
+        print(f"{name} against {names[0]}: passes {len(gains)} it fails ({', '.join(gains) or 'none'}); "
+              f"fails {len(losses)} it passes ({', '.join(losses) or 'none'})")
 
+
+def tokenizer_bytes(model):
+    try:
+        with open(os.path.join(model, "tokenizer.json"), "rb") as f:
+            return f.read()
+    except OSError as e:
+        sys.exit(f"needle_engine_batch: {model}: {e.strerror} (tokenizer.json)")
+
+
+def answer_of(args, model, prompt, work, index):
+    """The engine's greedy answer (text) to the prompt ids in the file prompt."""
+    r = subprocess.run([args.st, "run", "--model", model, "--prompt-tokens", prompt, "--backend",
+                        args.backend, "--max-new-tokens", str(args.max_new_tokens), "--store", work,
+                        "-o", os.path.join(work, "run.h5"), "--force", "--json", "-q"]
+                       + [a for kv in args.set for a in ("--set", kv)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"example {index}: sparsetrace run failed ({model}): {r.stderr.strip()[-300:]}")
+    return json.loads(r.stdout)["text"]
 
 if __name__ == "__main__":
     main(sys.argv[1:])
