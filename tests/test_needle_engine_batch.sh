@@ -101,12 +101,13 @@ PY
 
 # two models: each column as that model run directly; gains and losses against the first
 v4=$src/models/needle-v4
+dir_of() { [ "$1" = v5 ] && echo "$model" || echo "$v4"; }
 direct_model=$model direct && cp "$work/direct.txt" "$work/direct-v5.txt"
 direct_model=$v4 direct && cp "$work/direct.txt" "$work/direct-v4.txt"
 for order in "v5 v4" "v4 v5"; do
   set -- $order
-  python3 "$tool" "$work/e.jsonl" --model "$( [ $1 = v5 ] && echo "$model" || echo "$v4")" \
-    --model "$( [ $2 = v5 ] && echo "$model" || echo "$v4")" --st "$st" >"$work/two.txt" || fail "two models ($order) failed"
+  python3 "$tool" "$work/e.jsonl" --model "$(dir_of $1)" --model "$(dir_of $2)" --st "$st" >"$work/two.txt" ||
+    fail "two models ($order) failed"
   cols=$(grep -E '^ *[0-9]+ ' "$work/two.txt" | awk '{print $5, $6}')
   want=$(paste -d' ' "$work/direct-$1.txt" "$work/direct-$2.txt")
   [ "$cols" = "$want" ] && echo "ok: two models ($order): each column as its model run directly ($(echo $want))" ||
@@ -120,7 +121,7 @@ losses = [f"{i} {k}" for i, k in enumerate(kinds) if a[i] == "PASS" and b[i] != 
 print(f"passes {len(gains)} it fails ({', '.join(gains) or 'none'}); fails {len(losses)} it passes ({', '.join(losses) or 'none'})")
 PY
 )
-  grep -qF "against $(basename "$( [ $1 = v5 ] && echo "$model" || echo "$v4")"): $line" "$work/two.txt" &&
+  grep -qF "against $(basename "$(dir_of $1)"): $line" "$work/two.txt" &&
     echo "ok: two models ($order): $line" || fail "two models ($order): want '$line', got '$(tail -1 "$work/two.txt")'"
 done
 cmp -s "$work/direct-v5.txt" "$work/direct-v4.txt" && fail "needle-v4 and needle-v5 agree on every example: the comparison is not exercised"

@@ -132,5 +132,6 @@ def answer_of(args, model, prompt, work, index):
         sys.exit(f"example {index}: sparsetrace run failed ({model}): {r.stderr.strip()[-300:]}")
     return json.loads(r.stdout)["text"]
 
+
 if __name__ == "__main__":
     main(sys.argv[1:])

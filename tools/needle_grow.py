@@ -59,6 +59,7 @@ COMB = slice(8, 24)
 ZEROED = (re.compile(r"^attn\.wo_b\.weight$"),
           re.compile(r"^ffn\.experts\.\d+\.w2\.weight$"),
           re.compile(r"^ffn\.shared_experts\.w2\.weight$"))
+LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")  # a decoder layer's tensor (or an MTP block's, past them)
 LAYER_TYPE = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
 
 
@@ -130,11 +131,16 @@ def values_digest(tensors, names):
     return h.hexdigest()
 
 
+def layer_of(name):
+    """The layer number of a tensor stored as layers.N.*, else None."""
+    m = LAYER.match(name)
+    return int(m.group(1)) if m else None
+
+
 def base_names(names, new):
     """The tensors a fine-tune of the new layers alone leaves as they were (scales are in their
     weights' values), in a fixed order."""
-    keep = [n for n in names if not n.endswith(".scale")
-            and not (re.match(r"^layers\.\d+\.", n) and int(n.split(".")[1]) in new)]
+    keep = [n for n in names if not n.endswith(".scale") and layer_of(n) not in new]
     return sorted(keep, key=cr.natural_key)
 
 
@@ -146,7 +152,7 @@ def pack(grown, path):
     if not isinstance(new, list) or not new or not all(isinstance(n, int) for n in new):
         raise GrowError(f"{grown}/training/log.jsonl: the grown event has no \"new_layers\" list")
     tensors = cr.open_checkpoint(grown)
-    names = [n for n in tensors if re.match(r"^layers\.(\d+)\.", n) and int(n.split(".")[1]) in new]
+    names = [n for n in tensors if layer_of(n) in new]
     for n in new:
         if not any(name.startswith(f"layers.{n}.") for name in names):
             raise GrowError(f"{grown}: no tensor of layer {n}, which its log says is new")
@@ -182,10 +188,10 @@ def grow(src, dst, after, diag=COMB_DIAG, new_layers=None):
                         f"then one per MTP block)")
     plan = plan_layers(n, sorted(set(after)), rel.get("num_hash_layers", 0))
     tensors = cr.open_checkpoint(src)
-    layer_re = re.compile(r"^layers\.(\d+)\.(.+)$")
+    copies = [new for new, _, c in plan if c]
     by_layer, rest, mtp = {}, [], []
     for name in tensors:
-        m = layer_re.match(name)
+        m = LAYER.match(name)
         if m and int(m.group(1)) < n:
             by_layer.setdefault(int(m.group(1)), []).append(m.group(2))
         elif m:
@@ -228,7 +234,7 @@ def grow(src, dst, after, diag=COMB_DIAG, new_layers=None):
             renamed[out] = f"layers.{old}.{sub}"
     grown = len(plan)
     for name in sorted(mtp, key=cr.natural_key):  # renumbered past the new layers
-        m = layer_re.match(name)
+        m = LAYER.match(name)
         out = f"layers.{int(m.group(1)) + grown - n}.{m.group(2)}"
         t = tensors[name]
         entries.append((out, t.dtype, t.shape, raw_bytes(t)))
@@ -242,8 +248,7 @@ def grow(src, dst, after, diag=COMB_DIAG, new_layers=None):
         raise GrowError(f"{new_layers}: tensor '{extra[0]}' is not one of the new layers' "
                         f"({len(extra)} such)")
     if packed:
-        new = {new for new, _, c in plan if c}
-        names = base_names([e[0] for e in entries], new)
+        names = base_names([e[0] for e in entries], copies)
         if values_digest(tensors, [(n, renamed[n]) for n in names]) != packed_base:
             raise GrowError(f"{new_layers}: its new layers were trained on other weights than {src}'s "
                             f"(the values of the layers it did not train differ)")
@@ -283,7 +288,7 @@ def grow(src, dst, after, diag=COMB_DIAG, new_layers=None):
         with open(os.path.join(dst, "training", "log.jsonl"), "a") as f:
             f.write(json.dumps({"event": "grown", "from": os.path.normpath(src),
                                 "after": sorted(set(after)), "layers": [n, grown], "comb_diag": diag,
-                                "new_layers": [new for new, _, c in plan if c]}) + "\n")
+                                "new_layers": copies}) + "\n")
             if packed_event:
                 # the fine-tune of the new layers goes on where it was: its steps and saves
                 f.write(json.dumps({"event": "new layers", "from": os.path.normpath(new_layers),
