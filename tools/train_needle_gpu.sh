@@ -13,7 +13,10 @@
 #                      (default 4) of the 14 files (needle make --decoys: the last line of the label);
 #                      CDATA_COMPOSED: the share asking a composed question (default 0.5; needle make
 #                      --composed); CDATA_OPEN_LABELS: the share with a made-up label (default 0.3;
-#                      --open-labels)
+#                      --open-labels). The 14 files' seeds are 100 x the step the training resumes
+#                      from (the last save in DIR's log, else INIT's) + 0..13, so each call of a run
+#                      draws examples no earlier call trained on; CDATA_SEED=N: N x 100 + 0..13
+#                      instead. CDATA_BATCH: examples per file (default 220)
 #     parity           train_needle.py parity against the release in INIT (default models/needle-v4)
 #     check            tests/needle_fast_check.py: the fast forward against brute force (CPU, float64)
 #     speed            train_needle.py speed (SPEED_ONLY=a,b: those configs and the v4 path)
@@ -60,13 +63,16 @@
 # models/checkpoints/needle-v5-grown-8344.safetensors), not fresh copies: that fine-tune goes on.
 #
 # Outputs go to OUT; logs and JSON are packed into OUT/logs.tgz at the end (the device tool brings
-# back few files). DIR (/tmp/needle-train) is the machine's own: it is lost with the machine.
+# back few files). DIR (/tmp/needle-train; NEEDLE_TRAIN_DIR) and the C examples (/tmp/needle-c;
+# NEEDLE_CDATA_DIR) are the machine's own: they are lost with the machine. ST_BIN: the harness to run
+# (default .bundle/bin/sparsetrace).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: tools/train_needle_gpu.sh OUT STEP...}
 shift
 export PYTHONUNBUFFERED=1 LD_LIBRARY_PATH=$PWD/.bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-init=${INIT:-models/needle-v4} stage=${STAGE:-5} dir=/tmp/needle-train cdata=/tmp/needle-c
+init=${INIT:-models/needle-v4} stage=${STAGE:-5} dir=${NEEDLE_TRAIN_DIR:-/tmp/needle-train} cdata=${NEEDLE_CDATA_DIR:-/tmp/needle-c}
+st=${ST_BIN:-.bundle/bin/sparsetrace}
 mkdir -p "$out/logs" "$cdata"
 SECONDS=0
 if [ -n "${GROW:-}" ]; then
@@ -76,12 +82,34 @@ if [ -n "${GROW:-}" ]; then
   init=/tmp/needle-grown
 fi
 step() { echo "== $1 ($SECONDS s)"; }
+# The step a stage of this call resumes from: the last save in DIR's log (an earlier call on this
+# machine), else in INIT's (training/log.jsonl of a release), else 0.
+resume_step() {
+  python3 - "$dir/log.jsonl" "$init/training/log.jsonl" <<'PY'
+import json, sys
+for path in sys.argv[1:]:
+    try:
+        steps = [r["step"] for r in map(json.loads, open(path)) if r.get("event") == "saved"]
+    except FileNotFoundError:
+        continue
+    if steps:
+        print(steps[-1])
+        break
+else:
+    print(0)
+PY
+}
 for s in "$@"; do
   case $s in
     cdata)
       step cdata
+      # Fixed seeds (1000-1013 until 2026-12-05) had every session train on one pool of 3,080
+      # examples, and the release copies those needles better than new ones
+      # (bench/needle-train-results.md, "2026-12-05, fifth session").
+      base=${CDATA_SEED:-$(resume_step)}
+      echo "cdata seeds $((base * 100)) to $((base * 100 + 13))" | tee "$out/logs/cdata-seeds.txt"
       for i in $(seq 0 13); do
-        .bundle/bin/sparsetrace needle make --batch 220 --jsonl "$cdata/$i.jsonl" --seed $((1000 + i)) \
+        "$st" needle make --batch "${CDATA_BATCH:-220}" --jsonl "$cdata/$i.jsonl" --seed $((base * 100 + i)) \
           --model models/needle-v4 --lengths 1k,2k,4k,8k,16k,32k --split train \
           --kinds "${CDATA_KINDS:-path,host,key,number,ticket,url,commit,random,key,commit,random}" \
           $([ "$i" -ge $((14 - ${CDATA_DECOY_FILES:-4})) ] && [ -n "${CDATA_DECOYS:-}" ] && echo --decoys "$CDATA_DECOYS") \
@@ -156,23 +184,23 @@ PY
       m=$init; [ -f "$dir/release/hf_config.json" ] && m=$dir/release
       echo "engine sweeps on $m ($(nproc) cores)" | tee "$out/logs/demo-sweep.txt"
       for set in "" rotate=q; do
-        .bundle/bin/sparsetrace needle sweep --backend cpu --model "$m" --tokens 1k,4k --seeds 2 --kind path \
+        "$st" needle sweep --backend cpu --model "$m" --tokens 1k,4k --seeds 2 --kind path \
           --store /tmp/needle-sweep ${set:+--set "$set"} --quiet 2>&1 | tee -a "$out/logs/demo-sweep.txt" | grep -E "^(settings|all)"
       done
-      [ "${ENGINE_SWEEPS:-0}" = 1 ] && ST_BIN=.bundle/bin/sparsetrace tools/needle_engine_sweeps.sh "$m" \
+      [ "${ENGINE_SWEEPS:-0}" = 1 ] && ST_BIN="$st" tools/needle_engine_sweeps.sh "$m" \
         "$out/logs/engine-sweeps.txt" 1k,4k,16k 2 2>&1 | grep -E '^==|^all' ;;
     oracle)
       step oracle
       w=${ORACLE:-$init}; [ -z "${ORACLE:-}" ] && [ -f "$dir/release/hf_config.json" ] && w=$dir/release
       echo "oracle on $w"
-      .bundle/bin/sparsetrace needle make --batch 6 --jsonl /tmp/oracle-make.jsonl --seed 4242 \
+      "$st" needle make --batch 6 --jsonl /tmp/oracle-make.jsonl --seed 4242 \
         --model models/needle-v4 --lengths 1k,2k,4k --quiet
       rm -rf /tmp/needle-oracle
       python3 tools/train_needle.py oracle-fixture "$w" /tmp/needle-oracle "$out/oracle.jsonl" --count 6 \
         --lengths 1024,2048,4096 --jsonl /tmp/oracle-make.jsonl 2>&1 | grep -v Warning | tee "$out/logs/oracle.txt" ;;
     evaldata)
       step evaldata
-      mk() { .bundle/bin/sparsetrace needle make --batch "$2" --jsonl "$dir/evals-$1.jsonl" --seed "$3" \
+      mk() { "$st" needle make --batch "$2" --jsonl "$dir/evals-$1.jsonl" --seed "$3" \
                --model models/needle-v4 --lengths 1k,2k,4k,8k,16k,32k --quiet "${@:4}"; }
       mkdir -p "$dir"
       mk make-train 192 90001 --split train & mk make-heldout 96 90002 --split heldout &
