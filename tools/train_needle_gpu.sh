@@ -59,8 +59,8 @@
 # GROW=L[,L...]: INIT grown first by a copy of each listed layer right after it, outputs zeroed and
 # residual mix the identity (tools/needle_grow.py into /tmp/needle-grown; the stage trains that
 # model, e.g. TRAIN_LAYERS with the new layers' numbers, which needle_grow prints). GROWN_LAYERS=FILE:
-# the new layers from FILE (needle_grow.py --pack of an earlier fine-tune of them, e.g.
-# models/checkpoints/needle-v5-grown-8344.safetensors), not fresh copies: that fine-tune goes on.
+# the new layers from FILE (needle_grow.py --pack of an earlier fine-tune of them;
+# models/checkpoints/README.md), not fresh copies: that fine-tune goes on.
 #
 # Outputs go to OUT; logs and JSON are packed into OUT/logs.tgz at the end (the device tool brings
 # back few files). DIR (/tmp/needle-train; NEEDLE_TRAIN_DIR) and the C examples (/tmp/needle-c;
