@@ -5,7 +5,8 @@
 # pool of 3,080 examples, and the release copied those needles better than new ones
 # (bench/needle-train-results.md, "2026-12-05, fifth session"). Checked on small files
 # (CDATA_BATCH=2): the same step gives the same bytes; a later step (INIT's log, or DIR's when an
-# earlier call on the machine saved) gives other needles; CDATA_SEED picks the seeds.
+# earlier call on the machine saved) gives other needles; CDATA_SEED picks the seeds, and seeds of
+# an evaluation set are refused.
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
@@ -65,6 +66,12 @@ shared=$(comm -12 "$work/va" "$work/vb" | wc -l)
 [ "$shared" = 0 ] || fail "steps 7893 and 8344 share $shared of 28 needles"
 shared=$(comm -12 "$work/va" "$work/vs" | wc -l)
 [ "$shared" = 0 ] || fail "step 7893 and CDATA_SEED=10 share $shared of 28 needles"
+
+# seeds an evaluation set uses are refused (bench/needle-train-results.md's e-fresh220 is seed 2000)
+out=$(env PATH="$work/bin:$PATH" CDATA_SEED=20 CDATA_BATCH=2 NEEDLE_TRAIN_DIR="$work/e.dir" NEEDLE_CDATA_DIR="$work/e.c" \
+  "$src/tools/train_needle_gpu.sh" "$work/e.out" cdata 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "take evaluation seed 2000" <<< "$out" || fail "CDATA_SEED=20 (seeds 2000-2013): rc $rc, '$out'"
+[ -e "$work/e.c/0.jsonl" ] && fail "CDATA_SEED=20 wrote examples before refusing"
 
 # an earlier call on this machine saved step 9000 in DIR: that is where the training resumes
 mkdir -p "$work/d1.dir"

@@ -16,7 +16,8 @@
 #                      --open-labels). The 14 files' seeds are 100 x the step the training resumes
 #                      from (the last save in DIR's log, else INIT's) + 0..13, so each call of a run
 #                      draws examples no earlier call trained on; CDATA_SEED=N: N x 100 + 0..13
-#                      instead. CDATA_BATCH: examples per file (default 220)
+#                      instead (seeds of an evaluation set, EVAL_SEEDS, are refused). CDATA_BATCH:
+#                      examples per file (default 220)
 #     parity           train_needle.py parity against the release in INIT (default models/needle-v4)
 #     check            tests/needle_fast_check.py: the fast forward against brute force (CPU, float64)
 #     speed            train_needle.py speed (SPEED_ONLY=a,b: those configs and the v4 path)
@@ -82,6 +83,9 @@ if [ -n "${GROW:-}" ]; then
   init=/tmp/needle-grown
 fi
 step() { echo "== $1 ($SECONDS s)"; }
+# needle make --batch seeds of evaluation sets: evaldata's below, oracle's, and the engine's
+# adoption sets in bench/needle-train-results.md (e-fresh220, e-plain*, e-long48, the copy probe)
+EVAL_SEEDS="90001 90002 90003 90004 4242 4243 4244 2000 777"
 # The step a stage of this call resumes from: the last save in DIR's log (an earlier call on this
 # machine), else in INIT's (training/log.jsonl of a release), else 0.
 resume_step() {
@@ -107,6 +111,10 @@ for s in "$@"; do
       # examples, and the release copies those needles better than new ones
       # (bench/needle-train-results.md, "2026-12-05, fifth session").
       base=${CDATA_SEED:-$(resume_step)}
+      for s in $EVAL_SEEDS; do   # a training file at an evaluation's seed would be that evaluation
+        [ "$s" -lt $((base * 100)) ] || [ "$s" -gt $((base * 100 + 13)) ] \
+          || { echo "cdata: seeds $((base * 100))-$((base * 100 + 13)) take evaluation seed $s"; exit 2; }
+      done
       echo "cdata seeds $((base * 100)) to $((base * 100 + 13))" | tee "$out/logs/cdata-seeds.txt"
       for i in $(seq 0 13); do
         "$st" needle make --batch "${CDATA_BATCH:-220}" --jsonl "$cdata/$i.jsonl" --seed $((base * 100 + i)) \
