@@ -111,9 +111,9 @@ for s in "$@"; do
       # examples, and the release copies those needles better than new ones
       # (bench/needle-train-results.md, "2026-12-05, fifth session").
       base=${CDATA_SEED:-$(resume_step)}
-      for s in $EVAL_SEEDS; do   # a training file at an evaluation's seed would be that evaluation
-        [ "$s" -lt $((base * 100)) ] || [ "$s" -gt $((base * 100 + 13)) ] \
-          || { echo "cdata: seeds $((base * 100))-$((base * 100 + 13)) take evaluation seed $s"; exit 2; }
+      for e in $EVAL_SEEDS; do   # a training file at an evaluation's seed would be that evaluation
+        [ "$e" -lt $((base * 100)) ] || [ "$e" -gt $((base * 100 + 13)) ] \
+          || { echo "cdata: seeds $((base * 100))-$((base * 100 + 13)) take evaluation seed $e"; exit 2; }
       done
       echo "cdata seeds $((base * 100)) to $((base * 100 + 13))" | tee "$out/logs/cdata-seeds.txt"
       for i in $(seq 0 13); do
