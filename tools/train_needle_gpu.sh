@@ -86,22 +86,12 @@ step() { echo "== $1 ($SECONDS s)"; }
 # needle make --batch seeds of evaluation sets: evaldata's below, oracle's, and the engine's
 # adoption sets in bench/needle-train-results.md (e-fresh220, e-plain*, e-long48, the copy probe)
 EVAL_SEEDS="90001 90002 90003 90004 4242 4243 4244 2000 777"
-# The step a stage of this call resumes from: the last save in DIR's log (an earlier call on this
-# machine), else in INIT's (training/log.jsonl of a release), else 0.
+# The step a stage of this call resumes from, as train_needle.py reads it (_saved_steps): the last
+# save in DIR's log (an earlier call on this machine), else in INIT's (training/log.jsonl of a
+# release, which seeds a fresh DIR), else 0.
 resume_step() {
-  python3 - "$dir/log.jsonl" "$init/training/log.jsonl" <<'PY'
-import json, sys
-for path in sys.argv[1:]:
-    try:
-        steps = [r["step"] for r in map(json.loads, open(path)) if r.get("event") == "saved"]
-    except FileNotFoundError:
-        continue
-    if steps:
-        print(steps[-1])
-        break
-else:
-    print(0)
-PY
+  python3 -c 'import sys; sys.path.insert(0, "tools"); from train_needle import _saved_steps
+print(next((steps[-1] for steps in map(_saved_steps, sys.argv[1:]) if steps), 0))' "$dir" "$init/training"
 }
 for s in "$@"; do
   case $s in
