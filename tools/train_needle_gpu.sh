@@ -83,9 +83,13 @@ if [ -n "${GROW:-}" ]; then
   init=/tmp/needle-grown
 fi
 step() { echo "== $1 ($SECONDS s)"; }
-# needle make --batch seeds of evaluation sets: evaldata's below, oracle's, and the engine's
-# adoption sets in bench/needle-train-results.md (e-fresh220, e-plain*, e-long48, the copy probe)
-EVAL_SEEDS="90001 90002 90003 90004 4242 4243 4244 2000 777"
+# needle make --batch seeds of the evaluation sets, which cdata never draws: evaldata's and the
+# oracle's (used below by name), and the engine's adoption sets in bench/needle-train-results.md
+# (e-fresh220, e-plain*, e-long48, the copy probe)
+SEED_MAKE_TRAIN=90001 SEED_MAKE_HELDOUT=90002 SEED_TOOLLIST_HELDOUT=90003 SEED_MAKE_DECOYS=90004
+SEED_ORACLE=4242
+SEEDS_BENCH="4242 4243 4244 2000 777"
+EVAL_SEEDS="$SEED_MAKE_TRAIN $SEED_MAKE_HELDOUT $SEED_TOOLLIST_HELDOUT $SEED_MAKE_DECOYS $SEED_ORACLE $SEEDS_BENCH"
 # The step a stage of this call resumes from, as train_needle.py reads it (_saved_steps): the last
 # save in DIR's log (an earlier call on this machine), else in INIT's (training/log.jsonl of a
 # release, which seeds a fresh DIR), else 0.
@@ -191,7 +195,7 @@ PY
       step oracle
       w=${ORACLE:-$init}; [ -z "${ORACLE:-}" ] && [ -f "$dir/release/hf_config.json" ] && w=$dir/release
       echo "oracle on $w"
-      "$st" needle make --batch 6 --jsonl /tmp/oracle-make.jsonl --seed 4242 \
+      "$st" needle make --batch 6 --jsonl /tmp/oracle-make.jsonl --seed $SEED_ORACLE \
         --model models/needle-v4 --lengths 1k,2k,4k --quiet
       rm -rf /tmp/needle-oracle
       python3 tools/train_needle.py oracle-fixture "$w" /tmp/needle-oracle "$out/oracle.jsonl" --count 6 \
@@ -201,9 +205,9 @@ PY
       mk() { "$st" needle make --batch "$2" --jsonl "$dir/evals-$1.jsonl" --seed "$3" \
                --model models/needle-v4 --lengths 1k,2k,4k,8k,16k,32k --quiet "${@:4}"; }
       mkdir -p "$dir"
-      mk make-train 192 90001 --split train & mk make-heldout 96 90002 --split heldout &
-      mk toollist-heldout 96 90003 --split heldout --shapes toollist &
-      mk make-decoys 96 90004 --split train --decoys 1-24 & wait
+      mk make-train 192 $SEED_MAKE_TRAIN --split train & mk make-heldout 96 $SEED_MAKE_HELDOUT --split heldout &
+      mk toollist-heldout 96 $SEED_TOOLLIST_HELDOUT --split heldout --shapes toollist &
+      mk make-decoys 96 $SEED_MAKE_DECOYS --split train --decoys 1-24 & wait
       for f in "$dir"/evals-*.jsonl; do echo "$(basename "$f"): $(wc -l < "$f") examples"; done | tee "$out/logs/evaldata.txt" ;;
     card)
       step card
