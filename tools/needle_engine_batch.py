@@ -86,7 +86,7 @@ def main(argv):
                                e["thinking"], work)
             json.dump(ids, open(prompt, "w"))
             answers = [answer_of(args, model, prompt, work, e["index"]) for model in args.model]
-            oks = [e["value"] in a for a in answers]
+            oks = [passes(e, a) for a in answers]
             verdicts.append((e["index"], e["kind"], oks))
             for key in ("family " + e["family"], "kind " + e["kind"], "all"):
                 for i, ok in enumerate(oks):
@@ -111,6 +111,11 @@ def main(argv):
         losses = [f"{idx} {kind}" for idx, kind, oks in verdicts if oks[0] and not oks[i]]
         print(f"{name} against {names[0]}: passes {len(gains)} it fails ({', '.join(gains) or 'none'}); "
               f"fails {len(losses)} it passes ({', '.join(losses) or 'none'})")
+
+
+def passes(example, answer):
+    """An answer passes when it holds the needle's value verbatim, as `needle sweep` counts."""
+    return example["value"] in answer
 
 
 def tokenizer_bytes(model):

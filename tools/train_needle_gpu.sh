@@ -84,11 +84,11 @@ if [ -n "${GROW:-}" ]; then
 fi
 step() { echo "== $1 ($SECONDS s)"; }
 # needle make --batch seeds of the evaluation sets, which cdata never draws: evaldata's and the
-# oracle's (used below by name), and the engine's adoption sets in bench/needle-train-results.md
-# (e-fresh220, e-plain*, e-long48, the copy probe)
+# oracle's (used below by name), and the bench's engine sets (tools/needle_adopt.py's adoption
+# sets and the others it lists)
 SEED_MAKE_TRAIN=90001 SEED_MAKE_HELDOUT=90002 SEED_TOOLLIST_HELDOUT=90003 SEED_MAKE_DECOYS=90004
 SEED_ORACLE=4242
-SEEDS_BENCH="4242 4243 4244 2000 777"
+SEEDS_BENCH=$(python3 tools/needle_adopt.py --seeds) || { echo "tools/needle_adopt.py --seeds failed"; exit 1; }
 EVAL_SEEDS="$SEED_MAKE_TRAIN $SEED_MAKE_HELDOUT $SEED_TOOLLIST_HELDOUT $SEED_MAKE_DECOYS $SEED_ORACLE $SEEDS_BENCH"
 # The step a stage of this call resumes from, as train_needle.py reads it (_saved_steps): the last
 # save in DIR's log (an earlier call on this machine), else in INIT's (training/log.jsonl of a

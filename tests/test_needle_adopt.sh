@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# tools/needle_adopt.py, which decides whether a trained needle model replaces the release. Its
+# sign test against a count of every outcome (all 2^n for n <= 14); its rule on paired verdicts
+# worked out by hand; on the engine (the first 4 examples of e-composed48, 2 in a sanitizer
+# build; needle-v4 as the candidate) its counts, gains and losses equal needle_engine_batch's on
+# the same examples; each model's answers are kept and reused (no engine run the second time, a
+# stopped run goes on from where it stopped); a corrupt answer store is named, not read; a
+# candidate with another tokenizer is refused.
+set -uo pipefail
+st=${ST_BIN:?}
+src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+tool=$src/tools/needle_adopt.py
+release=$src/models/needle-v5
+candidate=$src/models/needle-v4
+
+# the statistics and the rule, against mathematics
+PYTHONPATH=$src/tools python3 - <<'EOF' || fail "the sign test or the rule"
+import itertools, needle_adopt as na
+bad = 0
+for n in range(0, 15):
+    for k in range(0, n + 2):
+        # every sequence of n fair coins, counted: how many have at least k heads
+        count = sum(1 for flips in itertools.product((0, 1), repeat=n) if sum(flips) >= k)
+        if abs(na.sign_p(k, n) - count / 2 ** n) > 1e-15:
+            print(f"sign_p({k}, {n}) = {na.sign_p(k, n)}, counted {count / 2 ** n}"); bad += 1
+row = na.compare([1, 1, 0, 0, 1, 0], [1, 0, 1, 1, 0, 0])
+want = {"release": 3, "candidate": 3, "examples": 6, "gains": 2, "losses": 2}
+if {k: row[k] for k in want} != want or row["p_worse"] != 11 / 16:  # P(X >= 2), X ~ B(4, 1/2) = 11/16
+    print("compare:", row); bad += 1
+
+def case(*rows):  # (gains, losses) per set
+    return {f"s{i}": na.compare([0] * g + [1] * l, [1] * g + [0] * l) for i, (g, l) in enumerate(rows)}
+checks = [
+    # 7 gains, 0 losses: p(better) = 1/128 < 0.05 / 2
+    (case((7, 0), (3, 3)), "adopt", "better on s0"),
+    # 0 gains, 7 losses on one set: worse, whatever the other says
+    (case((7, 0), (0, 7)), "keep", "worse on s1"),
+    # 5 gains, 0 losses: 1/32 = 0.031 < 0.05 alone, but not < 0.05 / 2 beside another set (Bonferroni)
+    (case((5, 0)), "adopt", "better on s0"),
+    (case((5, 0), (0, 0)), "keep", "no set tells them apart"),
+    # no example differs
+    (case((0, 0)), "keep", "no set tells them apart"),
+]
+for rows, word, reason in checks:
+    got = na.verdict(rows)
+    if got[0] != word or reason not in got[1]:
+        print(f"verdict of {[(r['gains'], r['losses']) for r in rows.values()]}: {got}, want {word}: {reason}"); bad += 1
+print(f"sign test and rule: {bad} wrong")
+raise SystemExit(bad > 0)
+EOF
+
+# the engine through a wrapper that logs every `run` (how many examples were asked)
+cat >"$work/st" <<EOF
+#!/bin/sh
+[ "\$1" = run ] && echo run >>"$work/runs.log"
+exec "$st" "\$@"
+EOF
+chmod +x "$work/st"
+runs() { [ -f "$work/runs.log" ] && wc -l <"$work/runs.log" || echo 0; }
+adopt() { python3 "$tool" "$candidate" --release "$release" --st "$work/st" --work "$work/w" --sets e-composed48 "$@"; }
+# a first run over a examples, going on to b; a sanitizer build (~15x slower arithmetic) asks fewer
+a=2 b=4
+[ "${ST_SANITIZE:-0}" = 1 ] && a=1 b=2
+
+adopt --first $a >"$work/a.txt" 2>&1 || fail "needle_adopt --first $a: $(tail -3 "$work/a.txt")"
+[ "$(runs)" = $((2 * a)) ] && echo "ok: $a examples, 2 models: $((2 * a)) engine runs" \
+  || fail "$a examples asked of 2 models took $(runs) runs"
+adopt --first $b --answers "$work/answers.txt" >"$work/a4.txt" 2>&1 || fail "needle_adopt --first $b: $(tail -3 "$work/a4.txt")"
+[ "$(runs)" = $((2 * b)) ] && echo "ok: going on to $b examples ran only the $((b - a)) new ones, for each model" \
+  || fail "going on from $a to $b examples: $(runs) runs in all, want $((2 * b))"
+adopt --first $b >"$work/again.txt" 2>&1 || fail "needle_adopt again: $(tail -3 "$work/again.txt")"
+[ "$(runs)" = $((2 * b)) ] && echo "ok: asked again, no engine run" || fail "asked again: $(runs) runs in all, want $((2 * b))"
+cmp -s <(grep -v '^release\|^candidate' "$work/a4.txt") <(grep -v '^release\|^candidate' "$work/again.txt") \
+  && echo "ok: the same table from the kept answers" || fail "the kept answers gave another table"
+grep -q "partial: the first $b examples" "$work/a4.txt" && echo "ok: --first says the verdict is partial" \
+  || fail "--first $b does not say the verdict is partial"
+
+# against needle_engine_batch on the same examples, both models
+head -$b "$work/w/sets/e-composed48.jsonl" >"$work/first.jsonl"
+python3 "$src/tools/needle_engine_batch.py" "$work/first.jsonl" --model "$release" --model "$candidate" --st "$st" \
+  >"$work/batch.txt" 2>&1 || fail "needle_engine_batch: $(tail -3 "$work/batch.txt")"
+read -r r c < <(sed -n "s|^all: \([0-9]*\)/$b \([0-9]*\)/$b\$|\1 \2|p" "$work/batch.txt")
+read -r g l < <(sed -n 's|.* passes \([0-9]*\) it fails .*; fails \([0-9]*\) it passes .*|\1 \2|p' "$work/batch.txt")
+read -r n2 r2 c2 g2 l2 < <(awk '$1 == "e-composed48" {print $2, $3, $4, $5, $6}' "$work/a4.txt")
+if [ -n "${r:-}" ] && [ -n "${g:-}" ] && [ "$n2 $r2 $c2 $g2 $l2" = "$b $r $c $g $l" ]; then
+  echo "ok: $b examples, release $r, candidate $c, gains $g, losses $l, as needle_engine_batch counts"
+else
+  fail "needle_adopt: '${n2:-} ${r2:-} ${c2:-} ${g2:-} ${l2:-}', needle_engine_batch: $b examples, all ${r:-?} ${c:-?}, gains ${g:-?} losses ${l:-?}"
+fi
+[ "$(grep -cE '^ *[0-9]+ ' "$work/answers.txt")" = $b ] && echo "ok: --answers has a line per example" \
+  || fail "--answers: $(grep -cE '^ *[0-9]+ ' "$work/answers.txt") example lines, want $b"
+
+# the candidate is the release: no gains, no losses, nothing run again, kept
+python3 "$tool" "$release" --release "$release" --st "$work/st" --work "$work/w" --sets e-composed48 --first $b \
+  >"$work/self.txt" 2>&1 || fail "the release against itself: $(tail -3 "$work/self.txt")"
+awk '$1 == "e-composed48" {exit !($5 == 0 && $6 == 0)}' "$work/self.txt" && grep -q '^verdict: keep: no set tells' "$work/self.txt" \
+  && [ "$(runs)" = $((2 * b)) ] && echo "ok: the release against itself: no gain, no loss, kept, no run" \
+  || fail "the release against itself: $(grep -E '^e-composed48|^verdict' "$work/self.txt" | tr '\n' ' '), $(runs) runs"
+
+# a corrupt answer store is named and not read
+store=$(ls "$work"/w/answers/e-composed48-*.json | head -1)
+printf '{"answers": {"0": "trunc' >"$store"
+if adopt --first $b >"$work/corrupt.txt" 2>&1; then
+  fail "a corrupt answer store was read"
+else
+  grep -q "$store: unreadable" "$work/corrupt.txt" && echo "ok: a corrupt answer store is named" \
+    || fail "a corrupt store: $(tail -2 "$work/corrupt.txt")"
+fi
+
+# another tokenizer is refused
+mkdir -p "$work/other" && cp "$release"/{model.safetensors,config.json} "$work/other/" && echo '{}' >"$work/other/tokenizer.json"
+if python3 "$tool" "$work/other" --release "$release" --st "$work/st" --work "$work/w" >"$work/tok.txt" 2>&1; then
+  fail "a candidate with another tokenizer was asked"
+else
+  grep -q "different tokenizer.json" "$work/tok.txt" && echo "ok: another tokenizer is refused" \
+    || fail "another tokenizer: $(tail -2 "$work/tok.txt")"
+fi
+
+[ "$failures" -eq 0 ] && echo "test_needle_adopt: all passed" || echo "test_needle_adopt: $failures failed"
+exit $((failures > 0))

@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Whether a trained needle model replaces the release. Both answer the adoption sets in the
+engine (greedy, `sparsetrace run`, each example asked as tools/needle_engine_batch.py asks it),
+and one rule reads the paired verdicts.
+
+  tools/needle_adopt.py CANDIDATE [--release DIR] [--sets NAME,...] [--first N] [--st BIN]
+                        [--work DIR] [--answers FILE]
+  tools/needle_adopt.py --list     the sets, each with its `needle make` command
+  tools/needle_adopt.py --seeds    the `needle make` seeds of every set the bench evaluates on
+                                   (tools/train_needle_gpu.sh's cdata refuses them for training)
+
+The rule (`verdict`). On each set, the candidate's gains are the examples it passes and the
+release fails, its losses the reverse. If the two models were equally good, each such example
+would be a fair coin, so the exact one-sided sign test gives p(worse) = P(X >= losses) and
+p(better) = P(X >= gains), X ~ Binomial(gains + losses, 1/2). A set tells the models apart when
+that p is below ALPHA divided by the number of sets asked (Bonferroni: ALPHA over all of them).
+The candidate is adopted when it is better on some set and worse on none. When it is worse on any
+set, the release is kept. Otherwise no set tells them apart, and the release is kept too.
+
+The engine is deterministic, so each model's answers are kept in WORK/answers (default
+/tmp/needle-adopt), one file per model, set and engine binary, keyed by their bytes, and written
+after every example: the release is run once, a candidate only for itself, and a run stopped
+midway goes on where it stopped. --first N asks only each set's first N examples (a quick look:
+its verdict is said to be partial). --answers writes every example's verdicts and each miss's
+answer, as needle_engine_batch prints them. About 6 minutes a model for every set, on 2 cores.
+tests/test_needle_adopt.sh holds the counts to needle_engine_batch and the sign test to a count
+of every outcome."""
+import argparse
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import needle_engine_batch as neb  # noqa: E402
+
+ALPHA = 0.05
+TRAINED_KINDS = "path,host,key,number,ticket,url,commit,random"
+POOL_KINDS = "path,host,key,number,ticket,url,commit,random,key,commit,random"  # cdata's default draw
+
+# (name, what it asks, `sparsetrace needle make --batch` options). The release's figures on each
+# are in bench/needle-train-results.md.
+SETS = [
+    ("e-plain384", "trained kinds, their own questions, 1k-2k tokens",
+     ["--batch", "384", "--seed", "4244", "--lengths", "1k,2k", "--kinds", TRAINED_KINDS]),
+    ("e-fresh220", "the training pool's kind mix on needles no run trains on, 1k-2k tokens",
+     ["--batch", "220", "--seed", "2000", "--lengths", "1k,2k", "--split", "train", "--kinds", POOL_KINDS]),
+    ("e-long48", "trained kinds, 8k-16k tokens",
+     ["--batch", "48", "--seed", "4242", "--lengths", "8k,16k", "--kinds", TRAINED_KINDS]),
+    ("e-composed48", "trained kinds, every question composed from parts, 1k-2k tokens",
+     ["--batch", "48", "--seed", "4242", "--lengths", "1k,2k", "--kinds", TRAINED_KINDS, "--composed", "1"]),
+    ("e-heldoutq48", "trained kinds in the bug-report shape, asked in the held-out wordings (q5, q6), 1k-2k tokens",
+     ["--batch", "48", "--seed", "4245", "--lengths", "1k,2k", "--split", "heldout", "--shapes", "toollist",
+      "--kinds", TRAINED_KINDS]),
+]
+# Seeds of the bench's other engine sets, kept out of training as well.
+OTHER_SEEDS = {
+    777: "the copy probe's set (needle_copy_probe.py, bench 2026-12-05 second session)",
+    2001: "the new needles of the seen/unseen comparison (bench 2026-12-05 fifth session)",
+    2002: "the same", 2003: "the same",
+    90003: "the toollist prompts asked in each wording (engine-wording-7893.txt)",
+}
+
+
+def seeds():
+    """Every seed the bench's engine sets are drawn at, in order."""
+    found = {int(opts[opts.index("--seed") + 1]) for _, _, opts in SETS}
+    return sorted(found | set(OTHER_SEEDS))
+
+
+def sign_p(k, n):
+    """P(X >= k) for X ~ Binomial(n, 1/2): the one-sided exact sign test."""
+    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n
+
+
+def compare(release_oks, candidate_oks):
+    """Gains, losses and both one-sided p-values of the paired verdicts."""
+    gains = sum(c and not r for r, c in zip(release_oks, candidate_oks))
+    losses = sum(r and not c for r, c in zip(release_oks, candidate_oks))
+    n = gains + losses
+    return {"release": sum(release_oks), "candidate": sum(candidate_oks), "examples": len(release_oks),
+            "gains": gains, "losses": losses, "p_worse": sign_p(losses, n), "p_better": sign_p(gains, n)}
+
+
+def verdict(rows, alpha=ALPHA):
+    """The rule of the module's doc over {set: compare(...)}: (word, reason) where word is adopt
+    or keep; each row gains "tells": better, worse or "" at alpha / len(rows)."""
+    level = alpha / max(len(rows), 1)
+    for row in rows.values():
+        row["tells"] = "worse" if row["p_worse"] < level else "better" if row["p_better"] < level else ""
+    worse = [name for name, row in rows.items() if row["tells"] == "worse"]
+    better = [name for name, row in rows.items() if row["tells"] == "better"]
+    if worse:
+        return "keep", f"worse on {', '.join(worse)} (p(worse) < {level:.3g})"
+    if better:
+        return "adopt", f"better on {', '.join(better)} and worse on none (p(better) < {level:.3g})"
+    return "keep", f"no set tells them apart at {level:.3g}: the release stays"
+
+
+def digest(paths):
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def model_digest(model):
+    files = [os.path.join(model, f) for f in ("model.safetensors", "config.json", "tokenizer.json")]
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        sys.exit(f"needle_adopt: {model} is not a release: {', '.join(missing)} missing")
+    return digest(files)
+
+
+def set_file(args, name, opts):
+    """The set's examples, written by needle make into WORK/sets (again when missing)."""
+    path = os.path.join(args.work, "sets", name + ".jsonl")
+    if not os.path.isfile(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = path + ".part"
+        r = subprocess.run([args.st, "needle", "make", "--model", args.release, "--jsonl", tmp, "--quiet"] + opts,
+                           capture_output=True, text=True)
+        if r.returncode:
+            sys.exit(f"needle_adopt: {name}: needle make failed: {r.stderr.strip()[-300:]}")
+        os.replace(tmp, path)
+    return path
+
+
+def answers(args, model, mdigest, name, path, engine):
+    """The model's answers to the set's examples (the first --first), from WORK/answers where
+    already asked, else from the engine, each saved as soon as it comes."""
+    key = f"{mdigest[:16]}-{digest([path])[:16]}-{engine[:12]}"
+    store = os.path.join(args.work, "answers", f"{name}-{key}.json")
+    got = {}
+    if os.path.isfile(store):
+        try:
+            with open(store, encoding="utf-8") as f:
+                got = json.load(f)["answers"]
+        except (ValueError, KeyError) as e:
+            sys.exit(f"needle_adopt: {store}: unreadable ({e}); remove it to ask again")
+    os.makedirs(os.path.dirname(store), exist_ok=True)
+    with open(path, encoding="utf-8") as f:
+        examples = [json.loads(line) for line in f][:args.first or None]
+    engine_args = argparse.Namespace(st=args.st, backend="cpu", max_new_tokens=48, set=[])
+    with tempfile.TemporaryDirectory() as work:
+        prompt = os.path.join(work, "prompt.json")
+        for e in examples:
+            if str(e["index"]) in got:
+                continue
+            with open(prompt, "w") as f:
+                json.dump(e["ids"], f)
+            got[str(e["index"])] = neb.answer_of(engine_args, model, prompt, work, e["index"])
+            tmp = store + ".part"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"model": model, "set": name, "answers": got}, f)
+            os.replace(tmp, store)
+    return examples, [got[str(e["index"])] for e in examples]
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("candidate", nargs="?")
+    ap.add_argument("--release", default="models/needle-v5")
+    ap.add_argument("--sets", help="only these sets, comma-separated (default: all)")
+    ap.add_argument("--first", type=int, default=0, help="only each set's first N examples (a partial verdict)")
+    ap.add_argument("--st", default=os.environ.get("ST_BIN", "build/sparsetrace"))
+    ap.add_argument("--work", default="/tmp/needle-adopt")
+    ap.add_argument("--answers", help="write every example's verdicts and each miss's answer here")
+    ap.add_argument("--list", action="store_true"), ap.add_argument("--seeds", action="store_true")
+    args = ap.parse_args(argv)
+    if args.seeds:
+        print(" ".join(map(str, seeds())))
+        return 0
+    if args.list:
+        for name, what, opts in SETS:
+            print(f"{name}: {what}\n  sparsetrace needle make --model {args.release} --jsonl {name}.jsonl "
+                  + " ".join(opts))
+        return 0
+    if not args.candidate:
+        ap.error("a candidate model directory is needed (or --list, --seeds)")
+    chosen = SETS
+    if args.sets:
+        names = args.sets.split(",")
+        unknown = [n for n in names if n not in [s[0] for s in SETS]]
+        if unknown:
+            sys.exit(f"needle_adopt: no set {', '.join(unknown)} (--list names them)")
+        chosen = [s for s in SETS if s[0] in names]
+    if neb.tokenizer_bytes(args.release) != neb.tokenizer_bytes(args.candidate):
+        sys.exit("needle_adopt: the release and the candidate have different tokenizer.json: one prompt's "
+                 "ids cannot be asked of both")
+    if not os.access(args.st, os.X_OK):
+        sys.exit(f"needle_adopt: {args.st}: not an executable (--st, ST_BIN)")
+    engine = digest([args.st])
+    rd, cd = model_digest(args.release), model_digest(args.candidate)
+    print(f"release   {args.release} ({rd[:12]})\ncandidate {args.candidate} ({cd[:12]})", flush=True)
+    rows, lines = {}, []
+    for name, _, opts in chosen:
+        path = set_file(args, name, opts)
+        examples, ra = answers(args, args.release, rd, name, path, engine)
+        _, ca = answers(args, args.candidate, cd, name, path, engine)
+        roks = [neb.passes(e, a) for e, a in zip(examples, ra)]
+        coks = [neb.passes(e, a) for e, a in zip(examples, ca)]
+        rows[name] = compare(roks, coks)
+        lines.append(f"== {name}")
+        for e, r, c, a_r, a_c in zip(examples, roks, coks, ra, ca):
+            lines.append(f"{e['index']:3d} {e['kind']:7s} {e['family']:8s} {'thinking' if e['thinking'] else 'chat':8s} "
+                         f"{'PASS' if r else 'miss'} {'PASS' if c else 'miss'}  {e['needle'][:60]!r}")
+            lines += [f"      {who}: {a[:90]!r}" for who, ok, a in (("release", r, a_r), ("candidate", c, a_c)) if not ok]
+    word, reason = verdict(rows)
+    print(f"{'set':14s} {'examples':>8s} {'release':>8s} {'candidate':>9s} {'gains':>6s} {'losses':>6s} "
+          f"{'p(worse)':>9s} {'p(better)':>9s}")
+    for name, row in rows.items():
+        print(f"{name:14s} {row['examples']:8d} {row['release']:8d} {row['candidate']:9d} {row['gains']:6d} "
+              f"{row['losses']:6d} {row['p_worse']:9.2g} {row['p_better']:9.2g}  {row['tells']}")
+    partial = f" (partial: the first {args.first} examples of each set)" if args.first else ""
+    print(f"verdict: {word}: {reason}{partial}")
+    if args.answers:
+        with open(args.answers, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
