@@ -4,8 +4,9 @@
 # worked out by hand; on the engine (the first 4 examples of e-composed48, 2 in a sanitizer
 # build; needle-v4 as the candidate) its counts, gains and losses equal needle_engine_batch's on
 # the same examples; each model's answers are kept and reused (no engine run the second time, a
-# stopped run goes on from where it stopped); a corrupt answer store is named, not read; a
-# candidate with another tokenizer is refused.
+# stopped run goes on from where it stopped, two engines at once as one); train_needle_gpu.sh's
+# adopt step gives the same table; a corrupt answer store is named, not read; a candidate with
+# another tokenizer is refused.
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
@@ -69,7 +70,7 @@ a=2 b=4
 adopt --first $a >"$work/a.txt" 2>&1 || fail "needle_adopt --first $a: $(tail -3 "$work/a.txt")"
 [ "$(runs)" = $((2 * a)) ] && echo "ok: $a examples, 2 models: $((2 * a)) engine runs" \
   || fail "$a examples asked of 2 models took $(runs) runs"
-adopt --first $b --answers "$work/answers.txt" >"$work/a4.txt" 2>&1 || fail "needle_adopt --first $b: $(tail -3 "$work/a4.txt")"
+adopt --first $b --jobs 2 --answers "$work/answers.txt" >"$work/a4.txt" 2>&1 || fail "needle_adopt --first $b: $(tail -3 "$work/a4.txt")"
 [ "$(runs)" = $((2 * b)) ] && echo "ok: going on to $b examples ran only the $((b - a)) new ones, for each model" \
   || fail "going on from $a to $b examples: $(runs) runs in all, want $((2 * b))"
 adopt --first $b >"$work/again.txt" 2>&1 || fail "needle_adopt again: $(tail -3 "$work/again.txt")"
@@ -100,6 +101,19 @@ python3 "$tool" "$release" --release "$release" --st "$work/st" --work "$work/w"
 awk '$1 == "e-composed48" {exit !($5 == 0 && $6 == 0)}' "$work/self.txt" && grep -q '^verdict: keep: no set tells' "$work/self.txt" \
   && [ "$(runs)" = $((2 * b)) ] && echo "ok: the release against itself: no gain, no loss, kept, no run" \
   || fail "the release against itself: $(grep -E '^e-composed48|^verdict' "$work/self.txt" | tr '\n' ' '), $(runs) runs"
+
+# the GPU call's adopt step (train_needle_gpu.sh): the same table, from the same kept answers
+mkdir -p "$work/tdir/release" && cp "$candidate"/{model.safetensors,config.json,tokenizer.json} "$work/tdir/release/"
+env INIT="$release" NEEDLE_TRAIN_DIR="$work/tdir" ST_BIN="$work/st" ADOPT_WORK="$work/w" ADOPT_SETS=e-composed48 \
+  ADOPT_FIRST=$b "$src/tools/train_needle_gpu.sh" "$work/gpu.out" adopt >"$work/gpu.log" 2>&1 \
+  || fail "train_needle_gpu.sh adopt: $(tail -3 "$work/gpu.log")"
+tar -xzf "$work/gpu.out/logs.tgz" -C "$work/gpu.out" 2>/dev/null || fail "train_needle_gpu.sh adopt: no logs.tgz"
+if [ "$(grep '^e-composed48' "$work/gpu.out/logs/adopt.txt" 2>/dev/null)" = "$(grep '^e-composed48' "$work/a4.txt")" ] \
+   && [ "$(runs)" = $((2 * b)) ] && [ -s "$work/gpu.out/logs/adopt-answers.txt" ]; then
+  echo "ok: train_needle_gpu.sh adopt: the same table from the kept answers, no run"
+else
+  fail "train_needle_gpu.sh adopt: '$(grep '^e-composed48' "$work/gpu.out/logs/adopt.txt" 2>/dev/null)', $(runs) runs"
+fi
 
 # a corrupt answer store is named and not read
 store=$(ls "$work"/w/answers/e-composed48-*.json | head -1)

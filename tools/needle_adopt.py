@@ -4,7 +4,7 @@ engine (greedy, `sparsetrace run`, each example asked as tools/needle_engine_bat
 and one rule reads the paired verdicts.
 
   tools/needle_adopt.py CANDIDATE [--release DIR] [--sets NAME,...] [--first N] [--st BIN]
-                        [--work DIR] [--answers FILE]
+                        [--jobs N] [--work DIR] [--answers FILE]
   tools/needle_adopt.py --list     the sets, each with its `needle make` command
   tools/needle_adopt.py --seeds    the `needle make` seeds of every set the bench evaluates on
                                    (tools/train_needle_gpu.sh's cdata refuses them for training)
@@ -18,14 +18,18 @@ The candidate is adopted when it is better on some set and worse on none. When i
 set, the release is kept. Otherwise no set tells them apart, and the release is kept too.
 
 The engine is deterministic, so each model's answers are kept in WORK/answers (default
-/tmp/needle-adopt), one file per model, set and engine binary, keyed by their bytes, and written
-after every example: the release is run once, a candidate only for itself, and a run stopped
-midway goes on where it stopped. --first N asks only each set's first N examples (a quick look:
-its verdict is said to be partial). --answers writes every example's verdicts and each miss's
-answer, as needle_engine_batch prints them. About 6 minutes a model for every set, on 2 cores.
+/tmp/needle-adopt), one file per model, set and engine, keyed by the bytes of the model and the
+set and by the engine's `--version` (its commit; a build of a modified tree, "-dirty", by its
+binary's bytes), and written after every example: the release is run once, a candidate only for
+itself, and a run stopped midway goes on where it stopped. --jobs N runs N engines at once, each
+with --threads (cores / N) (the answers do not depend on it). --first N asks only each set's first
+N examples (a quick look: its verdict is said to be partial). --answers writes every example's
+verdicts and each miss's answer, as needle_engine_batch prints them. About 6 minutes a model for
+every set, on 2 cores.
 tests/test_needle_adopt.sh holds the counts to needle_engine_batch and the sign test to a count
 of every outcome."""
 import argparse
+import concurrent.futures
 import hashlib
 import json
 import math
@@ -109,6 +113,16 @@ def digest(paths):
     return h.hexdigest()
 
 
+def engine_key(st):
+    """What the engine's answers depend on: its version (the commit it was built from), or the
+    binary's bytes when that tree was modified."""
+    r = subprocess.run([st, "--version"], capture_output=True, text=True)
+    version = r.stdout.strip().split(" ")[1] if r.returncode == 0 and r.stdout.startswith("sparsetrace ") else ""
+    if not version or version.endswith("-dirty"):
+        return digest([st])
+    return hashlib.sha256(version.encode()).hexdigest()
+
+
 def model_digest(model):
     files = [os.path.join(model, f) for f in ("model.safetensors", "config.json", "tokenizer.json")]
     missing = [f for f in files if not os.path.isfile(f)]
@@ -146,15 +160,20 @@ def answers(args, model, mdigest, name, path, engine):
     os.makedirs(os.path.dirname(store), exist_ok=True)
     with open(path, encoding="utf-8") as f:
         examples = [json.loads(line) for line in f][:args.first or None]
-    engine_args = argparse.Namespace(st=args.st, backend="cpu", max_new_tokens=48, set=[])
-    with tempfile.TemporaryDirectory() as work:
-        prompt = os.path.join(work, "prompt.json")
-        for e in examples:
-            if str(e["index"]) in got:
-                continue
+    threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
+    engine_args = argparse.Namespace(st=args.st, backend="cpu", max_new_tokens=48, set=[], threads=threads)
+
+    def ask(e):
+        with tempfile.TemporaryDirectory() as work:
+            prompt = os.path.join(work, "prompt.json")
             with open(prompt, "w") as f:
                 json.dump(e["ids"], f)
-            got[str(e["index"])] = neb.answer_of(engine_args, model, prompt, work, e["index"])
+            return neb.answer_of(engine_args, model, prompt, work, e["index"])
+
+    todo = [e for e in examples if str(e["index"]) not in got]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for e, answer in zip(todo, pool.map(ask, todo)):  # in order, each saved as it comes
+            got[str(e["index"])] = answer
             tmp = store + ".part"
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump({"model": model, "set": name, "answers": got}, f)
@@ -169,6 +188,7 @@ def main(argv):
     ap.add_argument("--sets", help="only these sets, comma-separated (default: all)")
     ap.add_argument("--first", type=int, default=0, help="only each set's first N examples (a partial verdict)")
     ap.add_argument("--st", default=os.environ.get("ST_BIN", "build/sparsetrace"))
+    ap.add_argument("--jobs", type=int, default=1, help="engine runs at once (default 1)")
     ap.add_argument("--work", default="/tmp/needle-adopt")
     ap.add_argument("--answers", help="write every example's verdicts and each miss's answer here")
     ap.add_argument("--list", action="store_true"), ap.add_argument("--seeds", action="store_true")
@@ -195,7 +215,9 @@ def main(argv):
                  "ids cannot be asked of both")
     if not os.access(args.st, os.X_OK):
         sys.exit(f"needle_adopt: {args.st}: not an executable (--st, ST_BIN)")
-    engine = digest([args.st])
+    if args.jobs < 1:
+        ap.error("--jobs is at least 1")
+    engine = engine_key(args.st)
     rd, cd = model_digest(args.release), model_digest(args.candidate)
     print(f"release   {args.release} ({rd[:12]})\ncandidate {args.candidate} ({cd[:12]})", flush=True)
     rows, lines = {}, []

@@ -131,7 +131,8 @@ def answer_of(args, model, prompt, work, index):
     r = subprocess.run([args.st, "run", "--model", model, "--prompt-tokens", prompt, "--backend",
                         args.backend, "--max-new-tokens", str(args.max_new_tokens), "--store", work,
                         "-o", os.path.join(work, "run.h5"), "--force", "--json", "-q"]
-                       + [a for kv in args.set for a in ("--set", kv)],
+                       + [a for kv in args.set for a in ("--set", kv)]
+                       + (["--threads", str(args.threads)] if getattr(args, "threads", None) else []),
                        capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"example {index}: sparsetrace run failed ({model}): {r.stderr.strip()[-300:]}")

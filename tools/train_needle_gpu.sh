@@ -39,6 +39,13 @@
 #                      was carried and are saved to OUT/compile-cache.bin (carry it back as
 #                      .compile-cache/needle.bin: compiling took 302 s on a fresh machine)
 #     release          the trained weights as a release in OUT/needle-release.tgz (no evaluation)
+#     adopt            tools/needle_adopt.py: this call's release against ADOPT_RELEASE (default INIT) on
+#                      the adoption sets (ADOPT_SETS: only those; ADOPT_FIRST=N: their first N examples),
+#                      one engine per core, into
+#                      OUT/logs/adopt.txt (the table and the verdict) and adopt-answers.txt; the answers
+#                      are kept in .adopt-cache (ADOPT_WORK): carry it with the release's answers in it
+#                      (tools/needle_adopt.py INIT --release INIT --st .bundle/bin/sparsetrace --work
+#                      .adopt-cache, here), and only the candidate's examples run
 #     sweep            the engine (the bundle's sparsetrace, --backend cpu) on this call's release, else
 #                      INIT: tools/demo.sh's recall sweep (1k and 4k x 4 positions x seeds 1-2, path, as
 #                      trained and with rotate=q) into OUT/logs/demo-sweep.txt; ENGINE_SWEEPS=1: then
@@ -181,6 +188,12 @@ PY
       step release
       rm -rf "$dir/release" && python3 tools/train_needle.py release "$dir" "$dir/release" --budget 0 2>&1 | tail -3
       tar -C "$dir/release" -czf "$out/needle-release.tgz" . ;;
+    adopt)
+      step adopt
+      [ -f "$dir/release/config.json" ] || { echo "adopt: no release in $dir (the release step first)"; break; }
+      python3 tools/needle_adopt.py "$dir/release" --release "${ADOPT_RELEASE:-$init}" --st "$st" --jobs "$(nproc)" \
+        --work "${ADOPT_WORK:-.adopt-cache}" ${ADOPT_SETS:+--sets "$ADOPT_SETS"} ${ADOPT_FIRST:+--first "$ADOPT_FIRST"} --answers "$out/logs/adopt-answers.txt" 2>&1 \
+        | tee "$out/logs/adopt.txt" ;;
     sweep)
       step sweep
       m=$init; [ -f "$dir/release/hf_config.json" ] && m=$dir/release
