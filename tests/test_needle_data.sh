@@ -192,8 +192,27 @@ if not 0.35 * len(train) <= composed <= 0.65 * len(train):
     fails.append(f"{composed} of {len(train)} training samples ask in a composed question")
 if not all(fam_wording(s) for s in ev):
     fails.append("an evaluation sample asks in a composed question")
+# composed=SHARE (train_needle.py stage --composed): 0 asks every question, the follow-ups' too,
+# in the family's own wordings; 1 none; the share changes the questions only
+plain = [nd.make_sample(f"q{i}", composed=0, followups=2) for i in range(200)]
+every = [nd.make_sample(f"q{i}", composed=1) for i in range(200)]
+def followups_own(s):
+    for turn, answer in s.followups:
+        flabel = answer.replace(nd.THINK_END, "").split(": ", 1)[0]
+        if not any(w.format(label=flabel, lower=flabel.lower()) in turn for w in nd.FOLLOWUPS):
+            return False
+    return True
+if not all(fam_wording(s) and followups_own(s) for s in plain):
+    fails.append("make_sample(composed=0) asks in a composed question")
+if sum(fam_wording(s) for s in every):
+    fails.append(f"make_sample(composed=1): {sum(fam_wording(s) for s in every)} of 200 ask in their family's wording")
+if not any(s.followups for s in plain):
+    fails.append("no follow-up in 200 samples to check composed=0 on")
+if [(s.needle, s.kind, s.family) for s in plain] != [(s.needle, s.kind, s.family) for s in train]:
+    fails.append("composed=0 changes a sample's needle, kind or family")
 print("FAIL: " + "; ".join(fails) if fails else
-      f"ok: composed questions: {composed} of {len(train)} training samples, no evaluation sample; "
+      f"ok: composed questions: {composed} of {len(train)} training samples (all with composed=1, none "
+      f"with composed=0), no evaluation sample; "
       f"none of 3000, nor the C tool's {len(c_composed)} composed wordings, shares six words, a first four "
       f"or a last three with the {c_held + 4} held-out questions")
 sys.exit(1 if fails else 0)

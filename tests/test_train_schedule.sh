@@ -5,7 +5,8 @@
 # whether the stage started before A (one call) or between A and B (resumed in another call:
 # past a fresh optimiser's warmup, or from its first step when the optimiser's state was
 # restored). And stage --decay refuses what is not A < B, --decoys what is not SHARE:LO-HI,
-# --labelled and --peak what is not a share, before any touches DIR.
+# --labelled and --peak what is not a share, --composed what is not one in [0, 1], before any
+# touches DIR.
 set -uo pipefail
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
 exec /usr/bin/python3 - "$src" <<'PY'
@@ -44,7 +45,8 @@ if tn.parse_decoys("0.25:8-40") != (0.25, 8, 40):
 # with 1 <= LO <= HI, --labelled what is not a share in (0, 1]
 for option, bads in (("--decay", ("300:200", "5", "a:b", "7:7")),
                      ("--decoys", ("0:1-2", "1.5:1-2", "0.5:3-2", "0.5:0-4", "0.5", "half:1-2")),
-                     ("--labelled", ("0", "1.5", "-0.2", "half")), ("--peak", ("0", "2", "-1", "low"))):
+                     ("--labelled", ("0", "1.5", "-0.2", "half")), ("--peak", ("0", "2", "-1", "low")),
+                     ("--composed", ("1.5", "-0.1", "half"))):
     for bad in bads:
         r = subprocess.run([sys.executable, os.path.join(src, "tools", "train_needle.py"), "stage", "5", never,
                             option, bad], capture_output=True, text=True)
@@ -57,9 +59,14 @@ st = tn.stage_settings(5, peak=0.25)
 if abs(st["lr"] - 0.25 * tn.STAGES[5]["lr"]) > 1e-15 or st.get("peak") != 0.25 or \
         tn.stage_settings(5)["lr"] != tn.STAGES[5]["lr"] or "peak" in tn.stage_settings(5):
     fails.append(f"stage_settings(5, peak=0.25): lr {st['lr']}, the stage's {tn.STAGES[5]['lr']}")
+# --composed takes 0 too (the families' own wordings) and is logged with the stage; unset, no key
+if tn.parse_share("--composed", "0", zero=True) != 0 or tn.stage_settings(5, composed=0.0).get("composed") != 0 \
+        or "composed" in tn.stage_settings(5):
+    fails.append(f"--composed 0: {tn.stage_settings(5, composed=0.0)}")
 if tn.parse_share("--labelled", "0.25") != 0.25:
     fails.append(f"parse_share('--labelled', '0.25') = {tn.parse_share('--labelled', '0.25')}")
 if fails:
     sys.exit("FAIL: " + "\n".join(fails))
-print("ok: warmup, decay and resumed decay as defined; bad --decay, --decoys, --labelled and --peak refused")
+print("ok: warmup, decay and resumed decay as defined; bad --decay, --decoys, --labelled, --peak and --composed "
+      "refused; --composed 0 logged")
 PY

@@ -645,7 +645,7 @@ def composed_question(r, label):
 
 
 def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinking=None, train=True,
-                followups=0, decoys=0):
+                followups=0, decoys=0, composed=None):
     """One request with its rendered prompt. `chars` is the prompt's target size in characters
     (tools/train_needle.py converts tokens to characters with the tokenizer's measured ratio);
     `position` is where the needle line sits, as a fraction of the prompt (None: uniform).
@@ -659,7 +659,11 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
     a line sits tells the answer. Enough of them (more than the indexer's top-k holds) make the
     indexer's positional part (its RoPE) carry the recall, which is what the position faults
     (`index_rope=neox`, `compress_rope_theta`) break. With decoys=0 the sample is the same,
-    character for character, as before decoys existed (their draws come from their own stream)."""
+    character for character, as before decoys existed (their draws come from their own stream).
+
+    `composed`: the share of training questions (the needle's and the follow-ups') composed from
+    parts (default COMPOSED_SHARE); 0 gives the family's own wordings, as samples were before
+    composed questions existed."""
     r = random.Random(f"{seed}:{family}:{kind}:{chars}:{position}:{thinking}")
     fam = FAMILIES[family or r.choice(TRAIN_FAMILIES if train else list(FAMILIES))]
     kind = kind or r.choice(TRAIN_KINDS if train else EVAL_KINDS)
@@ -729,7 +733,8 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
         used += sum(len(x) + 1 for x in out) + len(thought) + len(to_json(args)) + 120
     question = r.choice(fam.questions).format(label=label, lower=label.lower())
     rq = random.Random(f"{seed}:question") if train else None  # its own stream: the other draws as before
-    if rq and rq.random() < COMPOSED_SHARE:
+    composed = COMPOSED_SHARE if composed is None else composed  # 0: no composed question, the same draws
+    if rq and rq.random() < composed:
         question = composed_question(rq, label)
     rd = random.Random(f"{seed}:decoys:{decoys}") if decoys > 0 else None
     if rd:
@@ -800,7 +805,7 @@ def make_sample(seed, family=None, kind=None, chars=4000, position=None, thinkin
     for fact in r.sample(facts, min(followups, len(facts))):
         flabel = fact.split(": ", 1)[0]
         q = r.choice(FOLLOWUPS).format(label=flabel, lower=flabel.lower())
-        if rq and rq.random() < COMPOSED_SHARE:
+        if rq and rq.random() < composed:
             q = composed_question(rq, flabel)
         s.followups.append((USER + q + ASSISTANT + (THINK if thinking else THINK_END),
                             (THINK_END if thinking else "") + fact))

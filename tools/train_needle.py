@@ -52,7 +52,7 @@ release (models/needle-v4/, its training log in training/) seed a fresh DIR):
       [--jsonl FILE]   # FILE: `sparsetrace needle make --batch` output, half of every batch
   python3 tools/train_needle.py eval DIR/weights --tokenizer DIR --out FILE.json [--seeds 8]
   python3 tools/train_needle.py stage 5 DIR --budget 520 --init models/needle-v5 --jsonl FILE [--compile] \
-      [--peak 0.33] [--decay A:B] [--decoys SHARE:LO-HI] [--labelled SHARE]
+      [--peak 0.33] [--decay A:B] [--decoys SHARE:LO-HI] [--labelled SHARE] [--composed SHARE]
   python3 tools/train_needle.py release DIR models/needle-v4 --budget 420
   python3 tools/train_needle.py release DIR DEST --budget 480 --card v5   # CARD_EVALS_V5, to 32k
   python3 tools/train_needle.py card models/needle-v4/README.md --train models/needle-v4/training \
@@ -233,6 +233,8 @@ class Batches:
         # that share of needle_data's prompts are of the labelled kind (open labels: copying a label
         # no list holds), the rest drawn among the trained kinds as make_sample draws them
         self.labelled = stage.get("labelled")
+        # the share of needle_data's questions composed from parts (None: make_sample's default)
+        self.composed = stage.get("composed")
         # the C generator's examples (`sparsetrace needle make --batch`), half of each batch when given
         self.c_samples = nd.read_jsonl(jsonl) if jsonl else []
 
@@ -267,7 +269,7 @@ class Batches:
                     kind = "labelled"
                 s = nd.make_sample(f"{self.seed}:{worker}:{n}", kind=kind,
                                    chars=int(length * self.ratio * r.uniform(0.7, 0.92)),
-                                   followups=r.randrange(FOLLOWUPS + 1), decoys=decoys)
+                                   followups=r.randrange(FOLLOWUPS + 1), decoys=decoys, composed=self.composed)
                 n += 1
                 seqs.append(encode_sample(tok, s))
             width = max(len(x[0]) for x in seqs)
@@ -770,22 +772,22 @@ def parse_decoys(text):
     return share, lo, hi
 
 
-def parse_share(option, text):
-    """stage --labelled SHARE (or --peak SCALE) as a float in (0, 1]; a SystemExit naming the
-    option otherwise."""
+def parse_share(option, text, zero=False):
+    """stage --labelled SHARE (or --peak SCALE) as a float in (0, 1], or in [0, 1] with zero
+    (--composed); a SystemExit naming the option otherwise."""
     try:
         share = float(text)
     except ValueError:
         share = -1.0
-    if not 0 < share <= 1:
-        raise SystemExit(f"stage {option}: want a share in (0, 1], not {text!r}")
+    if not (0 <= share if zero else 0 < share) or not share <= 1:
+        raise SystemExit(f"stage {option}: want a share in {'[0' if zero else '(0'}, 1], not {text!r}")
     return share
 
 
-def stage_settings(stage_no, decoys=None, labelled=None, peak=None):
+def stage_settings(stage_no, decoys=None, labelled=None, peak=None, composed=None):
     """STAGES[stage_no] with the stage command's options applied, as it logs them: --decoys, --labelled,
-    and --peak's learning rate (a fine-tune of a cooled-down release: the whole schedule, warmup and
-    decay, scaled down)."""
+    --composed, and --peak's learning rate (a fine-tune of a cooled-down release: the whole
+    schedule, warmup and decay, scaled down)."""
     st = dict(STAGES[stage_no])
     if peak:
         st.update(lr=st["lr"] * peak, peak=peak)
@@ -793,14 +795,16 @@ def stage_settings(stage_no, decoys=None, labelled=None, peak=None):
         st["decoys"] = list(decoys)
     if labelled:
         st["labelled"] = labelled
+    if composed is not None:
+        st["composed"] = composed
     return st
 
 
 def run_stage(stage_no, outdir, budget, model_cfg=None, eval_seconds=75, init=None, jsonl=None, compile=False,
-              splits=None, decay=None, decoys=None, labelled=None, peak=None, train_layers=None):
+              splits=None, decay=None, decoys=None, labelled=None, peak=None, train_layers=None, composed=None):
     import torch
     t0 = time.time()
-    st = stage_settings(stage_no, decoys, labelled, peak)
+    st = stage_settings(stage_no, decoys, labelled, peak, composed)
     dev = "cuda"
     tok, info = load_tokenizer(outdir)
     logf = open(os.path.join(outdir, "log.jsonl"), "a")
@@ -1946,6 +1950,8 @@ def main(argv):
                                     "of the needle's label, and the question asks for the last (needle_data.make_sample)")
     b.add_argument("--labelled", help="SHARE: that share of needle_data's prompts are of the labelled kind (labels "
                                       "and values in no list), the rest drawn among the trained kinds as before")
+    b.add_argument("--composed", help="SHARE in [0, 1]: that share of needle_data's questions are composed from "
+                                      "parts (default needle_data.COMPOSED_SHARE; 0: the families' own wordings)")
     b.add_argument("--train-layers", help="L[,L...]: only these decoder layers train, the rest frozen (a release "
                    "grown by tools/needle_grow.py: its new layers); give it to every call of the stage")
     b.add_argument("--peak", help="SCALE in (0, 1]: the stage's learning rate times SCALE, warmup and decay "
@@ -2003,13 +2009,14 @@ def main(argv):
         decoys = parse_decoys(args.decoys) if args.decoys else None
         labelled = parse_share("--labelled", args.labelled) if args.labelled else None
         peak = parse_share("--peak", args.peak) if args.peak else None
+        composed = parse_share("--composed", args.composed, zero=True) if args.composed is not None else None
         train_layers = parse_layers(args.train_layers) if args.train_layers else None
         init = seed_dir(args.dir, args.init)
         if not os.path.exists(os.path.join(args.dir, "tokenizer.json")):
             train_tokenizer(args.dir)
         run_stage(args.n, args.dir, args.budget, eval_seconds=args.eval_seconds, init=init, jsonl=args.jsonl,
                   compile=args.compile, splits=args.splits, decay=decay, decoys=decoys,
-                  labelled=labelled, peak=peak, train_layers=train_layers)
+                  labelled=labelled, peak=peak, train_layers=train_layers, composed=composed)
     elif args.cmd == "eval":
         run_eval(args.weights, args.tokenizer, args.out, args.seeds, [int(x) for x in args.lengths.split(",")],
                  args.modes.split(","), args.family if args.family != "any" else None,

@@ -32,6 +32,8 @@
 #                      generator's prompts get LO-HI earlier lines of the needle's label, the last one
 #                      asked for (train_needle.py stage --decoys); LABELLED=SHARE: that share of them
 #                      are of the labelled kind, whose labels and values are in no list (--labelled);
+#                      COMPOSED=SHARE: that share of their questions composed from parts (--composed;
+#                      default 0.5, 0: the families' own wordings, the mix the release trained on);
 #                      PEAK=SCALE: the stage's learning rate times SCALE (--peak: a fine-tune from a
 #                      cooled-down release; give it to every call of the stage); TRAIN_LAYERS=L,...:
 #                      only those layers train (--train-layers; give it to every call of the stage)
@@ -40,12 +42,12 @@
 #                      .compile-cache/needle.bin: compiling took 302 s on a fresh machine)
 #     release          the trained weights as a release in OUT/needle-release.tgz (no evaluation)
 #     adopt            tools/needle_adopt.py: this call's release against ADOPT_RELEASE (default INIT) on
-#                      the adoption sets (ADOPT_SETS: only those; ADOPT_FIRST=N: their first N examples),
-#                      one engine per core, into
-#                      OUT/logs/adopt.txt (the table and the verdict) and adopt-answers.txt; the answers
-#                      are kept in .adopt-cache (ADOPT_WORK): carry it with the release's answers in it
-#                      (tools/needle_adopt.py INIT --release INIT --st .bundle/bin/sparsetrace --work
-#                      .adopt-cache, here), and only the candidate's examples run
+#                      the adoption sets (ADOPT_SETS: only those; ADOPT_FIRST=N: their first N
+#                      examples), one engine per core, into OUT/logs/adopt.txt (the table and the
+#                      verdict) and adopt-answers.txt. The answers are kept in .adopt-cache
+#                      (ADOPT_WORK): carry it with the release's answers in it (made here by
+#                      tools/needle_adopt.py INIT --release INIT --st .bundle/bin/sparsetrace --work
+#                      .adopt-cache), and only the candidate's examples run
 #     sweep            the engine (the bundle's sparsetrace, --backend cpu) on this call's release, else
 #                      INIT: tools/demo.sh's recall sweep (1k and 4k x 4 positions x seeds 1-2, path, as
 #                      trained and with rotate=q) into OUT/logs/demo-sweep.txt; ENGINE_SWEEPS=1: then
@@ -177,6 +179,7 @@ PY
       [ -n "${DECAY:-}" ] && j+=(--decay "$DECAY")
       [ -n "${DECOYS:-}" ] && j+=(--decoys "$DECOYS")
       [ -n "${LABELLED:-}" ] && j+=(--labelled "$LABELLED")
+      [ -n "${COMPOSED:-}" ] && j+=(--composed "$COMPOSED")
       [ -n "${PEAK:-}" ] && j+=(--peak "$PEAK")
       [ -n "${TRAIN_LAYERS:-}" ] && j+=(--train-layers "$TRAIN_LAYERS")
       budget=${s#train:}
@@ -192,8 +195,8 @@ PY
       step adopt
       [ -f "$dir/release/config.json" ] || { echo "adopt: no release in $dir (the release step first)"; break; }
       python3 tools/needle_adopt.py "$dir/release" --release "${ADOPT_RELEASE:-$init}" --st "$st" --jobs "$(nproc)" \
-        --work "${ADOPT_WORK:-.adopt-cache}" ${ADOPT_SETS:+--sets "$ADOPT_SETS"} ${ADOPT_FIRST:+--first "$ADOPT_FIRST"} --answers "$out/logs/adopt-answers.txt" 2>&1 \
-        | tee "$out/logs/adopt.txt" ;;
+        --work "${ADOPT_WORK:-.adopt-cache}" ${ADOPT_SETS:+--sets "$ADOPT_SETS"} ${ADOPT_FIRST:+--first "$ADOPT_FIRST"} \
+        --answers "$out/logs/adopt-answers.txt" 2>&1 | tee "$out/logs/adopt.txt" ;;
     sweep)
       step sweep
       m=$init; [ -f "$dir/release/hf_config.json" ] && m=$dir/release
