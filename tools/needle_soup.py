@@ -22,7 +22,6 @@ lineage's steps go on from B's and the mix is on record. Only python3 and numpy.
 tests/test_needle_soup.sh holds it to the releases' own values at alpha 0 and 1 and to the
 exact midpoint, within the grid, at 0.5."""
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -33,17 +32,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import convert_release as cr  # noqa: E402
+from needle_adopt import digest  # noqa: E402  (sha256 of a file's bytes)
 
 ARCH_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "compress_ratios",
                "index_topk", "n_routed_experts", "num_hash_layers", "expert_dtype")
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def check_pair(a, b):
@@ -121,8 +113,8 @@ def main(argv):
     with open(os.path.join(tmp, "training", "log.jsonl"), "a", encoding="utf-8") as f:
         f.write(json.dumps({"event": "soup", "a": os.path.normpath(args.a), "b": os.path.normpath(args.b),
                             "alpha": args.alpha,
-                            "a_sha256": sha256(os.path.join(args.a, "model.safetensors")),
-                            "b_sha256": sha256(os.path.join(args.b, "model.safetensors"))}) + "\n")
+                            "a_sha256": digest([os.path.join(args.a, "model.safetensors")]),
+                            "b_sha256": digest([os.path.join(args.b, "model.safetensors")])}) + "\n")
     os.replace(tmp, args.dest)
     print(f"needle_soup: {args.dest}: (1 - {args.alpha}) x {args.a} + {args.alpha} x {args.b}")
     return 0
