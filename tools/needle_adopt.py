@@ -105,6 +105,7 @@ def verdict(rows, alpha=ALPHA):
 
 
 def digest(paths):
+    """The sha256 of the files' bytes, one after another (hex)."""
     h = hashlib.sha256()
     for p in paths:
         with open(p, "rb") as f:
