@@ -6,10 +6,7 @@
 set -uo pipefail
 st=${ST_BIN:?}
 model=${ST_TEST_DATA:?}/oracle/tiny
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+. "$(dirname "$0")/work_checks.sh"   # $work, fail, $failures
 expect() { # expect DESCRIPTION RC PATTERN COMMAND...: exit RC, stderr matches PATTERN
   local out rc
   out=$("${@:4}" 2>&1 >/dev/null); rc=$?

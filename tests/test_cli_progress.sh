@@ -8,10 +8,7 @@ set -uo pipefail
 st=${ST_BIN:?}
 model=${ST_TEST_DATA:?}/oracle/tiny
 command -v script >/dev/null || { echo "skip: no script(1) for a pty"; exit 77; }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+. "$(dirname "$0")/work_checks.sh"   # $work, fail, $failures
 # 2500 prompt tokens: three pieces of 1024 (the tiny model has 264 ids)
 python3 -c 'print([i * 7 % 250 + 1 for i in range(2500)])' >"$work/p.json"
 run="$st run --model $model --prompt-tokens $work/p.json --store $work/store --max-new-tokens 3 --tap logits --tap layers.1.indexer.*"

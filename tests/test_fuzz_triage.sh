@@ -10,10 +10,7 @@ src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
 tool=$src/tools/fuzz_first_frame.awk
 cc=${FUZZ_CC:-clang}
 command -v "$cc" >/dev/null || { echo "skip: $cc missing (tools/deps.sh installs clang)"; exit 77; }
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+. "$(dirname "$0")/work_checks.sh"   # $work, fail, $failures
 
 cat >"$work/lib.c" <<'C'
 #include <stdlib.h>

@@ -10,10 +10,7 @@
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+. "$(dirname "$0")/work_checks.sh"   # $work, fail, $failures
 # the script runs `python3`; the system's (Debian's) has what tools/needle_data.py imports
 mkdir -p "$work/bin" && ln -s "$(command -v /usr/bin/python3 || command -v python3)" "$work/bin/python3"
 

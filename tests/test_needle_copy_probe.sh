@@ -18,10 +18,7 @@ $py -c 'import h5py, numpy' 2>/dev/null || { echo "skip: h5py/numpy missing (Deb
 tool=$src/tools/needle_copy_probe.py
 v5=$src/models/needle-v5
 v4=$src/models/needle-v4
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+. "$(dirname "$0")/work_checks.sh"   # $work, fail, $failures
 
 $st needle make --batch 4 --jsonl "$work/e.jsonl" --seed 77 --model "$v5" --lengths 512 \
   --kinds key,commit,random,path -q || { echo "FAIL: needle make"; exit 1; }

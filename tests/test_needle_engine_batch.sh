@@ -12,10 +12,7 @@ st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
 model=$src/models/needle-v5
 tool=$src/tools/needle_engine_batch.py
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+. "$(dirname "$0")/work_checks.sh"   # $work, fail, $failures
 [ -f "$model/model.safetensors" ] || { echo "FAIL: $model is missing"; exit 1; }
 
 $st needle make --batch 3 --jsonl "$work/e.jsonl" --seed 31 --model "$model" --lengths 512 \

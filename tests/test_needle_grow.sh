@@ -18,10 +18,7 @@ py=/usr/bin/python3
 $py -c 'import h5py, numpy' 2>/dev/null || { echo "skip: h5py/numpy missing (Debian python3-h5py python3-numpy)"; exit 77; }
 grow=$src/tools/needle_grow.py
 v5=$src/models/needle-v5
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+. "$(dirname "$0")/work_checks.sh"   # $work, fail, $failures
 
 $py "$grow" "$v5" "$work/grown" --after 3,5 >"$work/grow.out" || { cat "$work/grow.out"; echo "FAIL: grow"; exit 1; }
 $py "$grow" "$v5" "$work/far" --after 3,5 --comb-diag 4 >/dev/null || { echo "FAIL: grow --comb-diag 4"; exit 1; }

@@ -8,10 +8,7 @@
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+. "$(dirname "$0")/work_checks.sh"   # $work, fail, $failures
 py=/usr/bin/python3
 $py -c 'import numpy' 2>/dev/null || { echo "skip: no numpy"; exit 77; }
 tool=$src/tools/needle_soup.py
