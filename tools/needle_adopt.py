@@ -146,10 +146,11 @@ def set_file(args, name, opts):
     return path
 
 
-def answers(args, model, mdigest, name, path, engine):
+def answers(args, model, mdigest, name, path, sdigest, engine):
     """The model's answers to the set's examples (the first --first), from WORK/answers where
-    already asked, else from the engine, each saved as soon as it comes."""
-    key = f"{mdigest[:16]}-{digest([path])[:16]}-{engine[:12]}"
+    already asked, else from the engine, each saved as soon as it comes. mdigest, sdigest and
+    engine: the model's, the set file's and the engine's keys."""
+    key = f"{mdigest[:16]}-{sdigest[:16]}-{engine[:12]}"
     store = os.path.join(args.work, "answers", f"{name}-{key}.json")
     got = {}
     if os.path.isfile(store):
@@ -224,15 +225,15 @@ def main(argv):
     rows, lines = {}, []
     for name, _, opts in chosen:
         path = set_file(args, name, opts)
-        examples, ra = answers(args, args.release, rd, name, path, engine)
-        _, ca = answers(args, args.candidate, cd, name, path, engine)
+        sd = digest([path])
+        examples, ra = answers(args, args.release, rd, name, path, sd, engine)
+        _, ca = answers(args, args.candidate, cd, name, path, sd, engine)
         roks = [neb.passes(e, a) for e, a in zip(examples, ra)]
         coks = [neb.passes(e, a) for e, a in zip(examples, ca)]
         rows[name] = compare(roks, coks)
         lines.append(f"== {name}")
         for e, r, c, a_r, a_c in zip(examples, roks, coks, ra, ca):
-            lines.append(f"{e['index']:3d} {e['kind']:7s} {e['family']:8s} {'thinking' if e['thinking'] else 'chat':8s} "
-                         f"{'PASS' if r else 'miss'} {'PASS' if c else 'miss'}  {e['needle'][:60]!r}")
+            lines.append(neb.example_line(e, (r, c)))
             lines += [f"      {who}: {a[:90]!r}" for who, ok, a in (("release", r, a_r), ("candidate", c, a_c)) if not ok]
     word, reason = verdict(rows)
     print(f"{'set':14s} {'examples':>8s} {'release':>8s} {'candidate':>9s} {'gains':>6s} {'losses':>6s} "

@@ -92,8 +92,7 @@ def main(argv):
                 for i, ok in enumerate(oks):
                     passed[key][0][i] += ok
                 passed[key][1] += 1
-            head = (f"{e['index']:3d} {e['kind']:7s} {e['family']:8s} {'thinking' if e['thinking'] else 'chat':8s} "
-                    f"{' '.join('PASS' if ok else 'miss' for ok in oks)}  {e['needle'][:60]!r}")
+            head = example_line(e, oks)
             if len(answers) == 1:
                 print(f"{head} -> {answers[0][:90]!r}", flush=True)
                 continue
@@ -111,6 +110,14 @@ def main(argv):
         losses = [f"{idx} {kind}" for idx, kind, oks in verdicts if oks[0] and not oks[i]]
         print(f"{name} against {names[0]}: passes {len(gains)} it fails ({', '.join(gains) or 'none'}); "
               f"fails {len(losses)} it passes ({', '.join(losses) or 'none'})")
+
+
+def example_line(example, oks):
+    """An example's line: its index, kind, question family and mode, each model's verdict (PASS or
+    miss, in order) and the needle."""
+    e = example
+    return (f"{e['index']:3d} {e['kind']:7s} {e['family']:8s} {'thinking' if e['thinking'] else 'chat':8s} "
+            f"{' '.join('PASS' if ok else 'miss' for ok in oks)}  {e['needle'][:60]!r}")
 
 
 def passes(example, answer):

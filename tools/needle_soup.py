@@ -32,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import convert_release as cr  # noqa: E402
+import needle_engine_batch as neb  # noqa: E402
 from needle_adopt import digest  # noqa: E402  (sha256 of a file's bytes)
 
 ARCH_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "compress_ratios",
@@ -44,9 +45,8 @@ def check_pair(a, b):
         for d in (a, b):
             if not os.path.isfile(os.path.join(d, name)):
                 sys.exit(f"needle_soup: {d}: no {name} (not a release)")
-    with open(os.path.join(a, "tokenizer.json"), "rb") as fa, open(os.path.join(b, "tokenizer.json"), "rb") as fb:
-        if fa.read() != fb.read():
-            sys.exit("needle_soup: A and B have different tokenizer.json")
+    if neb.tokenizer_bytes(a) != neb.tokenizer_bytes(b):
+        sys.exit("needle_soup: A and B have different tokenizer.json")
     ca, cb = cr.load_json(os.path.join(a, "config.json")), cr.load_json(os.path.join(b, "config.json"))
     differ = [f for f in ARCH_FIELDS if ca.get(f) != cb.get(f)]
     if differ:
@@ -63,7 +63,7 @@ def mix(hf_a, hf_b, out, alpha):
         x, y = ta[name], tb[name]
         if (x.dtype, x.shape) != (y.dtype, y.shape):
             sys.exit(f"needle_soup: tensor {name}: {x.dtype} {list(x.shape)} in A, {y.dtype} {list(y.shape)} in B")
-        if x.dtype in ("F32", "F64", "BF16", "F16"):
+        if x.dtype == "F32":  # every floating tensor, decoded --dtype float32
             v = ((1 - alpha) * x.values() + alpha * y.values()).astype("<f4")
             entries.append((name, "F32", x.shape, lambda v=v: v.tobytes()))
         else:
