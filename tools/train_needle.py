@@ -779,7 +779,8 @@ def parse_share(option, text, zero=False):
         share = float(text)
     except ValueError:
         share = -1.0
-    if not (0 <= share if zero else 0 < share) or not share <= 1:
+    above_floor = share >= 0 if zero else share > 0
+    if not (above_floor and share <= 1):
         raise SystemExit(f"stage {option}: want a share in {'[0' if zero else '(0'}, 1], not {text!r}")
     return share
 
