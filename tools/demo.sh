@@ -17,7 +17,8 @@ cd "$(dirname "$0")/.."
 # ST_BIN: an already built sparsetrace (skips the install and build); ST_DEMO_BACKEND: the compute
 # backend of the runs and sweeps (default cpu; replay and bisect use the one that recorded);
 # ST_DEMO_MODEL: another needle model release (default models/needle-v5: the closing text's
-# figures are its; the replay takes the layer whose indexer retrieves the needle as trained).
+# figures are its; the replay takes the layer whose indexer retrieves the needle as trained);
+# ST_DEMO_STORE: the store and traces (default traces/demo, emptied first).
 if [ -z "${ST_BIN:-}" ]; then
   tools/deps.sh
   cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
@@ -26,7 +27,7 @@ fi
 st=${ST_BIN:-build/sparsetrace}
 backend=${ST_DEMO_BACKEND:-cpu}
 model=${ST_DEMO_MODEL:-models/needle-v5}
-store=traces/demo
+store=${ST_DEMO_STORE:-traces/demo}
 rm -rf "$store"
 mkdir -p "$store"
 field() { /usr/bin/python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$@"; }
@@ -83,13 +84,43 @@ $st report --store "$store" --model "$model" "$store/trained.h5" "$store/rotate-
   scoreboard:demo --good rotate=none --bad rotate=q -o "$store/report.html"
 echo "open $store/report.html (self-contained: file:// is fine)"
 echo
-echo "What it shows: as trained, the model copies the line back from 7,400 tokens earlier, far beyond"
-echo "its 64-token window: the indexer of layer $layer keeps the needle's compressed rows among its 32"
-echo "of 4,103 at 16 of the answer's 17 positions. Rotating only the indexer query scrambles q.k: the"
-echo "rows kept change although every other tensor is identical, the needle drops out of the top-k in"
-echo "the middle of the line, and the model answers with another project's path. Rotating both sides"
-echo "keeps it: the Hadamard is orthogonal. bisect names the setting, the layer whose verdict it flips"
-echo "and the layers where it only changes the counts (layer $layer: 16 -> 6 of 17); the sweep shows the"
-echo "recall it costs (14/16 -> 1/16), and the scoreboard the same per case for each candidate:"
-echo "rotate=q breaks every case the model passes as trained, rotate=both breaks none."
+# The closing text's figures come from the store the steps above wrote, through the views their
+# own tables print (needle_rank_by_layer, needle_attempts, scoreboard_case_results), so that it
+# cannot disagree with them.
+figures=$($st query --json --store "$store" "
+  WITH t AS (SELECT run_id, n_prompt FROM runs WHERE trace_path = 'trained.h5'),
+  v AS (SELECT v.replay_id, v.answer_positions_kept AS kept, v.answer_positions AS positions,
+               json_extract(p.settings, '\$.rotate') AS rotate, json_extract(p.settings, '\$.topk') AS topk
+        FROM needle_rank_by_layer v JOIN t USING (run_id) LEFT JOIN replays p USING (replay_id)
+        WHERE v.layer = $layer),
+  s AS (SELECT json_extract(settings, '\$.rotate') AS rotate, sum(pass) AS passed, count(*) AS attempts
+        FROM needle_attempts WHERE tokens_requested IN (1024, 4096) GROUP BY 1),
+  c AS (SELECT b.label, sum(a.pass) AS passes, sum(a.pass AND NOT b.pass) AS breaks
+        FROM scoreboard_case_results a JOIN scoreboard_case_results b USING (corpus, corpus_version, case_index)
+        WHERE a.corpus = 'demo' AND a.label = 'trained' AND b.label <> 'trained' GROUP BY b.label)
+  SELECT (SELECT n_prompt FROM t) AS n_prompt,
+    (SELECT rows FROM tap_summary JOIN t USING (run_id) WHERE name = 'layers.$layer.indexer.k') AS rows,
+    (SELECT kept FROM v WHERE replay_id IS NULL) AS kept, (SELECT positions FROM v WHERE replay_id IS NULL) AS positions,
+    (SELECT kept FROM v WHERE rotate = 'q' AND topk = 32) AS kept_q,
+    (SELECT passed || '/' || attempts FROM s WHERE rotate = 'none') AS sweep,
+    (SELECT passed || '/' || attempts FROM s WHERE rotate = 'q') AS sweep_q,
+    (SELECT passes FROM c WHERE label = 'rotate=q') AS passes,
+    (SELECT breaks FROM c WHERE label = 'rotate=q') AS breaks_q, (SELECT breaks FROM c WHERE label = 'rotate=both') AS breaks_both")
+/usr/bin/python3 - "$figures" "$layer" "$b" <<'PY'
+import json, sys
+f, layer, needle_end = json.loads(sys.argv[1])[0], sys.argv[2], int(sys.argv[3])
+def breaks(n):
+    if n == 0:
+        return "none of them"
+    return "every case" if n == f["passes"] else f"{n} of the {f['passes']} cases"
+print(f"""What it shows: as trained, the model copies the line back from {f['n_prompt'] - needle_end:,} tokens earlier, far
+beyond its 64-token window: the indexer of layer {layer} keeps the needle's compressed rows among its 32
+of {f['rows']:,} at {f['kept']} of the answer's {f['positions']} positions. Rotating only the indexer query scrambles q.k:
+the rows kept change although every other tensor is identical, the needle drops out of the top-k
+in the middle of the line, and the model answers with another line. Rotating both sides keeps it:
+the Hadamard is orthogonal. bisect names the setting, the layer whose verdict it flips and the
+layers where it only changes the counts (layer {layer}: {f['kept']} -> {f['kept_q']} of {f['positions']}); the sweep shows the
+recall it costs ({f['sweep']} -> {f['sweep_q']}), and the scoreboard the same per case for each candidate:
+rotate=q breaks {breaks(f['breaks_q'])} the model passes as trained, rotate=both {breaks(f['breaks_both'])}.""")
+PY
 echo "The verdict rule: schemas/needle-verdicts.md."

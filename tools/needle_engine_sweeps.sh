@@ -8,7 +8,8 @@
 #   tools/needle_engine_sweeps.sh MODEL OUT.txt [TOKENS] [SEEDS]
 # BACKEND: the engine's (default cpu). KINDS, SHAPES and FAULTS (space-separated) choose the
 # sweeps (default: every kind, the toollist shape, every fault);
-# APPEND=1 adds to OUT.txt instead of starting it.
+# APPEND=1 adds to OUT.txt instead of starting it. CARD_ONLY=1 runs no sweep: it only writes an
+# existing OUT.txt (one from the GPU machine's `train_needle_gpu.sh sweep`) into MODEL's card.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:?usage: tools/needle_engine_sweeps.sh MODEL OUT.txt [TOKENS] [SEEDS]} out=${2:?}
@@ -16,28 +17,30 @@ tokens=${3:-1k,2k,4k,8k,16k} seeds=${4:-3}
 st=${ST_BIN:-build/sparsetrace} backend=${BACKEND:-cpu}
 store=$(mktemp -d)
 trap 'rm -rf "$store"' EXIT
-[ "${APPEND:-0}" = 1 ] || : > "$out"
-{
-  echo "# $model: needle sweep on the engine (--backend $backend), tokens $tokens, seeds 1..$seeds, positions 0.25/0.55/0.8/0.97"
-  echo "# $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores; command:${KINDS+ KINDS=\"$KINDS\"}${SHAPES+ SHAPES=\"$SHAPES\"}${FAULTS+ FAULTS=\"$FAULTS\"}${APPEND:+ APPEND=$APPEND} tools/needle_engine_sweeps.sh $*"
-} >> "$out"
-sweep() {
-  local label=$1; shift
-  local t0=$SECONDS
-  echo "== $label" | tee -a "$out"
-  "$st" needle sweep --backend "$backend" --model "$model" --tokens "$tokens" --seeds "$seeds" --store "$store" --quiet "$@" 2>&1 \
-    | sed -n '/^tokens/,/^all/p' | tee -a "$out"
-  echo "($((SECONDS - t0)) s)" >> "$out"
-}
-for kind in ${KINDS-path host key number ticket branch url email commit env random}; do
-  sweep "kind $kind, as trained" --kind "$kind"
-done
-for shape in ${SHAPES-toollist}; do
-  sweep "kind path, shape $shape, as trained" --kind path --shape "$shape"
-done
-for fault in ${FAULTS-rotate=q rotate=k rotate=both index_k=fp8_e4m3fn_as_fnuz index_rope=neox compress_rope_theta=40000 topk=4}; do
-  sweep "kind path, $fault" --kind path --set "$fault"
-done
+if [ "${CARD_ONLY:-0}" != 1 ]; then
+  [ "${APPEND:-0}" = 1 ] || : > "$out"
+  {
+    echo "# $model: needle sweep on the engine (--backend $backend), tokens $tokens, seeds 1..$seeds, positions 0.25/0.55/0.8/0.97"
+    echo "# $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores; command:${KINDS+ KINDS=\"$KINDS\"}${SHAPES+ SHAPES=\"$SHAPES\"}${FAULTS+ FAULTS=\"$FAULTS\"}${APPEND:+ APPEND=$APPEND} tools/needle_engine_sweeps.sh $*"
+  } >> "$out"
+  sweep() {
+    local label=$1; shift
+    local t0=$SECONDS
+    echo "== $label" | tee -a "$out"
+    "$st" needle sweep --backend "$backend" --model "$model" --tokens "$tokens" --seeds "$seeds" --store "$store" --quiet "$@" 2>&1 \
+      | sed -n '/^tokens/,/^all/p' | tee -a "$out"
+    echo "($((SECONDS - t0)) s)" >> "$out"
+  }
+  for kind in ${KINDS-path host key number ticket branch url email commit env random}; do
+    sweep "kind $kind, as trained" --kind "$kind"
+  done
+  for shape in ${SHAPES-toollist}; do
+    sweep "kind path, shape $shape, as trained" --kind path --shape "$shape"
+  done
+  for fault in ${FAULTS-rotate=q rotate=k rotate=both index_k=fp8_e4m3fn_as_fnuz index_rope=neox compress_rope_theta=40000 topk=4}; do
+    sweep "kind path, $fault" --kind path --set "$fault"
+  done
+fi
 # the model card shows the sweeps as one table (each sweep's passed/attempts per length and over
 # all), between its markers; the file keeps every cell
 card=$model/README.md
