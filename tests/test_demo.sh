@@ -11,8 +11,9 @@ src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
 . "$(dirname "$0")/work_checks.sh"   # $work, fail, $failures
 py=/usr/bin/python3
 
-ST_BIN=$st ST_DEMO_STORE=$work/demo "$src/tools/demo.sh" >"$work/out.txt" 2>&1 \
-  || { tail -20 "$work/out.txt"; echo "FAIL: tools/demo.sh exited $?"; exit 1; }
+ST_BIN=$st ST_DEMO_STORE=$work/demo "$src/tools/demo.sh" >"$work/out.txt" 2>&1
+rc=$?
+[ $rc = 0 ] || { tail -20 "$work/out.txt"; echo "FAIL: tools/demo.sh exited $rc"; exit 1; }
 
 $py - "$work/out.txt" <<'PY' || fail "the demo's output (above)"
 import re, sys
