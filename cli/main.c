@@ -99,7 +99,8 @@ int main(int argc, char **argv) {
     return argc < 2 ? 2 : 0;
   }
   if (!strcmp(argv[1], "--version")) {
-    printf("sparsetrace %s (%s, %s)\n", st_build_revision, st_build_compiler, st_build_type);
+    printf("sparsetrace %s (%s, %s; sources %s)\n", st_build_revision, st_build_compiler, st_build_type,
+           st_build_sources);
     return 0;
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

@@ -112,6 +112,36 @@ else
   fail "train_needle_gpu.sh adopt: '$(grep '^e-composed48' "$work/gpu.out/logs/adopt.txt" 2>/dev/null)', $(runs) runs"
 fi
 
+# the engine's key: two builds that name the same sources, compiler and build type share their
+# answers whatever their revisions; other sources, another compiler or build type do not; a build
+# whose sources are modified, or that names none (from before --version printed them), is keyed
+# by its bytes, hashed here on their own
+mkver() { printf '#!/bin/sh\necho "%s"\n' "$2" >"$work/$1" && chmod +x "$work/$1"; }
+mkver v1 "sparsetrace 0123456789ab (GNU-12.2.0, RelWithDebInfo; sources 00112233aabb)"
+mkver v2 "sparsetrace ba9876543210 (GNU-12.2.0, RelWithDebInfo; sources 00112233aabb)"
+mkver v3 "sparsetrace ba9876543210 (GNU-12.2.0, RelWithDebInfo; sources 00112233aabc)"
+mkver v4 "sparsetrace ba9876543210 (GNU-13.1.0, RelWithDebInfo; sources 00112233aabb)"
+mkver v5 "sparsetrace ba9876543210 (GNU-12.2.0, Debug+asan+ubsan; sources 00112233aabb)"
+mkver m1 "sparsetrace 0123456789ab-dirty (GNU-12.2.0, RelWithDebInfo; sources modified)"
+mkver m2 "sparsetrace 0123456789ab (GNU-12.2.0, RelWithDebInfo)"
+python3 - "$src/tools" "$work" <<'PY' || fail "the engine's key (above)"
+import hashlib, sys
+sys.path.insert(0, sys.argv[1])
+import needle_adopt as na
+w = sys.argv[2]
+key = lambda name: na.engine_key(f"{w}/{name}")
+raw = lambda name: hashlib.sha256(open(f"{w}/{name}", "rb").read()).hexdigest()
+checks = [("the same sources, compiler and type, another revision: one key", key("v1") == key("v2")),
+          ("other sources: another key", key("v3") != key("v1")),
+          ("another compiler: another key", key("v4") != key("v1")),
+          ("another build type: another key", key("v5") != key("v1")),
+          ("sources modified: the binary's bytes", key("m1") == raw("m1")),
+          ("no sources named: the binary's bytes", key("m2") == raw("m2"))]
+for what, ok in checks:
+    print(("ok: " if ok else "FAIL: ") + what)
+raise SystemExit(not all(ok for _, ok in checks))
+PY
+
 # a corrupt answer store is named and not read
 store=$(ls "$work"/w/answers/e-composed48-*.json | head -1)
 printf '{"answers": {"0": "trunc' >"$store"

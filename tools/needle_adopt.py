@@ -19,8 +19,9 @@ set, the release is kept. Otherwise no set tells them apart, and the release is 
 
 The engine is deterministic, so each model's answers are kept in WORK/answers (default
 /tmp/needle-adopt), one file per model, set and engine, keyed by the bytes of the model and the
-set and by the engine's `--version` (its commit; a build of a modified tree, "-dirty", by its
-binary's bytes), and written after every example: the release is run once, a candidate only for
+set and by the engine's build (`--version`: its sources, compiler and build type, so that a
+commit touching only models, docs or tools keeps the answers; a build whose sources were modified,
+or one too old to name them, by its binary's bytes), and written after every example: the release is run once, a candidate only for
 itself, and a run stopped midway goes on where it stopped. --jobs N runs N engines at once, each
 with --threads (cores / N) (the answers do not depend on it). --first N asks only each set's first
 N examples (a quick look: its verdict is said to be partial). --answers writes every example's
@@ -34,6 +35,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -115,13 +117,15 @@ def digest(paths):
 
 
 def engine_key(st):
-    """What the engine's answers depend on: its version (the commit it was built from), or the
-    binary's bytes when that tree was modified."""
+    """What the engine's answers depend on: the build's sources (the digest `--version` prints of
+    the source paths' git trees, cmake/build_info.cmake), compiler and build type; the binary's
+    bytes when it names no sources (modified, unknown, or a build from before they were named)."""
     r = subprocess.run([st, "--version"], capture_output=True, text=True)
-    version = r.stdout.strip().split(" ")[1] if r.returncode == 0 and r.stdout.startswith("sparsetrace ") else ""
-    if not version or version.endswith("-dirty"):
+    m = re.match(r"sparsetrace \S+ \((.+), (.+); sources ([0-9a-f]{12})\)$", r.stdout.strip()) if r.returncode == 0 else None
+    if not m:
         return digest([st])
-    return hashlib.sha256(version.encode()).hexdigest()
+    compiler, build_type, sources = m.groups()
+    return hashlib.sha256(f"sources {sources} {compiler} {build_type}".encode()).hexdigest()
 
 
 def model_digest(model):
