@@ -4,7 +4,8 @@
 # subtotal row for each (the aims are set apart for the two), counted from the same cases as
 # the rows by kind, and a table of one kind alone gets none; rows by question family; the decoy
 # ladder's rows by count. The time the card's evaluations share (train_needle.eval_share): by
-# mode, against an even split. And compare_cards, two releases' evaluations side by side.
+# mode, against an even split, and the time left over to those that stopped short of the last
+# length (unfinished, reach). And compare_cards, two releases' evaluations side by side.
 set -uo pipefail
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
 work=$(mktemp -d)
@@ -117,4 +118,19 @@ got = [round(tn.eval_share(600, evals, n), 6) for n in range(3)]
 if got[0] != 440 or round(tn.eval_share(160, evals, 1), 6) != 80 or round(tn.eval_share(500, evals, 2), 6) != 500:
     sys.exit(f"FAIL: eval_share: {got}, expected 440 for 11 of 15 modes")
 print("ok: the card's evaluations share their budget by mode, the unused passed on")
+
+# the second pass (tn.unfinished, tn.reach): b stopped at 16k of 1k-32k, a and c reached 32k; of
+# two runs of b, the one that completed more lengths is kept, and at as many lengths the one that
+# measured more cases
+L = [1024, 2048, 4096, 8192, 16384, 32768]
+case = lambda done: {"L": 32768, **({"exact": {"m": True}} if done else {})}
+results = {"a.json": {"lengths_complete": L, "cases": [case(True)]},
+           "b.json": {"lengths_complete": L[:5], "cases": [case(True), case(False)]},
+           "c.json": {"lengths_complete": L, "cases": [case(True)]}}
+short = [e[0] for e in tn.unfinished(evals, results, L)]
+b_more = {"lengths_complete": L[:5], "cases": [case(True), case(True)]}
+b_all = {"lengths_complete": L, "cases": [case(True)]}
+if short != ["b.json"] or not tn.reach(b_more) > tn.reach(results["b.json"]) or not tn.reach(b_all) > tn.reach(b_more):
+    sys.exit(f"FAIL: unfinished {short}, reach {tn.reach(results['b.json'])} {tn.reach(b_more)} {tn.reach(b_all)}")
+print("ok: an evaluation stopped before the last length is measured again, the further run kept")
 PY

@@ -1150,6 +1150,17 @@ def eval_share(left, evals, n):
     return left * len(evals[n][-1]) / sum(len(e[-1]) for e in evals[n:])
 
 
+def reach(res):
+    """How far a card evaluation got: the lengths it completed, then its cases measured."""
+    return len(res["lengths_complete"]), sum("exact" in c for c in res["cases"])
+
+
+def unfinished(evals, results, lengths):
+    """The entries of evals whose result (results, by file name) stopped before the last of
+    lengths, in evals' order: release's second pass measures them again with the time left."""
+    return [e for e in evals if e[0] in results and len(results[e[0]]["lengths_complete"]) < len(lengths)]
+
+
 def release(outdir, dest, seeds, lengths, budget, card="v4", only=None, source=None):
     """Write the release (FP8 / FP4, reference names) from DIR/weights, reload its dequantised
     weights in transformers and measure the model card's evaluations (CARD_EVALS) into
@@ -1190,10 +1201,12 @@ def release(outdir, dest, seeds, lengths, budget, card="v4", only=None, source=N
         evals = [e for e in evals if e[0] in only]
     if source:
         evals = [e for e in evals if e[2] != "trained"]
-    for n, entry in enumerate(evals):
+    def measure(entry, share, out):
+        """run_eval of one CARD_EVALS(_V5) entry for `share` seconds into out; None when its
+        `needle make` examples are missing."""
         if card == "v4":
             name, _, which, family, kind, modes = entry
-            jsonl = None
+            jsonl, decoys = None, 0
         else:
             name, _, which, cases, modes = entry
             family, kind = (cases[1], cases[2]) if cases[0] == "python" else (None, None)
@@ -1201,12 +1214,30 @@ def release(outdir, dest, seeds, lengths, budget, card="v4", only=None, source=N
             jsonl = (os.path.join(outdir, f"evals-{cases[1]}.jsonl"), cases[2]) if cases[0] == "jsonl" else None
             if jsonl and not os.path.exists(jsonl[0]):
                 print(f"release: {jsonl[0]} missing: {name} not evaluated", flush=True)
-                continue
-        share = eval_share(budget - (time.time() - t0), evals, n)
-        results[name] = run_eval(deq if which == "release" else weights, outdir, os.path.join(dest, "evals", name),
-                                 seeds, lengths, modes, family, kind, share,
-                                 qat_on=which == "trained", fast=card != "v4", jsonl=jsonl,
-                                 decoys=0 if card == "v4" else decoys)
+                return None
+        return run_eval(deq if which == "release" else weights, outdir, out, seeds, lengths, modes, family, kind,
+                        share, qat_on=which == "trained", fast=card != "v4", jsonl=jsonl, decoys=decoys)
+
+    for n, entry in enumerate(evals):
+        res = measure(entry, eval_share(budget - (time.time() - t0), evals, n), os.path.join(dest, "evals", entry[0]))
+        if res is not None:
+            results[entry[0]] = res
+    # the time the evaluations left unspent, to those that ran out before their last length: each
+    # measured again from the start (the same cases, deterministic) and the run that reached
+    # further kept
+    short = unfinished(evals, results, lengths)
+    for n, entry in enumerate(short):
+        share = eval_share(budget - (time.time() - t0), short, n)
+        if share <= results[entry[0]]["seconds"]:
+            continue  # no further than the first run got
+        out = os.path.join(dest, "evals", entry[0])
+        print(f"release: {entry[0]} stopped before {lengths[-1]} tokens: measured again for {share:.0f} s", flush=True)
+        again = measure(entry, share, out + ".again")
+        if reach(again) > reach(results[entry[0]]):
+            os.replace(out + ".again", out)
+            results[entry[0]] = again
+        else:
+            os.remove(out + ".again")
     if "heldout_family.json" not in results or "trained_heldout_family.json" not in results:
         return
     rel, tr = results["heldout_family.json"], results["trained_heldout_family.json"]

@@ -64,7 +64,8 @@
 #     card             the release's card evaluations (of this machine's training, else of INIT's release as
 #                      it is) (EVAL_SECONDS; CARD=v5: CARD_EVALS_V5; CARD_ONLY=a.json,b.json:
 #                      those alone, the others' files of an earlier call on this machine kept). Each runs
-#                      length by length, every mode at each: a short budget leaves out long lengths, not modes
+#                      length by length, every mode at each: a short budget leaves out long lengths, not modes;
+#                      the time left at the end measures again those that stopped short
 #
 # GROW=L[,L...]: INIT grown first by a copy of each listed layer right after it, outputs zeroed and
 # residual mix the identity (tools/needle_grow.py into /tmp/needle-grown; the stage trains that
