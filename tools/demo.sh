@@ -86,7 +86,7 @@ echo "open $store/report.html (self-contained: file:// is fine)"
 echo
 # The closing text's figures come from the store the steps above wrote, through the views their
 # own tables print (needle_rank_by_layer, needle_attempts, scoreboard_case_results), so that it
-# cannot disagree with them.
+# cannot disagree with them; the sweeps' attempts are the store's attempts but the scoreboard's.
 figures=$($st query --json --store "$store" "
   WITH t AS (SELECT run_id, n_prompt FROM runs WHERE trace_path = 'trained.h5'),
   v AS (SELECT v.replay_id, v.answer_positions_kept AS kept, v.answer_positions AS positions,
@@ -94,7 +94,7 @@ figures=$($st query --json --store "$store" "
         FROM needle_rank_by_layer v JOIN t USING (run_id) LEFT JOIN replays p USING (replay_id)
         WHERE v.layer = $layer),
   s AS (SELECT json_extract(settings, '\$.rotate') AS rotate, sum(pass) AS passed, count(*) AS attempts
-        FROM needle_attempts WHERE tokens_requested IN (1024, 4096) GROUP BY 1),
+        FROM needle_attempts WHERE attempt_id NOT IN (SELECT attempt_id FROM scoreboard_results) GROUP BY 1),
   c AS (SELECT b.label, sum(a.pass) AS passes, sum(a.pass AND NOT b.pass) AS breaks
         FROM scoreboard_case_results a JOIN scoreboard_case_results b USING (corpus, corpus_version, case_index)
         WHERE a.corpus = 'demo' AND a.label = 'trained' AND b.label <> 'trained' GROUP BY b.label)
