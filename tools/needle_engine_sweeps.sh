@@ -15,13 +15,14 @@ cd "$(dirname "$0")/.."
 model=${1:?usage: tools/needle_engine_sweeps.sh MODEL OUT.txt [TOKENS] [SEEDS]} out=${2:?}
 tokens=${3:-1k,2k,4k,8k,16k} seeds=${4:-3}
 st=${ST_BIN:-build/sparsetrace} backend=${BACKEND:-cpu}
-store=$(mktemp -d)
-trap 'rm -rf "$store"' EXIT
 if [ "${CARD_ONLY:-0}" != 1 ]; then
+  store=$(mktemp -d)
+  trap 'rm -rf "$store"' EXIT
   [ "${APPEND:-0}" = 1 ] || : > "$out"
+  # the command as run, OUT by its name: where the file was written is no part of what it measured
   {
     echo "# $model: needle sweep on the engine (--backend $backend), tokens $tokens, seeds 1..$seeds, positions 0.25/0.55/0.8/0.97"
-    echo "# $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores; command:${KINDS+ KINDS=\"$KINDS\"}${SHAPES+ SHAPES=\"$SHAPES\"}${FAULTS+ FAULTS=\"$FAULTS\"}${APPEND:+ APPEND=$APPEND} tools/needle_engine_sweeps.sh $*"
+    echo "# $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores; command:${KINDS+ KINDS=\"$KINDS\"}${SHAPES+ SHAPES=\"$SHAPES\"}${FAULTS+ FAULTS=\"$FAULTS\"}${APPEND:+ APPEND=$APPEND} tools/needle_engine_sweeps.sh $model $(basename "$out")${3:+ $3}${4:+ $4}"
   } >> "$out"
   sweep() {
     local label=$1; shift
