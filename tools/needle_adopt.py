@@ -61,6 +61,10 @@ SETS = [
     ("e-heldoutq48", "trained kinds in the bug-report shape, asked in the held-out wordings (q5, q6), 1k-2k tokens",
      ["--batch", "48", "--seed", "4245", "--lengths", "1k,2k", "--split", "heldout", "--shapes", "toollist",
       "--kinds", TRAINED_KINDS]),
+    ("e-decoys64", "trained kinds after 1-4 earlier lines of the needle's label (needle make --decoys), "
+     "asked for the last one, 1k-2k tokens",
+     ["--batch", "64", "--seed", "2004", "--lengths", "1k,2k", "--split", "train", "--kinds", TRAINED_KINDS,
+      "--decoys", "1-4"]),
 ]
 # Seeds of the bench's other engine sets, kept out of training as well.
 OTHER_SEEDS = {
