@@ -29,7 +29,7 @@ if [ "${CARD_ONLY:-0}" != 1 ]; then
     local t0=$SECONDS
     echo "== $label" | tee -a "$out"
     "$st" needle sweep --backend "$backend" --model "$model" --tokens "$tokens" --seeds "$seeds" --store "$store" --quiet "$@" 2>&1 \
-      | sed -n '/^tokens/,/^all/p' | tee -a "$out"
+      | awk '/^tokens/ {t = 1} t && /^$/ {exit} t' | tee -a "$out"
     echo "($((SECONDS - t0)) s)" >> "$out"
   }
   for kind in ${KINDS-path host key number ticket branch url email commit env random}; do
@@ -61,7 +61,9 @@ for line in open(out):
             lengths.append(name)
 rows = ["| sweep | " + " | ".join(lengths) + " | all |", "|---|" + "---:|" * (len(lengths) + 1)]
 for label, cells in blocks:
-    rows.append(f"| {label} | " + " | ".join(cells.get(L, "") for L in lengths) + f" | **{cells.get('all', '')}** |")
+    # a sweep of one length has no "all" row: that length's own total is the sweep's
+    total = cells.get("all", next(iter(cells.values())) if len(cells) == 1 else "")
+    rows.append(f"| {label} | " + " | ".join(cells.get(L, "") for L in lengths) + f" | **{total}** |")
 head = [l[2:].strip() for l in open(out) if l.startswith("# ")][:2]
 body = ("<!-- engine-sweeps -->\n" + "\n".join(rows) + "\n\nPassed / attempts; " + head[0].split(": ", 1)[1]
         + f". Every cell by needle position: `{os.path.relpath(out, os.path.dirname(card))}`.\n")
