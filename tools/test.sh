@@ -42,11 +42,12 @@ tools/fuzz.sh "${ST_FUZZ_SECONDS:-10}"
 echo "== tests, ASan + UBSan build"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   LSAN_OPTIONS=suppressions=$PWD/tools/lsan.supp:print_suppressions=0 \
-  ctest --test-dir build-asan --output-on-failure --no-tests=error -j"$jobs" -E '^(test_digests|test_demo)$'
+  ctest --test-dir build-asan --output-on-failure --no-tests=error -j"$jobs" -E '^(test_digests|test_demo|test_needle_engine_sweeps)$'
 # (the digest tests hold every tap's bits of 11 whole-model runs per backend, and test_demo runs
 # tools/demo.sh's two 16k-token runs and its sweeps: pure arithmetic that the sanitizers slow 15x,
 # past ctest's timeout or for over 25 minutes; they run in the normal build below, and the same
 # code paths run under the sanitizers in test_engine, test_devemu_cli, test_replay, test_needle,
-# test_scoreboard and the rest)
+# test_scoreboard and the rest; test_needle_engine_sweeps tests a script's tables, and its 12
+# needle sweep runs took 179 s there, the paths test_needle runs)
 echo "== tests, RelWithDebInfo build"
 ctest --test-dir build --output-on-failure --no-tests=error -j"$jobs"
