@@ -14,7 +14,7 @@ for f in "$src"/models/needle-v5/*; do
   case $(basename "$f") in README.md) ;; *) ln -s "$f" "$model/" ;; esac
 done
 printf '# card\n\n<!-- engine-sweeps -->\n<!-- /engine-sweeps -->\n' >"$model/README.md"
-sweeps() { ST_BIN=$st KINDS=path SHAPES= FAULTS="${faults:-}" "$src/tools/needle_engine_sweeps.sh" "$model" "$@"; }
+sweeps() { ST_BIN=$st KINDS=path SHAPES= FAULTS= "$src/tools/needle_engine_sweeps.sh" "$model" "$@"; }
 
 # the card's row of sweep LABEL: its cells, " | "-separated
 card_row() { grep -F "| $1 |" "$model/README.md" | sed 's/^| [^|]* | //; s/ |$//; s/\*\*//g'; }
