@@ -65,6 +65,9 @@ SETS = [
      "asked for the last one, 1k-2k tokens",
      ["--batch", "64", "--seed", "2004", "--lengths", "1k,2k", "--split", "train", "--kinds", TRAINED_KINDS,
       "--decoys", "1-4"]),
+    ("e-heldoutk48", "the kinds no run trains on (email, env), their own questions or the held-out wordings, "
+     "1k-2k tokens: whether a model finds a line by the label the question names",
+     ["--batch", "48", "--seed", "2005", "--lengths", "1k,2k", "--split", "heldout", "--kinds", "email,env"]),
 ]
 # Seeds of the bench's other engine sets, kept out of training as well.
 OTHER_SEEDS = {
