@@ -65,6 +65,10 @@ SETS = [
      "asked for the last one, 1k-2k tokens",
      ["--batch", "64", "--seed", "2004", "--lengths", "1k,2k", "--split", "train", "--kinds", TRAINED_KINDS,
       "--decoys", "1-4"]),
+    ("e-open48", "trained kinds, every needle under a made-up label (needle make --open-labels 1), 1k-2k "
+     "tokens: the lever meant for the held-out kinds",
+     ["--batch", "48", "--seed", "2006", "--lengths", "1k,2k", "--split", "train", "--kinds", TRAINED_KINDS,
+      "--open-labels", "1"]),
     ("e-heldoutk48", "the kinds no run trains on (email, env), their own questions or the held-out wordings, "
      "1k-2k tokens: whether a model finds a line by the label the question names",
      ["--batch", "48", "--seed", "2005", "--lengths", "1k,2k", "--split", "heldout", "--kinds", "email,env"]),
