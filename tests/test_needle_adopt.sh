@@ -5,8 +5,9 @@
 # build; needle-v4 as the candidate) its counts, gains and losses equal needle_engine_batch's on
 # the same examples; each model's answers are kept and reused (no engine run the second time, a
 # stopped run goes on from where it stopped, two engines at once as one); train_needle_gpu.sh's
-# adopt step gives the same table; a corrupt answer store is named, not read; a candidate with
-# another tokenizer is refused.
+# adopt step gives the same table, and its soup step needle_soup.py's weights and needle_adopt.py's
+# table on them; a corrupt answer store is named, not read; a candidate with another tokenizer is
+# refused.
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
@@ -110,6 +111,32 @@ if [ "$(grep '^e-composed48' "$work/gpu.out/logs/adopt.txt" 2>/dev/null)" = "$(g
   echo "ok: train_needle_gpu.sh adopt: the same table from the kept answers, no run"
 else
   fail "train_needle_gpu.sh adopt: '$(grep '^e-composed48' "$work/gpu.out/logs/adopt.txt" 2>/dev/null)', $(runs) runs"
+fi
+
+# the soup step: the release mixed with INIT as tools/needle_soup.py mixes them (the same weights),
+# packed, and adopted as needle_adopt.py adopts that mix (the same table; its answers kept, so a
+# second adoption runs nothing). needle_soup.py needs numpy: Debian's python3 has it (tools/deps.sh),
+# and is the python3 the step finds here.
+mkdir -p "$work/py" && ln -sf /usr/bin/python3 "$work/py/python3"
+env PATH="$work/py:$PATH" INIT="$release" NEEDLE_TRAIN_DIR="$work/tdir" ST_BIN="$work/st" ADOPT_WORK="$work/w" ADOPT_SETS=e-composed48 \
+  ADOPT_FIRST=$b "$src/tools/train_needle_gpu.sh" "$work/soup.out" soup >"$work/soup.log" 2>&1 \
+  || fail "train_needle_gpu.sh soup: $(tail -3 "$work/soup.log")"
+/usr/bin/python3 "$src/tools/needle_soup.py" "$release" "$work/tdir/release" "$work/soup-direct" --alpha 0.5 >"$work/soup-direct.log" 2>&1 \
+  || fail "needle_soup.py on the same pair: $(tail -3 "$work/soup-direct.log")"
+runs_before=$(runs)
+python3 "$tool" "$work/soup-direct" --release "$release" --st "$work/st" --work "$work/w" --sets e-composed48 --first $b \
+  >"$work/soup-direct.txt" 2>&1 || fail "needle_adopt.py on the direct soup: $(tail -3 "$work/soup-direct.txt")"
+tar -xzf "$work/soup.out/logs.tgz" -C "$work/soup.out" 2>/dev/null || fail "train_needle_gpu.sh soup: no logs.tgz"
+mkdir -p "$work/soup.tgz" && tar -xzf "$work/soup.out/needle-soup.tgz" -C "$work/soup.tgz" 2>/dev/null \
+  || fail "train_needle_gpu.sh soup: no needle-soup.tgz: $(tail -3 "$work/soup.log")"
+row=$(grep '^e-composed48' "$work/soup.out/logs/adopt-soup.txt" 2>/dev/null)
+if cmp -s "$work/soup.tgz/model.safetensors" "$work/soup-direct/model.safetensors" && [ -n "$row" ] \
+   && [ "$row" = "$(grep '^e-composed48' "$work/soup-direct.txt")" ] && [ "$(runs)" = "$runs_before" ] \
+   && [ -s "$work/soup.out/logs/adopt-soup-answers.txt" ]; then
+  echo "ok: train_needle_gpu.sh soup: needle_soup.py's weights, needle_adopt.py's table, no run the second time"
+else
+  fail "train_needle_gpu.sh soup: weights $(cmp -s "$work/soup.tgz/model.safetensors" "$work/soup-direct/model.safetensors" \
+    && echo equal || echo differ), '$row', $runs_before -> $(runs) runs"
 fi
 
 # the engine's key: two builds that name the same sources, compiler and build type share their

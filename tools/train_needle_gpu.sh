@@ -48,6 +48,11 @@
 #                      (ADOPT_WORK): carry it with the release's answers in it (made here by
 #                      tools/needle_adopt.py INIT --release INIT --st .bundle/bin/sparsetrace --work
 #                      .adopt-cache), and only the candidate's examples run
+#     soup             this call's release mixed with INIT weight by weight (tools/needle_soup.py INIT
+#                      RELEASE, SOUP_ALPHA: the release's share, default 0.5) into DIR/soup and
+#                      OUT/needle-soup.tgz, then adopted as the adopt step adopts the release, into
+#                      OUT/logs/adopt-soup.txt and adopt-soup-answers.txt: the fine-tune and its mix
+#                      with INIT judged in one call
 #     sweep            the engine (the bundle's sparsetrace, --backend cpu) on this call's release, else
 #                      INIT: tools/demo.sh's recall sweep (1k and 4k x 4 positions x seeds 1-2, path, as
 #                      trained and with rotate=q) into OUT/logs/demo-sweep.txt; ENGINE_SWEEPS=1: then
@@ -190,7 +195,7 @@ PY
       [ -s "${NEEDLE_COMPILE_CACHE:-}" ] && cp "$NEEDLE_COMPILE_CACHE" "$out/compile-cache.bin" ;;
     release)
       step release
-      rm -rf "$dir/release" && python3 tools/train_needle.py release "$dir" "$dir/release" --budget 0 2>&1 | tail -3
+      rm -rf "$dir/release" "$dir/soup" && python3 tools/train_needle.py release "$dir" "$dir/release" --budget 0 2>&1 | tail -3
       tar -C "$dir/release" -czf "$out/needle-release.tgz" . ;;
     adopt)
       step adopt
@@ -198,6 +203,16 @@ PY
       python3 tools/needle_adopt.py "$dir/release" --release "${ADOPT_RELEASE:-$init}" --st "$st" --jobs "$(nproc)" \
         --work "${ADOPT_WORK:-.adopt-cache}" ${ADOPT_SETS:+--sets "$ADOPT_SETS"} ${ADOPT_FIRST:+--first "$ADOPT_FIRST"} \
         --answers "$out/logs/adopt-answers.txt" 2>&1 | tee "$out/logs/adopt.txt" ;;
+    soup)
+      step soup
+      [ -f "$dir/release/config.json" ] || { echo "soup: no release in $dir (the release step first)"; break; }
+      rm -rf "$dir/soup"
+      python3 tools/needle_soup.py "$init" "$dir/release" "$dir/soup" --alpha "${SOUP_ALPHA:-0.5}" 2>&1 | tail -1
+      [ -f "$dir/soup/config.json" ] || { echo "soup: tools/needle_soup.py made no soup"; break; }
+      tar -C "$dir/soup" -czf "$out/needle-soup.tgz" .
+      python3 tools/needle_adopt.py "$dir/soup" --release "${ADOPT_RELEASE:-$init}" --st "$st" --jobs "$(nproc)" \
+        --work "${ADOPT_WORK:-.adopt-cache}" ${ADOPT_SETS:+--sets "$ADOPT_SETS"} ${ADOPT_FIRST:+--first "$ADOPT_FIRST"} \
+        --answers "$out/logs/adopt-soup-answers.txt" 2>&1 | tee "$out/logs/adopt-soup.txt" ;;
     sweep)
       step sweep
       m=$init; [ -f "$dir/release/hf_config.json" ] && m=$dir/release
