@@ -130,13 +130,12 @@ tar -xzf "$work/soup.out/logs.tgz" -C "$work/soup.out" 2>/dev/null || fail "trai
 mkdir -p "$work/soup.tgz" && tar -xzf "$work/soup.out/needle-soup.tgz" -C "$work/soup.tgz" 2>/dev/null \
   || fail "train_needle_gpu.sh soup: no needle-soup.tgz: $(tail -3 "$work/soup.log")"
 row=$(grep '^e-composed48' "$work/soup.out/logs/adopt-soup.txt" 2>/dev/null)
-if cmp -s "$work/soup.tgz/model.safetensors" "$work/soup-direct/model.safetensors" && [ -n "$row" ] \
-   && [ "$row" = "$(grep '^e-composed48' "$work/soup-direct.txt")" ] && [ "$(runs)" = "$runs_before" ] \
-   && [ -s "$work/soup.out/logs/adopt-soup-answers.txt" ]; then
+weights=differ; cmp -s "$work/soup.tgz/model.safetensors" "$work/soup-direct/model.safetensors" && weights=equal
+if [ $weights = equal ] && [ -n "$row" ] && [ "$row" = "$(grep '^e-composed48' "$work/soup-direct.txt")" ] \
+   && [ "$(runs)" = "$runs_before" ] && [ -s "$work/soup.out/logs/adopt-soup-answers.txt" ]; then
   echo "ok: train_needle_gpu.sh soup: needle_soup.py's weights, needle_adopt.py's table, no run the second time"
 else
-  fail "train_needle_gpu.sh soup: weights $(cmp -s "$work/soup.tgz/model.safetensors" "$work/soup-direct/model.safetensors" \
-    && echo equal || echo differ), '$row', $runs_before -> $(runs) runs"
+  fail "train_needle_gpu.sh soup: weights $weights, '$row', $runs_before -> $(runs) runs"
 fi
 
 # the engine's key: two builds that name the same sources, compiler and build type share their

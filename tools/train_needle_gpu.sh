@@ -98,6 +98,13 @@ if [ -n "${GROW:-}" ]; then
   init=/tmp/needle-grown
 fi
 step() { echo "== $1 ($SECONDS s)"; }
+# tools/needle_adopt.py on MODEL against ADOPT_RELEASE (default INIT), one engine per core, its table
+# into OUT/logs/NAME.txt and every example's verdict into NAME-answers.txt (the adopt and soup steps)
+adopt_model() {
+  python3 tools/needle_adopt.py "$1" --release "${ADOPT_RELEASE:-$init}" --st "$st" --jobs "$(nproc)" \
+    --work "${ADOPT_WORK:-.adopt-cache}" ${ADOPT_SETS:+--sets "$ADOPT_SETS"} ${ADOPT_FIRST:+--first "$ADOPT_FIRST"} \
+    --answers "$out/logs/$2-answers.txt" 2>&1 | tee "$out/logs/$2.txt"
+}
 # needle make --batch seeds of the evaluation sets, which cdata never draws: evaldata's and the
 # oracle's (used below by name), and the bench's engine sets (tools/needle_adopt.py's adoption
 # sets and the others it lists)
@@ -200,9 +207,7 @@ PY
     adopt)
       step adopt
       [ -f "$dir/release/config.json" ] || { echo "adopt: no release in $dir (the release step first)"; break; }
-      python3 tools/needle_adopt.py "$dir/release" --release "${ADOPT_RELEASE:-$init}" --st "$st" --jobs "$(nproc)" \
-        --work "${ADOPT_WORK:-.adopt-cache}" ${ADOPT_SETS:+--sets "$ADOPT_SETS"} ${ADOPT_FIRST:+--first "$ADOPT_FIRST"} \
-        --answers "$out/logs/adopt-answers.txt" 2>&1 | tee "$out/logs/adopt.txt" ;;
+      adopt_model "$dir/release" adopt ;;
     soup)
       step soup
       [ -f "$dir/release/config.json" ] || { echo "soup: no release in $dir (the release step first)"; break; }
@@ -210,9 +215,7 @@ PY
       python3 tools/needle_soup.py "$init" "$dir/release" "$dir/soup" --alpha "${SOUP_ALPHA:-0.5}" 2>&1 | tail -1
       [ -f "$dir/soup/config.json" ] || { echo "soup: tools/needle_soup.py made no soup"; break; }
       tar -C "$dir/soup" -czf "$out/needle-soup.tgz" .
-      python3 tools/needle_adopt.py "$dir/soup" --release "${ADOPT_RELEASE:-$init}" --st "$st" --jobs "$(nproc)" \
-        --work "${ADOPT_WORK:-.adopt-cache}" ${ADOPT_SETS:+--sets "$ADOPT_SETS"} ${ADOPT_FIRST:+--first "$ADOPT_FIRST"} \
-        --answers "$out/logs/adopt-soup-answers.txt" 2>&1 | tee "$out/logs/adopt-soup.txt" ;;
+      adopt_model "$dir/soup" adopt-soup ;;
     sweep)
       step sweep
       m=$init; [ -f "$dir/release/hf_config.json" ] && m=$dir/release
