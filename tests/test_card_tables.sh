@@ -5,7 +5,8 @@
 # the rows by kind, and a table of one kind alone gets none; rows by question family; the decoy
 # ladder's rows by count. The time the card's evaluations share (train_needle.eval_share): by
 # mode, against an even split, and the time left over to those that stopped short of the last
-# length (unfinished, reach). And compare_cards, two releases' evaluations side by side.
+# length (unfinished, reach). And compare_cards, two releases' evaluations side by side, the
+# cases paired by prompt with their sign test.
 set -uo pipefail
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
 work=$(mktemp -d)
@@ -108,6 +109,20 @@ want = {"all": ["3/6 (50.0%)", "4/6 (66.7%)", "+16.7"], "1k tokens": ["3/6 (50.0
 if {k: rows.get(k) for k in want} != want:
     sys.exit(f"FAIL: compare_cards: {rows}, expected {want}\n{text}")
 print("ok: compare_cards counts both releases' cases, the card's rows and subtotals among them")
+# paired: the one path case the old failed is the only change (1 gain, 0 losses): p(better) is
+# P(X >= 1) for X ~ B(1, 1/2) = 0.5, p(worse) P(X >= 0) = 1
+want = "Paired (the same prompt in both): 6 cases, 1 gains, 0 losses; p(worse) 1, p(better) 0.5"
+if want not in text:
+    sys.exit(f"FAIL: compare_cards' paired line: expected '{want}'\n{text}")
+print("ok: compare_cards pairs the cases by prompt and gives their sign test")
+
+# summarise: a mode no case was measured in has no recall (None), not 0.0; the others count only
+# the cases measured (2 of 3 here, one passed: 50.0)
+cases = [{"exact": {"sparse": True}}, {"exact": {"sparse": False}}, {}]
+got = tn.summarise(cases, ["sparse", "q-rot"])
+if got != {"sparse": 50.0, "q-rot": None}:
+    sys.exit(f"FAIL: summarise: {got}, expected sparse 50.0 and q-rot None")
+print("ok: a mode no case was measured in has no recall, not 0.0")
 
 # the card's evaluation budget (tn.eval_share): 600 s for three evaluations of 11, 2 and 2 modes
 # go 440 / 80 / 80 (by mode): 160 left for the last two is 80 each, and the last gets all that is left

@@ -7,7 +7,7 @@
 # stopped run goes on from where it stopped, two engines at once as one); train_needle_gpu.sh's
 # adopt step gives the same table, and its soup step needle_soup.py's weights and needle_adopt.py's
 # table on them; a corrupt answer store is named, not read; a candidate with another tokenizer is
-# refused.
+# refused; a set of needle_data's prompts is made as its spec says.
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
@@ -166,6 +166,48 @@ checks = [("the same sources, compiler and type, another revision: one key", key
 for what, ok in checks:
     print(("ok: " if ok else "FAIL: ") + what)
 raise SystemExit(not all(ok for _, ok in checks))
+PY
+
+# a set of needle_data's prompts (python_set, the card's generator): six examples made twice, the
+# same bytes; each of the spec's family, kinds in turn and thinking off, asked one of the family's
+# own questions, its needle line once in the request and its value the needle's; its ids the
+# engine's rendering of that request, within 10% of the length aimed at (3% once rescaled, the
+# third try kept)
+python3 - "$src/tools" "$work" "$st" "$release" <<'PY' || fail "python_set (above)"
+import argparse, json, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+import needle_adopt as na, needle_data as nd
+w, st, release = sys.argv[2:5]
+args = argparse.Namespace(st=st, release=release)
+spec = dict(batch=6, seed="test", family=nd.HELDOUT_FAMILY, kinds=["path", "key"], lengths=[1024, 2048, 4096])
+for out in ("p1.jsonl", "p2.jsonl"):
+    na.python_set(args, "test", spec, f"{w}/{out}")
+a, b = (open(f"{w}/{x}", "rb").read() for x in ("p1.jsonl", "p2.jsonl"))
+ex = [json.loads(x) for x in a.decode().splitlines()]
+fam = nd.FAMILIES[nd.HELDOUT_FAMILY]
+bad = []
+if a != b:
+    bad.append("made twice, the bytes differ")
+if [e["index"] for e in ex] != list(range(6)):
+    bad.append(f"indices {[e['index'] for e in ex]}")
+for i, e in enumerate(ex):
+    label, value = e["needle"].split(": ", 1)
+    msgs = e["request"]["messages"]
+    text = "\n".join(m["content"] for m in msgs if isinstance(m.get("content"), str))
+    asked = msgs[-1]["content"]
+    with open(f"{w}/req.json", "w") as f:
+        json.dump(e["request"], f)
+    ids = json.loads(subprocess.run([st, "render", "--request", f"{w}/req.json", "--model", release, "--ids",
+                                     "--thinking", "off"], capture_output=True, text=True, check=True).stdout)
+    want = spec["lengths"][i % 3]
+    checks = {"family": e["family"] == nd.HELDOUT_FAMILY, "kind": e["kind"] == spec["kinds"][i % 2],
+              "thinking off": e["thinking"] is False, "value": e["value"] == value,
+              "needle line once": text.count(e["needle"]) == 1,
+              "a question of the family": asked in [q.format(label=label, lower=label.lower()) for q in fam.questions],
+              "ids rendered": e["ids"] == ids, "length": abs(len(ids) - want) <= 0.1 * want}
+    bad += [f"example {i}: {k} ({len(ids)} ids)" for k, ok in checks.items() if not ok]
+print("\n".join("FAIL: " + x for x in bad) or "ok: python_set: six examples, the same twice, each as its spec asks")
+raise SystemExit(bool(bad))
 PY
 
 # a corrupt answer store is named and not read

@@ -35,19 +35,25 @@ import hashlib
 import json
 import math
 import os
+import random
 import re
 import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import needle_data as nd  # noqa: E402
 import needle_engine_batch as neb  # noqa: E402
 
 ALPHA = 0.05
 TRAINED_KINDS = "path,host,key,number,ticket,url,commit,random"
 POOL_KINDS = "path,host,key,number,ticket,url,commit,random,key,commit,random"  # cdata's default draw
 
-# (name, what it asks, `sparsetrace needle make --batch` options). The release's figures on each
+# Python generator's (needle_data) kinds a model trains on and the card evaluates
+PY_TRAINED_KINDS = [k for k in nd.EVAL_KINDS if k != nd.HELDOUT_KIND]
+
+# (name, what it asks, how its examples are made): `sparsetrace needle make --batch` options, or
+# {"python": ...}, needle_data.make_sample's prompts (python_set). The release's figures on each
 # are in bench/needle-train-results.md.
 SETS = [
     ("e-plain384", "trained kinds, their own questions, 1k-2k tokens",
@@ -65,6 +71,10 @@ SETS = [
      "asked for the last one, 1k-2k tokens",
      ["--batch", "64", "--seed", "2004", "--lengths", "1k,2k", "--split", "train", "--kinds", TRAINED_KINDS,
       "--decoys", "1-4"]),
+    ("p-heldoutf192", "needle_data's prompts (the card's generator) in its held-out template family, "
+     "trained kinds, 1k-4k tokens: the card's first table (heldout_family.json), asked of the engine",
+     {"python": dict(batch=192, seed="adopt-heldoutf", family=nd.HELDOUT_FAMILY, kinds=PY_TRAINED_KINDS,
+                     lengths=[1024, 2048, 4096])}),
     ("e-open48", "trained kinds, every needle under a made-up label (needle make --open-labels 1), 1k-2k "
      "tokens: the lever meant for the held-out kinds",
      ["--batch", "48", "--seed", "2006", "--lengths", "1k,2k", "--split", "train", "--kinds", TRAINED_KINDS,
@@ -84,7 +94,7 @@ OTHER_SEEDS = {
 
 def seeds():
     """Every seed the bench's engine sets are drawn at, in order."""
-    found = {int(opts[opts.index("--seed") + 1]) for _, _, opts in SETS}
+    found = {int(opts[opts.index("--seed") + 1]) for _, _, opts in SETS if isinstance(opts, list)}
     return sorted(found | set(OTHER_SEEDS))
 
 
@@ -147,16 +157,55 @@ def model_digest(model):
     return digest(files)
 
 
+def python_set(args, name, spec, out):
+    """A set of needle_data's prompts, as `needle make --batch` writes its examples (index, kind,
+    family, thinking, needle, value, request, ids): example i is make_sample(f"{seed}:{i}") of
+    spec's family, kind i of spec's kinds in turn, aimed at length i of spec's lengths in turn
+    (characters by the release's measured characters per token), at a position drawn from its own
+    stream, thinking off, its ids rendered by the engine (`sparsetrace render`) and its characters
+    rescaled by them until within 3% of the length (three tries)."""
+    info_path = os.path.join(args.release, "training", "tokenizer_info.json")
+    try:
+        with open(info_path, encoding="utf-8") as f:
+            chars_per_token = json.load(f)["chars_per_token"]
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"needle_adopt: {name}: {info_path}: no chars_per_token ({e})")
+    with tempfile.TemporaryDirectory() as work, open(out, "w", encoding="utf-8") as f:
+        for i in range(spec["batch"]):
+            kind, length = spec["kinds"][i % len(spec["kinds"])], spec["lengths"][i % len(spec["lengths"])]
+            position = random.Random(f"{spec['seed']}:position:{i}").random()
+            chars = int(length * chars_per_token)
+            for _ in range(3):  # aim at the length: rescaled by the tokens rendered, as the card's cases are
+                s = nd.make_sample(f"{spec['seed']}:{i}", spec["family"], kind, chars, position, False, train=False)
+                request = os.path.join(work, "request.json")
+                with open(request, "w", encoding="utf-8") as rf:
+                    json.dump(s.request, rf)
+                r = subprocess.run([args.st, "render", "--request", request, "--model", args.release, "--ids",
+                                    "--thinking", "off"], capture_output=True, text=True)
+                if r.returncode:
+                    sys.exit(f"needle_adopt: {name}: example {i}: sparsetrace render failed: {r.stderr.strip()[-300:]}")
+                ids = json.loads(r.stdout)
+                if abs(len(ids) - length) < 0.03 * length:
+                    break
+                chars = int(chars * length / len(ids))
+            f.write(json.dumps({"index": i, "kind": s.kind, "family": s.family, "thinking": False,
+                                "needle": s.needle, "value": s.needle[len(s.label) + 2:], "position": position,
+                                "request": s.request, "ids": ids}) + "\n")
+
+
 def set_file(args, name, opts):
-    """The set's examples, written by needle make into WORK/sets (again when missing)."""
+    """The set's examples, written by needle make (or python_set) into WORK/sets (again when missing)."""
     path = os.path.join(args.work, "sets", name + ".jsonl")
     if not os.path.isfile(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = path + ".part"
-        r = subprocess.run([args.st, "needle", "make", "--model", args.release, "--jsonl", tmp, "--quiet"] + opts,
-                           capture_output=True, text=True)
-        if r.returncode:
-            sys.exit(f"needle_adopt: {name}: needle make failed: {r.stderr.strip()[-300:]}")
+        if isinstance(opts, dict):
+            python_set(args, name, opts["python"], tmp)
+        else:
+            r = subprocess.run([args.st, "needle", "make", "--model", args.release, "--jsonl", tmp, "--quiet"] + opts,
+                               capture_output=True, text=True)
+            if r.returncode:
+                sys.exit(f"needle_adopt: {name}: needle make failed: {r.stderr.strip()[-300:]}")
         os.replace(tmp, path)
     return path
 
@@ -215,8 +264,9 @@ def main(argv):
         return 0
     if args.list:
         for name, what, opts in SETS:
-            print(f"{name}: {what}\n  sparsetrace needle make --model {args.release} --jsonl {name}.jsonl "
-                  + " ".join(opts))
+            made = (f"needle_data.make_sample: {json.dumps(opts['python'])}" if isinstance(opts, dict) else
+                    f"sparsetrace needle make --model {args.release} --jsonl {name}.jsonl " + " ".join(opts))
+            print(f"{name}: {what}\n  {made}")
         return 0
     if not args.candidate:
         ap.error("a candidate model directory is needed (or --list, --seeds)")

@@ -1039,10 +1039,7 @@ def evaluate(model, taps, tok, info, lengths, positions, seeds, modes, family=nd
                     c.setdefault("token_acc", {})[mode] = ok.mean().item()
             taps.rotate, taps.faults = None, {}
     set_mode(model, topk=own_topk)
-    summary = {}
-    for mode in modes:
-        done = [c for c in cases if mode in c.get("exact", {})]
-        summary[mode] = round(100 * sum(c["exact"][mode] for c in done) / max(1, len(done)), 1)
+    summary = summarise(cases, modes)
     table = {}
     for c in cases:
         for mode, e in c.get("exact", {}).items():
@@ -1062,6 +1059,16 @@ def evaluate(model, taps, tok, info, lengths, positions, seeds, modes, family=nd
             "cases": [{k: c[k] for k in ("L", "position", "seed", "a0", "needle_tok", "needle", "kind", "family",
                                          "format", "shape", "decoys", "exact", "token_acc")
                        if k in c} for c in cases]}
+
+
+def summarise(cases, modes):
+    """Each mode's exact recall over the cases measured in it, in %; None where no case was (a
+    budget spent before the evaluation's first length), not a 0.0 that reads as every case lost."""
+    summary = {}
+    for mode in modes:
+        done = [c["exact"][mode] for c in cases if mode in c.get("exact", {})]
+        summary[mode] = round(100 * sum(done) / len(done), 1) if done else None
+    return summary
 
 
 def load_trained(weights):
@@ -1914,8 +1921,9 @@ def compare_cards(old_dir, new_dir, which="v5", modes=("sparse",)):
     """Markdown: two releases' card evaluations (their evals/ directories) side by side, per
     evaluation present in both and per mode: all cases, each prompt length, and the rows the
     card shows by needle kind (with the trained / held-out subtotals), question family and
-    decoys placed (case_groups), as "passed/cases (%)" and the change in points. What a release
-    is adopted on (bench/needle-train-results.md) read off one table."""
+    decoys placed (case_groups), as "passed/cases (%)" and the change in points, then the cases
+    paired by prompt and their sign test (paired_line). What a release is adopted on
+    (bench/needle-train-results.md) read off one table."""
     def cell(oks):
         return f"{sum(oks)}/{len(oks)} ({100 * sum(oks) / len(oks):.1f}%)" if oks else ""
 
@@ -1947,8 +1955,22 @@ def compare_cards(old_dir, new_dir, which="v5", modes=("sparse",)):
             out += [f"### {title} (`{name}`), {mode}", "", "| cases | old | new | points |", "|---|---:|---:|---:|"]
             out += [f"| {label} | {cell(a.get(mode, []))} | {cell(b.get(mode, []))} | "
                     f"{points(a.get(mode, []), b.get(mode, []))} |" for label, a, b in rows]
-            out.append("")
+            out += ["", paired_line(old, new, mode), ""]
     return "\n".join(out)
+
+
+def paired_line(old, new, mode):
+    """The cases both evaluations measured in mode, paired by prompt (length, position, seed and
+    needle), and the sign test of needle_adopt.compare on them: what a change of points is worth."""
+    import needle_adopt as na
+    key = lambda c: (c["L"], c["position"], c["seed"], c["needle"])
+    a = {key(c): c["exact"][mode] for c in old["cases"] if mode in c.get("exact", {})}
+    b = {key(c): c["exact"][mode] for c in new["cases"] if mode in c.get("exact", {})}
+    both = [k for k in a if k in b]
+    row = na.compare([a[k] for k in both], [b[k] for k in both])
+    return (f"Paired (the same prompt in both): {len(both)} cases, {row['gains']} gains, {row['losses']} losses; "
+            f"p(worse) {row['p_worse']:.2g}, p(better) {row['p_better']:.2g} (one-sided sign test, "
+            "tools/needle_adopt.py).")
 
 
 def write_card(card, train_dir, eval_dir, which="v4"):
