@@ -115,6 +115,18 @@ want = "Paired (the same prompt in both): 6 cases, 1 gains, 0 losses; p(worse) 1
 if want not in text:
     sys.exit(f"FAIL: compare_cards' paired line: expected '{want}'\n{text}")
 print("ok: compare_cards pairs the cases by prompt and gives their sign test")
+if "card verdict: keep: no set tells them apart" not in text:
+    sys.exit(f"FAIL: one gain, no loss: the card's verdict should keep the release\n{text}")
+# 12 cases the old passes and the new fails: p(worse) = 2^-12, below 0.05 over the 2 rows (sparse
+# and q-rot, each measured in both): the card keeps the release, naming where it is worse
+many = [("path", True, True)] * 12
+for d, rows in ((old_dir, many), (new_dir, [("path", False, True)] * 12)):
+    write("heldout_family.json", rows)
+    os.replace(os.path.join(work, "heldout_family.json"), os.path.join(d, "heldout_family.json"))
+text = tn.compare_cards(old_dir, new_dir, "v5", ["sparse", "q-rot"])
+if "card verdict: keep: worse on heldout_family.json sparse (p(worse) < 0.025)" not in text:
+    sys.exit(f"FAIL: 12 losses of 12: the card's verdict should be worse on heldout_family.json sparse\n{text}")
+print("ok: the card's verdict is the adoption rule on its paired rows")
 
 # summarise: a mode no case was measured in has no recall (None), not 0.0; the others count only
 # the cases measured (2 of 3 here, one passed: 50.0)

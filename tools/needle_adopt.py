@@ -16,6 +16,10 @@ p(better) = P(X >= gains), X ~ Binomial(gains + losses, 1/2). A set tells the mo
 that p is below ALPHA divided by the number of sets asked (Bonferroni: ALPHA over all of them).
 The candidate is adopted when it is better on some set and worse on none. When it is worse on any
 set, the release is kept. Otherwise no set tells them apart, and the release is kept too.
+An adopted candidate is released only when its card adopts it as well: `tools/train_needle.py
+compare` applies this same rule to the card's evaluations, each case paired by prompt (the card
+step of tools/train_needle_gpu.sh writes it). The sets here are the engine's; the card's are the
+fast forward's to 32k, and a line has passed these and lost there (bench, tenth session).
 
 The engine is deterministic, so each model's answers are kept in WORK/answers (default
 /tmp/needle-adopt), one file per model, set and engine, keyed by the bytes of the model and the
@@ -25,8 +29,8 @@ or one too old to name them, by its binary's bytes), and written after every exa
 itself, and a run stopped midway goes on where it stopped. --jobs N runs N engines at once, each
 with --threads (cores / N) (the answers do not depend on it). --first N asks only each set's first
 N examples (a quick look: its verdict is said to be partial). --answers writes every example's
-verdicts and each miss's answer, as needle_engine_batch prints them. About 6 minutes a model for
-every set, on 2 cores.
+verdicts and each miss's answer, as needle_engine_batch prints them. About 8 minutes a model for
+the nine sets on 2 cores (--jobs 2); the first eight took 86-96 s on 16.
 tests/test_needle_adopt.sh holds the counts to needle_engine_batch and the sign test to a count
 of every outcome."""
 import argparse

@@ -1922,15 +1922,15 @@ def compare_cards(old_dir, new_dir, which="v5", modes=("sparse",)):
     evaluation present in both and per mode: all cases, each prompt length, and the rows the
     card shows by needle kind (with the trained / held-out subtotals), question family and
     decoys placed (case_groups), as "passed/cases (%)" and the change in points, then the cases
-    paired by prompt and their sign test (paired_line). What a release is adopted on
-    (bench/needle-train-results.md) read off one table."""
+    paired by prompt and their sign test (paired), and at the end the adoption rule on those
+    (card_verdict). What a release is adopted on (bench/needle-train-results.md) read off one table."""
     def cell(oks):
         return f"{sum(oks)}/{len(oks)} ({100 * sum(oks) / len(oks):.1f}%)" if oks else ""
 
     def points(a, b):
         return f"{100 * (sum(b) / len(b) - sum(a) / len(a)):+.1f}" if a and b else ""
 
-    out = []
+    out, verdict_rows = [], {}
     for entry in CARD_EVALS if which == "v4" else CARD_EVALS_V5:
         name, title = entry[0], entry[1]
         paths = [os.path.join(d, name) for d in (old_dir, new_dir)]
@@ -1955,22 +1955,36 @@ def compare_cards(old_dir, new_dir, which="v5", modes=("sparse",)):
             out += [f"### {title} (`{name}`), {mode}", "", "| cases | old | new | points |", "|---|---:|---:|---:|"]
             out += [f"| {label} | {cell(a.get(mode, []))} | {cell(b.get(mode, []))} | "
                     f"{points(a.get(mode, []), b.get(mode, []))} |" for label, a, b in rows]
-            out += ["", paired_line(old, new, mode), ""]
+            row = paired(old, new, mode)
+            if row["examples"]:
+                verdict_rows[f"{name} {mode}"] = row
+            out += ["", f"Paired (the same prompt in both): {row['examples']} cases, {row['gains']} gains, "
+                    f"{row['losses']} losses; p(worse) {row['p_worse']:.2g}, p(better) {row['p_better']:.2g} "
+                    "(one-sided sign test, tools/needle_adopt.py).", ""]
+    word, reason = card_verdict(verdict_rows)
+    out.append(f"card verdict: {word}: {reason}")
     return "\n".join(out)
 
 
-def paired_line(old, new, mode):
-    """The cases both evaluations measured in mode, paired by prompt (length, position, seed and
-    needle), and the sign test of needle_adopt.compare on them: what a change of points is worth."""
+def paired(old, new, mode):
+    """needle_adopt.compare of the cases both evaluations measured in mode, paired by prompt
+    (length, position, seed and needle): what a change of points is worth."""
     import needle_adopt as na
     key = lambda c: (c["L"], c["position"], c["seed"], c["needle"])
     a = {key(c): c["exact"][mode] for c in old["cases"] if mode in c.get("exact", {})}
     b = {key(c): c["exact"][mode] for c in new["cases"] if mode in c.get("exact", {})}
     both = [k for k in a if k in b]
-    row = na.compare([a[k] for k in both], [b[k] for k in both])
-    return (f"Paired (the same prompt in both): {len(both)} cases, {row['gains']} gains, {row['losses']} losses; "
-            f"p(worse) {row['p_worse']:.2g}, p(better) {row['p_better']:.2g} (one-sided sign test, "
-            "tools/needle_adopt.py).")
+    return na.compare([a[k] for k in both], [b[k] for k in both])
+
+
+def card_verdict(rows):
+    """The adoption rule (needle_adopt.verdict: better on some, worse on none, Bonferroni over the
+    rows) on the card's paired rows, {"evaluation mode": paired(...)}: a release replaces the one
+    before when the engine's adoption sets and its card both adopt it."""
+    import needle_adopt as na
+    if not rows:
+        return "keep", "no evaluation measured in both"
+    return na.verdict(rows)
 
 
 def write_card(card, train_dir, eval_dir, which="v4"):

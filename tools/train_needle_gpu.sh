@@ -70,7 +70,10 @@
 #                      it is) (EVAL_SECONDS; CARD=v5: CARD_EVALS_V5; CARD_ONLY=a.json,b.json:
 #                      those alone, the others' files of an earlier call on this machine kept). Each runs
 #                      length by length, every mode at each: a short budget leaves out long lengths, not modes;
-#                      the time left at the end measures again those that stopped short
+#                      the time left at the end measures again those that stopped short. Where INIT
+#                      has a card (INIT/evals), the two are compared case by case into
+#                      OUT/logs/card-compare.md (train_needle.py compare), whose last line is the
+#                      card's verdict: the adoption rule on its paired rows
 #
 # GROW=L[,L...]: INIT grown first by a copy of each listed layer right after it, outputs zeroed and
 # residual mix the identity (tools/needle_grow.py into /tmp/needle-grown; the stage trains that
@@ -251,6 +254,10 @@ PY
         "${from[@]}" \
         ${CARD_ONLY:+--only "$CARD_ONLY"} 2>&1 \
         | grep -v Warning | tee "$out/logs/card.txt" | tail -30
+      if [ -d "$init/evals" ] && [ "$(cd "$init" && pwd)" != "$(cd "$dir/release" && pwd)" ]; then
+        python3 tools/train_needle.py compare "$init/evals" "$dir/release/evals" --which "${CARD:-v4}" \
+          > "$out/logs/card-compare.md" && tail -1 "$out/logs/card-compare.md"
+      fi
       tar -C "$dir/release" -czf "$out/needle-release.tgz" . ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac
