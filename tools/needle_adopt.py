@@ -29,7 +29,7 @@ or one too old to name them, by its binary's bytes), and written after every exa
 itself, and a run stopped midway goes on where it stopped. --jobs N runs N engines at once, each
 with --threads (cores / N) (the answers do not depend on it). --first N asks only each set's first
 N examples (a quick look: its verdict is said to be partial). --answers writes every example's
-verdicts and each miss's answer, as needle_engine_batch prints them. About 8 minutes a model for
+verdicts and each miss's answer, as needle_engine_batch prints them. About 9 minutes a model for
 the nine sets on 2 cores (--jobs 2); the first eight took 86-96 s on 16.
 tests/test_needle_adopt.sh holds the counts to needle_engine_batch and the sign test to a count
 of every outcome."""

@@ -14,7 +14,9 @@ against the release: what it gains and what it loses).
 
 --question asks every example TEMPLATE instead of its own question ({label}: the needle's label,
 {lower}: the same in lower case); the request is rendered again (`sparsetrace render`), so the
-same prompts can be asked in several wordings. --kinds: only the examples of these kinds. --set:
+same prompts can be asked in several wordings. --relabel LABEL puts LABEL in place of the
+needle's label wherever the request says it (the question included), rendered again: whether a
+miss belongs to the label's words or to the kind's values. --kinds: only the examples of these kinds. --set:
 the engine's settings for every run (`sparsetrace run --set`, repeatable): topk=all tells a miss
 of the indexer's choice from a miss of the answer itself.
 
@@ -44,6 +46,21 @@ def ask(request, question):
     return request
 
 
+def relabel(request, old, new):
+    """The request with every occurrence of the label old, as written and in lower case, in its
+    messages' texts (string contents and text blocks) replaced by new (likewise)."""
+    def sub(text):
+        return text.replace(old, new).replace(old.lower(), new.lower())
+    for turn in request.get("messages") or request.get("input"):
+        if isinstance(turn.get("content"), str):
+            turn["content"] = sub(turn["content"])
+        elif isinstance(turn.get("content"), list):
+            for block in turn["content"]:
+                if "text" in block:
+                    block["text"] = sub(block["text"])
+    return request
+
+
 def rerender(args, request, thinking, work):
     path = os.path.join(work, "request.json")
     json.dump(request, open(path, "w"))
@@ -61,7 +78,11 @@ def main(argv):
     ap.add_argument("--st", default=os.environ.get("ST_BIN", "build/sparsetrace"))
     ap.add_argument("--max-new-tokens", type=int, default=48), ap.add_argument("--backend", default="cpu")
     ap.add_argument("--question", help="ask this instead ({label}, {lower})")
+    ap.add_argument("--relabel", help="the needle's label replaced by this one wherever the request says it "
+                                      "(as written and in lower case), then rendered again")
     ap.add_argument("--kinds", help="only these kinds, comma-separated")
+    ap.add_argument("--threads", type=int, help="the engine's threads (`sparsetrace run --threads`; default: "
+                                                "every core): 1 for each of several batches run at once")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an engine setting (repeatable)")
     args = ap.parse_args(argv)
     tokenizers = {tokenizer_bytes(m) for m in args.model}
@@ -80,10 +101,15 @@ def main(argv):
             if args.kinds and e["kind"] not in args.kinds.split(","):
                 continue
             ids = e["ids"]
+            label = e["needle"].split(": ", 1)[0]
+            if args.relabel:
+                e["request"] = relabel(e["request"], label, args.relabel)
+                e["needle"] = args.relabel + e["needle"][len(label):]
+                label = args.relabel
             if args.question:
-                label = e["needle"].split(": ", 1)[0]
-                ids = rerender(args, ask(e["request"], args.question.format(label=label, lower=label.lower())),
-                               e["thinking"], work)
+                e["request"] = ask(e["request"], args.question.format(label=label, lower=label.lower()))
+            if args.question or args.relabel:
+                ids = rerender(args, e["request"], e["thinking"], work)
             json.dump(ids, open(prompt, "w"))
             answers = [answer_of(args, model, prompt, work, e["index"]) for model in args.model]
             oks = [passes(e, a) for a in answers]
