@@ -3,7 +3,8 @@
 # --batch` example's prompt through `sparsetrace run`, a pass when the answer holds the value.
 # Checked against the engine run directly on the same ids (each verdict and the totals), with
 # and without --set; --question re-renders the request: asked in its own question it gives the
-# example's ids back, asked in another the new question is in the prompt; --kinds filters; a
+# example's ids back, asked in another the new question is in the prompt; --relabel puts a new
+# label wherever the old one was; --kinds filters; a
 # setting the engine refuses stops the tool with the engine's error. With two models (needle-v5
 # and needle-v4, one tokenizer), each column is that model's verdicts run directly, and the line
 # of gains and losses against the first model is those verdicts' difference, in both orders.
@@ -95,6 +96,41 @@ for line in open(jsonl, encoding="utf-8"):
 print("ok: --question: its own question gives the example's ids back; another replaces it" if not bad else "")
 sys.exit(1 if bad else 0)
 PY
+
+# --relabel: the needle's label replaced wherever the request says it (as written and in lower
+# case): relabelled to itself, the example's ids back; to another, the old label nowhere in the
+# prompt and the new one where it was; through the tool, each example's line names the new label
+python3 - "$tool" "$work/e.jsonl" "$model" "$st" "$work" <<'PY' || failures=$((failures + 1))
+import importlib.util, json, subprocess, sys, types
+tool, jsonl, model, st, work = sys.argv[1:]
+spec = importlib.util.spec_from_file_location("neb", tool)
+neb = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(neb)
+args = types.SimpleNamespace(st=st, model=[model])
+decode = lambda ids: subprocess.run([st, "tokenize", "--model", model, "--decode"], input=json.dumps(ids),
+                                    capture_output=True, text=True).stdout
+bad = 0
+for line in open(jsonl, encoding="utf-8"):
+    e = json.loads(line)
+    label = e["needle"].split(": ", 1)[0]
+    copy = lambda: json.loads(json.dumps(e["request"]))
+    if neb.rerender(args, neb.relabel(copy(), label, label), e["thinking"], work) != e["ids"]:
+        print(f"FAIL: example {e['index']}: relabelled to itself, other ids"); bad += 1
+    before = decode(e["ids"])
+    after = decode(neb.rerender(args, neb.relabel(copy(), label, "Zephyr Quillon"), e["thinking"], work))
+    n_old = before.count(label) + before.count(label.lower())
+    n_new = after.count("Zephyr Quillon") + after.count("zephyr quillon")
+    if label in after or label.lower() in after or n_old == 0 or n_new != n_old \
+            or "Zephyr Quillon: " + e["value"] not in after:
+        print(f"FAIL: example {e['index']}: {label!r} ({n_old} times) -> 'Zephyr Quillon' ({n_new} times)"); bad += 1
+print("ok: --relabel: to itself the same ids; to another label, in every place of the old" if not bad else "")
+sys.exit(1 if bad else 0)
+PY
+python3 "$tool" "$work/e.jsonl" --model "$model" --st "$st" --relabel "Zephyr Quillon" --threads 1 >"$work/relabel.txt" 2>&1 ||
+  fail "--relabel: $(tail -2 "$work/relabel.txt")"
+n=$(grep -cE "^ *[0-9]+ .*'Zephyr Quillon: " "$work/relabel.txt")
+[ "$n" = "$(wc -l <"$work/e.jsonl")" ] && echo "ok: --relabel through the tool: every example's line names the new label" ||
+  fail "--relabel through the tool: $n example lines name the new label"
 
 # two models: each column as that model run directly; gains and losses against the first
 v4=$src/models/needle-v4

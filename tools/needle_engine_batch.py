@@ -47,18 +47,22 @@ def ask(request, question):
 
 
 def relabel(request, old, new):
-    """The request with every occurrence of the label old, as written and in lower case, in its
-    messages' texts (string contents and text blocks) replaced by new (likewise)."""
-    def sub(text):
-        return text.replace(old, new).replace(old.lower(), new.lower())
-    for turn in request.get("messages") or request.get("input"):
-        if isinstance(turn.get("content"), str):
-            turn["content"] = sub(turn["content"])
-        elif isinstance(turn.get("content"), list):
-            for block in turn["content"]:
-                if "text" in block:
-                    block["text"] = sub(block["text"])
-    return request
+    """The request with every occurrence of the label old, as written and in lower case, replaced
+    by new (likewise) in every text it holds, whatever its format: messages, an Anthropic
+    `system`, Responses `instructions`, tool results. Identifiers and names (KEEP_KEYS) are left
+    as they are."""
+    def walk(x, key=None):
+        if isinstance(x, str):
+            return x if key in KEEP_KEYS else x.replace(old, new).replace(old.lower(), new.lower())
+        if isinstance(x, list):
+            return [walk(v, key) for v in x]
+        if isinstance(x, dict):
+            return {k: walk(v, k) for k, v in x.items()}
+        return x
+    return walk(request)
+
+
+KEEP_KEYS = {"model", "role", "type", "id", "call_id", "tool_use_id", "tool_call_id", "name"}
 
 
 def rerender(args, request, thinking, work):
