@@ -30,7 +30,8 @@ static const st_opt_use make_options[] = {
   {ST_OPT_POSITION, NULL, NULL},
   {ST_OPT_SEED, NULL, "seed (the needle depends on seed and kind only)"},
   {ST_OPT_KIND, NULL, "path (default: 'Working directory: /home/dev/...'), host, key, number,\n"
-                      "ticket, branch, url, email, commit, env, random"},
+                      "ticket, branch, url, email, commit, env, random, assorted (one of 16\n"
+                      "value shapes, each under its own label)"},
   {ST_OPT_FORMAT, NULL, "anthropic (default), openai-chat, openai-responses"},
   {ST_OPT_SHAPE, NULL, "agent (default: the transcript above) or toollist (one system string of\n"
                        "one-line tool descriptions with the environment in the middle, and one\n"
@@ -256,7 +257,8 @@ static st_status batch_spec(const batch_options *b, uint64_t seed, int64_t i, st
   if (b->n_kinds) memcpy(kinds, b->kinds, sizeof kinds[0] * (size_t)(nk = b->n_kinds));
   else
     for (int k = 0; k < ST_NEEDLE_KIND_COUNT; k++)
-      if (b->heldout || !st_needle_heldout_kind((st_needle_kind)k)) kinds[nk++] = (st_needle_kind)k;
+      if (!st_needle_opt_in_kind((st_needle_kind)k) && (b->heldout || !st_needle_heldout_kind((st_needle_kind)k)))
+        kinds[nk++] = (st_needle_kind)k;
   sp->kind = kinds[DRAW(nk)];
   int fams[ST_NEEDLE_FAMILY_COUNT], nf = 0;
   int need_heldout_family = b->heldout && !st_needle_heldout_kind(sp->kind);
@@ -431,7 +433,7 @@ static int cmd_make(int argc, char **argv) {
     case ST_OPT_KINDS:
       if ((batch.n_kinds = split_list(o.arg, batch.kinds, sizeof batch.kinds[0], ST_NEEDLE_KIND_COUNT, parse_kind_v)) < 1) {
         st_opts_error(&o, "--kinds '%s': expected kinds such as path,url,commit (%s)", o.arg,
-                      "path, host, key, number, ticket, branch, url, email, commit, env, random");
+                      "path, host, key, number, ticket, branch, url, email, commit, env, random, assorted");
         goto usage;
       }
       break;
@@ -810,6 +812,12 @@ static int cmd_sweep(int argc, char **argv) {
       break;
     case ST_OPT_KIND:
       if (st_needle_kind_parse(op.arg, &o.kind)) goto bad_value;
+      if (st_needle_opt_in_kind(o.kind)) { /* the store's needle_attempts holds the harness's kinds */
+        st_fail(ST_EINVAL, "--kind %s is training data (needle make --batch --kinds %s), not a sweep's kind: "
+                "the store records path, host, key, number, ticket, branch, url, email, commit, env, random",
+                op.arg, op.arg);
+        goto bad_value;
+      }
       break;
     case ST_OPT_SHAPE:
       if (st_needle_shape_parse(op.arg, &o.shape)) goto bad_value;

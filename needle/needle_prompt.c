@@ -31,7 +31,7 @@
 /* ---------------------------------------------------------------- names */
 
 static const char *const kind_names[] = {"path", "host", "key", "number", "ticket", "branch",
-                                         "url", "email", "commit", "env", "random"};
+                                         "url", "email", "commit", "env", "random", "assorted"};
 static const char *const format_names[] = {"anthropic", "openai-chat", "openai-responses"};
 
 const char *st_needle_kind_name(st_needle_kind k) {
@@ -42,11 +42,12 @@ st_status st_needle_kind_parse(const char *name, st_needle_kind *out) {
   for (int i = 0; i < ST_NEEDLE_KIND_COUNT; i++)
     if (!strcmp(name, kind_names[i])) return *out = (st_needle_kind)i, ST_OK;
   return st_fail(ST_EINVAL, "needle kind \"%s\": expected path, host, key, number, ticket, branch, url, email, "
-                 "commit, env or random", name);
+                 "commit, env, random or assorted", name);
 }
 
 int st_needle_heldout_kind(st_needle_kind k) { return k == ST_NEEDLE_EMAIL || k == ST_NEEDLE_ENV; }
 int st_needle_heldout_family(int family) { return family == 5 || family == 6; }
+int st_needle_opt_in_kind(st_needle_kind k) { return k == ST_NEEDLE_ASSORTED; }
 
 static const char *const shape_names[] = {"agent", "toollist"};
 
@@ -189,6 +190,7 @@ typedef struct gen {
   const st_needle_spec *spec;
   uint64_t seed;
   char label[64], value[128], line[200];
+  int shape; /* ST_NEEDLE_ASSORTED's value shape, the needle's and its decoys' */
   char *question;
   int family; /* the question's template family */
   lines system;
@@ -227,8 +229,111 @@ static int has_tool(const gen *g, const char *name) {
 
 /* ---------------------------------------------------------------- the needle */
 
-/* A label and a value of kind k, drawn from r (the needle's, or a decoy's stream). */
-static void kind_value(st_needle_kind kind, rng *rp, char *label, size_t label_size, char *value,
+/* ST_NEEDLE_ASSORTED: a value of one of its 16 shapes (shape < 0: one drawn from r), under the
+** shape's own label; returns the shape. None is an address with '@' or a NAME=VALUE assignment
+** (the held-out kinds', email and env), and no label is another kind's. */
+#define ASSORTED_SHAPES 16
+static int assorted_value(int shape, rng *r, char *label, size_t label_size, char *value, size_t value_size) {
+  static const char hex[] = "0123456789abcdef";
+  static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  char h[48];
+  const char *a = PICK(r, st_nc_words), *m = PICK(r, st_nc_modules), *n = PICK(r, st_nc_nouns),
+             *j = PICK(r, st_nc_adjs);
+  if (shape < 0 || shape >= ASSORTED_SHAPES) shape = rng_int(r, ASSORTED_SHAPES);
+  switch (shape) {
+  case 0:
+    snprintf(label, label_size, "Build version");
+    snprintf(value, value_size, "v%d.%d.%d-rc.%d+build.%d", rng_range(r, 0, 19), rng_range(r, 0, 40),
+             rng_range(r, 0, 99), rng_range(r, 1, 12), rng_range(r, 100, 99999));
+    break;
+  case 1:
+    snprintf(label, label_size, "Service address");
+    snprintf(value, value_size, "10.%d.%d.%d:%d", rng_range(r, 0, 255), rng_range(r, 0, 255), rng_range(r, 1, 254),
+             rng_range(r, 1024, 65535));
+    break;
+  case 2:
+    for (int i = 0; i < 32; i++) h[i] = hex[rng_int(r, 16)];
+    snprintf(label, label_size, "Request id");
+    snprintf(value, value_size, "%.8s-%.4s-4%.3s-%c%.3s-%.12s", h, h + 8, h + 12, "89ab"[rng_int(r, 4)], h + 15, h + 18);
+    break;
+  case 3:
+    snprintf(label, label_size, "Cutover time");
+    snprintf(value, value_size, "20%02d-%02d-%02dT%02d:%02d:%02dZ", rng_range(r, 24, 29), rng_range(r, 1, 12),
+             rng_range(r, 1, 28), rng_range(r, 0, 23), rng_range(r, 0, 59), rng_range(r, 0, 59));
+    break;
+  case 4:
+    snprintf(label, label_size, "Base image");
+    snprintf(value, value_size, "ghcr.io/%s/%s:%d.%d.%d", a, m, rng_range(r, 0, 9), rng_range(r, 0, 30), rng_range(r, 0, 99));
+    break;
+  case 5:
+    snprintf(label, label_size, "Bucket ARN");
+    snprintf(value, value_size, "arn:aws:s3:::%s-%s-%04x", a, n, (unsigned)(rng_u64(r) & 0xffff));
+    break;
+  case 6:
+    snprintf(label, label_size, "Escalation phone");
+    snprintf(value, value_size, "+%d %d %04d %04d", rng_range(r, 30, 49), rng_range(r, 10, 99), rng_range(r, 0, 9999),
+             rng_range(r, 0, 9999));
+    break;
+  case 7:
+    for (int i = 0; i < 12; i++) h[i] = hex[rng_int(r, 16)];
+    snprintf(label, label_size, "Device MAC");
+    snprintf(value, value_size, "%.2s:%.2s:%.2s:%.2s:%.2s:%.2s", h, h + 2, h + 4, h + 6, h + 8, h + 10);
+    break;
+  case 8:
+    snprintf(label, label_size, "Cleanup schedule");
+    snprintf(value, value_size, "%d %d * * %d-%d", rng_range(r, 0, 59), rng_range(r, 0, 23), rng_range(r, 0, 2),
+             rng_range(r, 4, 6));
+    break;
+  case 9:
+    snprintf(label, label_size, "Config key");
+    snprintf(value, value_size, "%s.%s.%s_%s", m, n, j, PICK(r, st_nc_nouns));
+    break;
+  case 10:
+    snprintf(label, label_size, "Feature flag");
+    snprintf(value, value_size, "%s_%s_%s_%d", j, m, n, rng_range(r, 2, 999));
+    break;
+  case 11: {
+    char c[3][32];
+    const char *parts[3] = {a, n, j};
+    for (int i = 0; i < 3; i++) { /* capitalised, underscores dropped */
+      char *o = c[i];
+      for (const char *p = parts[i]; *p && o < c[i] + sizeof c[i] - 1; p++)
+        if (*p != '_') {
+          *o = o == c[i] ? (char)toupper((unsigned char)*p) : *p;
+          o++;
+        }
+      *o = 0;
+    }
+    snprintf(label, label_size, "Handler class");
+    snprintf(value, value_size, "%s%s%sHandler%d", c[0], c[1], c[2], rng_range(r, 2, 99));
+    break;
+  }
+  case 12:
+    snprintf(label, label_size, "Export path");
+    snprintf(value, value_size, "s3://%s-%s/%s/20%02d/%02d/part-%05d.parquet", a, m, n, rng_range(r, 24, 29),
+             rng_range(r, 1, 12), rng_range(r, 0, 99999));
+    break;
+  case 13:
+    snprintf(label, label_size, "Budget cap");
+    snprintf(value, value_size, "EUR %d,%03d.%02d", rng_range(r, 1, 999), rng_range(r, 0, 999), rng_range(r, 0, 99));
+    break;
+  case 14:
+    snprintf(label, label_size, "Site coordinates");
+    snprintf(value, value_size, "%d.%04dN, %d.%04dE", rng_range(r, 0, 89), rng_range(r, 0, 9999), rng_range(r, 0, 179),
+             rng_range(r, 0, 9999));
+    break;
+  default:
+    for (int i = 0; i < 43; i++) h[i] = b64[rng_int(r, 64)];
+    snprintf(label, label_size, "Signing fingerprint");
+    snprintf(value, value_size, "SHA256:%.43s", h);
+    break;
+  }
+  return shape;
+}
+
+/* A label and a value of kind k, drawn from r (the needle's, or a decoy's stream); ST_NEEDLE_ASSORTED
+** in *shape (< 0: drawn, and stored there), so that a decoy takes its needle's shape. */
+static void kind_value(st_needle_kind kind, int *shape, rng *rp, char *label, size_t label_size, char *value,
                        size_t value_size) {
   rng r = *rp;
   static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
@@ -304,6 +409,9 @@ static void kind_value(st_needle_kind kind, rng *rp, char *label, size_t label_s
     snprintf(value, value_size, "%s=%s", name, val);
     break;
   }
+  case ST_NEEDLE_ASSORTED:
+    *shape = assorted_value(*shape, &r, label, label_size, value, value_size);
+    break;
   case ST_NEEDLE_RANDOM: {
     static const char printable[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789!#$%&*+-./:;<=>?@^_~";
     char t[25];
@@ -366,13 +474,13 @@ static void open_label(uint64_t seed, st_needle_kind kind, char *label, size_t s
   label[0] = (char)toupper((unsigned char)label[0]);
 }
 
-/* Decoy i's line: the needle's label, another value of its kind, unlike the needle's and the
+/* Decoy i's line: the needle's label, another value of its kind (of its shape), unlike the needle's and the
 ** earlier decoys' (neither holds the other: the needle's value must occur once in the prompt). */
 static void make_decoy(gen *g, int i) {
   rng r = rng_for(g->seed, TAG_DECOY, (uint64_t)g->spec->kind * ST_NEEDLE_MAX_DECOYS + (uint64_t)i);
   char label[64], value[128];
   for (int tries = 0;; tries++) {
-    kind_value(g->spec->kind, &r, label, sizeof label, value, sizeof value);
+    kind_value(g->spec->kind, &g->shape, &r, label, sizeof label, value, sizeof value);
     int clash = strstr(value, g->value) || strstr(g->value, value);
     for (int j = 0; j < i && !clash; j++) {
       const char *v = g->decoy_line[j] + strlen(g->label) + 2;
@@ -405,7 +513,8 @@ static char *composed_question(gen *g, const char *lower) {
 
 static void make_needle(gen *g) {
   rng r = rng_for(g->seed, TAG_NEEDLE, (uint64_t)g->spec->kind);
-  kind_value(g->spec->kind, &r, g->label, sizeof g->label, g->value, sizeof g->value);
+  g->shape = -1;
+  kind_value(g->spec->kind, &g->shape, &r, g->label, sizeof g->label, g->value, sizeof g->value);
   if (g->spec->open_label) open_label(g->seed, g->spec->kind, g->label, sizeof g->label);
   snprintf(g->line, sizeof g->line, "%s: %s", g->label, g->value);
   char lower[64];

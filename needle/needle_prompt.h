@@ -48,6 +48,11 @@ typedef enum st_needle_kind {
   ST_NEEDLE_COMMIT = 8, /* Pinned commit: <40 hex> */
   ST_NEEDLE_ENV = 9,    /* Environment variable: <NAME>=<value> (held out of training) */
   ST_NEEDLE_RANDOM = 10, /* Session token: <24 printable, no spaces> */
+  /* Drawn only when named (st_needle_opt_in_kind): a batch without --kinds draws the kinds above,
+  ** so the sets made before it keep their bytes. */
+  ST_NEEDLE_ASSORTED = 11, /* one of 16 value shapes no kind above has, each under its own label:
+                           ** "Build version: v3.14.2-rc.7+build.4411", "Device MAC: 3c:22:fb:9a:41:07", ...
+                           ** (no '@' address, no NAME=VALUE: the held-out kinds' shapes stay unseen) */
   ST_NEEDLE_KIND_COUNT
 } st_needle_kind;
 
@@ -122,6 +127,8 @@ typedef struct st_needle_spec {
 #define ST_NEEDLE_FAMILY_COMPOSED 100
 int st_needle_heldout_family(int family);
 int st_needle_heldout_kind(st_needle_kind k);
+/* A kind a batch draws only when --kinds names it (ST_NEEDLE_ASSORTED). */
+int st_needle_opt_in_kind(st_needle_kind k);
 
 void st_needle_spec_default(st_needle_spec *s);
 

@@ -25,7 +25,7 @@ $st needle make --batch 40 --jsonl "$work/h.jsonl" --seed 7 --split heldout --mo
   || fail "heldout batch"
 
 # every kind x format x shape renders (email and env only in the held-out split)
-for k in path host key number ticket branch url email commit env random; do
+for k in path host key number ticket branch url email commit env random assorted; do
   split=train; case $k in email|env) split=heldout;; esac
   for f in anthropic openai-chat openai-responses; do
     for s in agent toollist; do
@@ -107,6 +107,13 @@ out=$($st needle make --tokens 1k --position 0.5 --seed 1 --open-labels 1 2>&1);
 [ $rc = 2 ] && grep -q "are for --batch" <<< "$out" || fail "--open-labels without --batch: rc $rc, '$out'"
 [ -e "$work/x.jsonl" ] && fail "a refused --open-labels left $work/x.jsonl"
 
+# the assorted kind: drawn only when named (a large default batch has none); with decoys of its
+# needle's shape
+$st needle make --batch 200 --jsonl "$work/default.jsonl" --seed 12 --model "$model" --lengths 512 -q ||
+  fail "a default batch of 200"
+$st needle make --batch 96 --jsonl "$work/assorted.jsonl" --seed 12 --model "$model" --lengths 512,1k \
+  --kinds assorted --decoys 1-3 -q || fail "an assorted batch"
+
 exec /usr/bin/python3 - "$st" "$model" "$work" <<'PY'
 import glob, json, os, re, subprocess, sys
 st, model, work = sys.argv[1:]
@@ -119,6 +126,19 @@ VALUE = {  # what each kind's value looks like (needle_prompt.h)
     "url": r"https://artifacts\.[a-z]+\.dev/[a-z_]+/[a-z_]+-[0-9a-f]{4}\.tar\.gz\?build=\d{3,5}",
     "email": r"[a-z]+\.[a-z]+\d{1,2}@[a-z]+-ops\.example\.org", "commit": r"[0-9a-f]{40}",
     "env": r"[A-Z_]+=[A-Za-z0-9]{12}", "random": r"[!-~]{24}"}
+ASSORTED = {  # the assorted kind's value by its label (needle_prompt.c assorted_value)
+    "Build version": r"v\d{1,2}\.\d{1,2}\.\d{1,2}-rc\.\d{1,2}\+build\.\d{3,5}",
+    "Service address": r"10\.\d{1,3}\.\d{1,3}\.\d{1,3}:\d{4,5}",
+    "Request id": r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}",
+    "Cutover time": r"20\d\d-\d\d-\d\dT\d\d:\d\d:\d\dZ", "Base image": r"ghcr\.io/[a-z]+/[a-z_]+:\d\.\d{1,2}\.\d{1,2}",
+    "Bucket ARN": r"arn:aws:s3:::[a-z]+-[a-z_]+-[0-9a-f]{4}", "Escalation phone": r"\+\d\d \d\d \d{4} \d{4}",
+    "Device MAC": r"[0-9a-f]{2}(?::[0-9a-f]{2}){5}", "Cleanup schedule": r"\d{1,2} \d{1,2} \* \* [0-2]-[4-6]",
+    "Config key": r"[a-z_]+\.[a-z_]+\.[a-z_]+", "Feature flag": r"[a-z_]+_\d{1,3}",
+    "Handler class": r"[A-Z][A-Za-z]*Handler\d{1,2}",
+    "Export path": r"s3://[a-z]+-[a-z_]+/[a-z_]+/20\d\d/\d\d/part-\d{5}\.parquet",
+    "Budget cap": r"EUR \d{1,3},\d{3}\.\d\d", "Site coordinates": r"\d{1,2}\.\d{4}N, \d{1,3}\.\d{4}E",
+    "Signing fingerprint": r"SHA256:[A-Za-z0-9+/]{43}"}
+VALUE["assorted"] = "|".join(f"(?:{v})" for v in ASSORTED.values())
 failures = 0
 def bad(msg):
     global failures
@@ -188,7 +208,7 @@ for path in sorted(glob.glob(os.path.join(work, "k-*.jsonl"))):
         if (e["kind"], e["format"], e["shape"]) != (k, f, s):
             bad(f"{path}: asked {k} {f} {s}, got {e['kind']} {e['format']} {e['shape']}")
     combos += 1
-if combos != 66: bad(f"{combos} kind x format x shape files, 66 expected")
+if combos != 72: bad(f"{combos} kind x format x shape files, 72 expected")
 if {e["shape"] for e in train} != {"agent", "toollist"}: bad("train lacks a shape")
 # decoys: the same examples as without them (kind, format, shape, family, size, position, seed),
 # the needle where it was and the size as it was, with up to 8 more lines of its label before the
@@ -255,8 +275,9 @@ for e in check(os.path.join(work, "cd.jsonl"), "train"):
 # kind's label (held-out kinds' included: `needle make` of each kind, below), each holding a
 # word found nowhere else in its prompt, named by the question, on every decoy line too
 kind_labels = {e["needle"].split(": ", 1)[0] for path in glob.glob(os.path.join(work, "k-*.jsonl"))
-               for e in map(json.loads, open(path))}
+               for e in map(json.loads, open(path)) if e["kind"] != "assorted"}
 if len(kind_labels) != 11: bad(f"the kinds' own labels: {sorted(kind_labels)}")
+kind_labels |= set(ASSORTED)
 opened, fresh = {"l.jsonl": 0, "l1.jsonl": 0}, 0
 for name, plain_of in (("l.jsonl", plain), ("l1.jsonl", [None] * 40)):
     for e, p in zip(check(os.path.join(work, name), "train"), plain_of):
@@ -280,9 +301,27 @@ if not 6 <= opened["l.jsonl"] <= 18 or opened["l1.jsonl"] != 40:
     bad(f"made-up labels: {opened['l.jsonl']} of 24 at 0.5, {opened['l1.jsonl']} of 40 at 1")
 opened = sum(opened.values())
 if fresh < 0.8 * opened: bad(f"only {fresh} of {opened} made-up labels hold a word found nowhere else in the prompt")
+# the assorted kind: a default batch of 200 draws the nine trained kinds and never it; its own
+# batch every one of its 16 labels, each value of its label's shape, every decoy line (the
+# needle's label) of that shape too
+kinds = {json.loads(l)["kind"] for l in open(os.path.join(work, "default.jsonl"))}
+if kinds != {"path", "host", "key", "number", "ticket", "branch", "url", "commit", "random"}:
+    bad(f"a default train batch of 200 drew the kinds {sorted(kinds)}")
+labels_seen = set()
+for e in map(json.loads, open(os.path.join(work, "assorted.jsonl"))):
+    label, value = e["needle"].split(": ", 1)
+    labels_seen.add(label)
+    if label not in ASSORTED or not re.fullmatch(ASSORTED[label], value):
+        bad(f"assorted example {e['index']}: {e['needle']!r}"); continue
+    text = decode(e["ids"]).replace(question(e), "")
+    lines = len(re.findall(re.escape(label) + ": ", text))
+    shaped = re.findall(re.escape(label) + ": (" + ASSORTED[label] + ")", text)
+    if not lines == len(shaped) == e["decoys"] + 1 or shaped[-1] != value:
+        bad(f"assorted example {e['index']}: {e['decoys']} decoys, {lines} lines of {label!r}, of its shape {shaped}")
+if labels_seen != set(ASSORTED): bad(f"96 assorted examples: labels {sorted(labels_seen)}")
 if failures: sys.exit(1)
 print(f"--composed: {n_composed} of 24 composed; --open-labels: {opened} made-up labels, {fresh} with a word "
       "found nowhere else in their prompt")
-print(f"{len(train)} train and {len(held)} held-out examples, and all 66 kinds x formats x shapes: spans, answers, "
+print(f"{len(train)} train and {len(held)} held-out examples, and all 72 kinds x formats x shapes: spans, answers, "
       "held-out lists and `sparsetrace render` ids check")
 PY

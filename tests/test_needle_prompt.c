@@ -69,7 +69,13 @@ static void test_every_kind_format_profile(void **state) {
   static const char *const labels[] = {"Working directory: ", "Primary database host: ", "Deploy API key: sk-live-",
                                        "Incident ticket number: ", "Tracking ticket: ", "Release branch: release/",
                                        "Artifact URL: https://artifacts.", "On-call contact: ", "Pinned commit: ",
-                                       "Environment variable: ", "Session token: "};
+                                       "Environment variable: ", "Session token: ",
+                                       NULL /* assorted: its shape's label, below */};
+  static const char *const assorted[] = {"Build version: v", "Service address: 10.", "Request id: ", "Cutover time: 20",
+                                         "Base image: ghcr.io/", "Bucket ARN: arn:aws:s3:::", "Escalation phone: +",
+                                         "Device MAC: ", "Cleanup schedule: ", "Config key: ", "Feature flag: ",
+                                         "Handler class: ", "Export path: s3://", "Budget cap: EUR ",
+                                         "Site coordinates: ", "Signing fingerprint: SHA256:"};
   assert_int_equal(sizeof labels / sizeof labels[0], ST_NEEDLE_KIND_COUNT);
   for (int k = 0; k < ST_NEEDLE_KIND_COUNT; k++)
     for (int f = 0; f < ST_NEEDLE_FORMAT_COUNT; f++)
@@ -87,7 +93,12 @@ static void test_every_kind_format_profile(void **state) {
           st_needle_prompt np;
           st_status rc = st_needle_make(&sp, &np);
           if (rc) fail_msg("kind %d format %d profile %d: %s", k, f, p, st_errmsg());
-          assert_true(!strncmp(np.line, labels[k], strlen(labels[k])));
+          int labelled = 0;
+          for (size_t i = 0; i < (labels[k] ? 1 : sizeof assorted / sizeof assorted[0]); i++) {
+            const char *want = labels[k] ? labels[k] : assorted[i];
+            labelled |= !strncmp(np.line, want, strlen(want));
+          }
+          if (!labelled) fail_msg("kind %d: needle line '%s' has none of the kind's labels", k, np.line);
           char *body = dump(np.request);
           assert_int_equal(count(body, strlen(body), np.value), 1);
           assert_int_equal(count(np.prompt, np.prompt_len, np.value), 1);
@@ -102,6 +113,31 @@ static void test_every_kind_format_profile(void **state) {
           st_needle_prompt_free(&np);
         }
       }
+}
+
+/* The assorted kind: over 96 seeds every one of its 16 labels, and no value with an '@' or an '='
+** (the held-out kinds' shapes: addresses, NAME=VALUE assignments). */
+static void test_assorted_shapes(void **state) {
+  (void)state;
+  char seen[16][64];
+  int n_seen = 0;
+  for (uint64_t seed = 1; seed <= 96; seed++) {
+    st_needle_spec sp;
+    st_needle_spec_default(&sp);
+    sp.tokens = 1000, sp.seed = seed, sp.kind = ST_NEEDLE_ASSORTED;
+    st_needle_prompt np;
+    if (st_needle_make(&sp, &np)) fail_msg("seed %llu: %s", (unsigned long long)seed, st_errmsg());
+    if (strchr(np.value, '@') || strchr(np.value, '='))
+      fail_msg("seed %llu: '%s' has a held-out kind's shape", (unsigned long long)seed, np.value);
+    int known = 0;
+    for (int i = 0; i < n_seen; i++) known |= !strcmp(seen[i], np.label);
+    if (!known) {
+      assert_true(n_seen < 16);
+      snprintf(seen[n_seen++], sizeof seen[0], "%s", np.label);
+    }
+    st_needle_prompt_free(&np);
+  }
+  assert_int_equal(n_seen, 16);
 }
 
 /* Bigger targets, bigger prompts; every size within 2% once above the smallest shape. */
@@ -227,6 +263,7 @@ int main(void) {
     cmocka_unit_test(test_deterministic),
     cmocka_unit_test(test_needle_depends_on_seed_and_kind),
     cmocka_unit_test(test_every_kind_format_profile),
+    cmocka_unit_test(test_assorted_shapes),
     cmocka_unit_test(test_sizes),
     cmocka_unit_test(test_spec_errors),
     cmocka_unit_test(test_token_span),
