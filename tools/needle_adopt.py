@@ -177,6 +177,7 @@ def python_set(args, name, spec, out):
             chars_per_token = json.load(f)["chars_per_token"]
     except (OSError, ValueError, KeyError) as e:
         sys.exit(f"needle_adopt: {name}: {info_path}: no chars_per_token ({e})")
+    render_args = argparse.Namespace(st=args.st, model=[args.release])  # needle_engine_batch.rerender's
     with tempfile.TemporaryDirectory() as work, open(out, "w", encoding="utf-8") as f:
         for i in range(spec["batch"]):
             kind, length = spec["kinds"][i % len(spec["kinds"])], spec["lengths"][i % len(spec["lengths"])]
@@ -184,14 +185,7 @@ def python_set(args, name, spec, out):
             chars = int(length * chars_per_token)
             for _ in range(3):  # aim at the length: rescaled by the tokens rendered, as the card's cases are
                 s = nd.make_sample(f"{spec['seed']}:{i}", spec["family"], kind, chars, position, False, train=False)
-                request = os.path.join(work, "request.json")
-                with open(request, "w", encoding="utf-8") as rf:
-                    json.dump(s.request, rf)
-                r = subprocess.run([args.st, "render", "--request", request, "--model", args.release, "--ids",
-                                    "--thinking", "off"], capture_output=True, text=True)
-                if r.returncode:
-                    sys.exit(f"needle_adopt: {name}: example {i}: sparsetrace render failed: {r.stderr.strip()[-300:]}")
-                ids = json.loads(r.stdout)
+                ids = neb.rerender(render_args, s.request, False, work)
                 if abs(len(ids) - length) < 0.03 * length:
                     break
                 chars = int(chars * length / len(ids))
