@@ -68,7 +68,8 @@ others=$(grep -E '^ *[0-9]+ ' "$work/kinds.txt" | awk -v k="$kind" '$2 != k' | w
 [ "$n" = "$want" ] && [ "$others" = 0 ] && echo "ok: --kinds $kind keeps its $want example(s)" ||
   fail "--kinds $kind: $n lines ($want in the file), $others of another kind"
 
-# --question: the request re-rendered (sparsetrace render) with its last user text replaced
+# --question: the request re-rendered (sparsetrace render) with its last user text replaced; then
+# --relabel in the same script
 python3 - "$tool" "$work/e.jsonl" "$model" "$st" "$work" <<'PY' || failures=$((failures + 1))
 import importlib.util, json, subprocess, sys, types
 tool, jsonl, model, st, work = sys.argv[1:]
@@ -76,6 +77,8 @@ spec = importlib.util.spec_from_file_location("neb", tool)
 neb = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(neb)
 args = types.SimpleNamespace(st=st, model=[model])
+decode = lambda ids: subprocess.run([st, "tokenize", "--model", model, "--decode"], input=json.dumps(ids),
+                                    capture_output=True, text=True).stdout
 bad = 0
 for line in open(jsonl, encoding="utf-8"):
     e = json.loads(line)
@@ -88,28 +91,16 @@ for line in open(jsonl, encoding="utf-8"):
         bad += 1
     other = "Print the line for the sentinel-zebra setting and nothing else."
     ids = neb.rerender(args, neb.ask(json.loads(json.dumps(e["request"])), other), e["thinking"], work)
-    text = subprocess.run([st, "tokenize", "--model", model, "--decode"], input=json.dumps(ids),
-                          capture_output=True, text=True).stdout
+    text = decode(ids)
     if ids == e["ids"] or other not in text or own in text:
         print(f"FAIL: example {e['index']}: another question is not in its re-rendered prompt")
         bad += 1
 print("ok: --question: its own question gives the example's ids back; another replaces it" if not bad else "")
-sys.exit(1 if bad else 0)
-PY
+questions_bad, bad = bad, 0
 
 # --relabel: the needle's label replaced wherever the request says it (as written and in lower
 # case): relabelled to itself, the example's ids back; to another, the old label nowhere in the
-# prompt and the new one where it was; through the tool, each example's line names the new label
-python3 - "$tool" "$work/e.jsonl" "$model" "$st" "$work" <<'PY' || failures=$((failures + 1))
-import importlib.util, json, subprocess, sys, types
-tool, jsonl, model, st, work = sys.argv[1:]
-spec = importlib.util.spec_from_file_location("neb", tool)
-neb = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(neb)
-args = types.SimpleNamespace(st=st, model=[model])
-decode = lambda ids: subprocess.run([st, "tokenize", "--model", model, "--decode"], input=json.dumps(ids),
-                                    capture_output=True, text=True).stdout
-bad = 0
+# prompt and the new one where it was
 for line in open(jsonl, encoding="utf-8"):
     e = json.loads(line)
     label = e["needle"].split(": ", 1)[0]
@@ -124,8 +115,9 @@ for line in open(jsonl, encoding="utf-8"):
             or "Zephyr Quillon: " + e["value"] not in after:
         print(f"FAIL: example {e['index']}: {label!r} ({n_old} times) -> 'Zephyr Quillon' ({n_new} times)"); bad += 1
 print("ok: --relabel: to itself the same ids; to another label, in every place of the old" if not bad else "")
-sys.exit(1 if bad else 0)
+sys.exit(1 if bad or questions_bad else 0)
 PY
+# --relabel through the tool: each example's line names the new label
 python3 "$tool" "$work/e.jsonl" --model "$model" --st "$st" --relabel "Zephyr Quillon" --threads 1 >"$work/relabel.txt" 2>&1 ||
   fail "--relabel: $(tail -2 "$work/relabel.txt")"
 n=$(grep -cE "^ *[0-9]+ .*'Zephyr Quillon: " "$work/relabel.txt")
