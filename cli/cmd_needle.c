@@ -31,7 +31,8 @@ static const st_opt_use make_options[] = {
   {ST_OPT_SEED, NULL, "seed (the needle depends on seed and kind only)"},
   {ST_OPT_KIND, NULL, "path (default: 'Working directory: /home/dev/...'), host, key, number,\n"
                       "ticket, branch, url, email, commit, env, random, assorted (one of 16\n"
-                      "value shapes, each under its own label)"},
+                      "value shapes, each under its own label), vocab (label and value of\n"
+                      "tokens drawn from the model's vocabulary; needs --model)"},
   {ST_OPT_FORMAT, NULL, "anthropic (default), openai-chat, openai-responses"},
   {ST_OPT_SHAPE, NULL, "agent (default: the transcript above) or toollist (one system string of\n"
                        "one-line tool descriptions with the environment in the middle, and one\n"
@@ -50,7 +51,8 @@ static const st_opt_use make_options[] = {
   {ST_OPT_QUIET, NULL, "no summary on stderr"},
   {ST_OPT_BATCH, NULL, "batch mode: write N examples (training data) to --jsonl; needs --model"},
   {ST_OPT_JSONL, NULL, "batch mode: the JSON-lines file (\"-\": stdout)"},
-  {ST_OPT_KINDS, NULL, "batch mode: kinds drawn from (default: all the split allows)"},
+  {ST_OPT_KINDS, NULL, "batch mode: kinds drawn from (default: all the split allows); a kind named\n"
+                       "twice is drawn twice as often (64 entries at most)"},
   {ST_OPT_FORMATS, NULL, "batch mode: formats drawn from (default: all three)"},
   {ST_OPT_SHAPES, NULL, "batch mode: request shapes drawn from: agent (the transcript `needle make`\n"
                        "writes), toollist (one system string of one-line tool descriptions with the\n"
@@ -177,11 +179,13 @@ static int parse_kind_v(const char *s, void *out) { return st_needle_kind_parse(
 static int parse_format_v(const char *s, void *out) { return st_needle_format_parse(s, out) ? -1 : 0; }
 static int parse_shape_v(const char *s, void *out) { return st_needle_shape_parse(s, out) ? -1 : 0; }
 
+#define MAX_KIND_LIST 64
+
 typedef struct batch_options {
   int64_t n;
   const char *jsonl;
   int heldout;                       /* --split heldout */
-  st_needle_kind kinds[ST_NEEDLE_KIND_COUNT];
+  st_needle_kind kinds[MAX_KIND_LIST]; /* --kinds: a kind named twice is drawn twice as often */
   int n_kinds;                       /* 0: every kind the split allows */
   st_needle_format formats[ST_NEEDLE_FORMAT_COUNT];
   int n_formats;                     /* 0: all three */
@@ -252,7 +256,7 @@ static json_t *batch_line(int64_t index, const st_needle_spec *sp, const st_need
 static st_status batch_spec(const batch_options *b, uint64_t seed, int64_t i, st_needle_spec *sp) {
   uint64_t r = batch_mix(seed * 0x100000001B3ull ^ batch_mix((uint64_t)i + (b->heldout ? 0x5A5A5A5Aull : 0)));
 #define DRAW(n) ((int)((r = batch_mix(r)) % (uint64_t)(n)))
-  st_needle_kind kinds[ST_NEEDLE_KIND_COUNT];
+  st_needle_kind kinds[MAX_KIND_LIST];
   int nk = 0;
   if (b->n_kinds) memcpy(kinds, b->kinds, sizeof kinds[0] * (size_t)(nk = b->n_kinds));
   else
@@ -431,9 +435,16 @@ static int cmd_make(int argc, char **argv) {
       batch.heldout = !strcmp(o.arg, "heldout");
       break;
     case ST_OPT_KINDS:
-      if ((batch.n_kinds = split_list(o.arg, batch.kinds, sizeof batch.kinds[0], ST_NEEDLE_KIND_COUNT, parse_kind_v)) < 1) {
-        st_opts_error(&o, "--kinds '%s': expected kinds such as path,url,commit (%s)", o.arg,
-                      "path, host, key, number, ticket, branch, url, email, commit, env, random, assorted");
+      if ((batch.n_kinds = split_list(o.arg, batch.kinds, sizeof batch.kinds[0], MAX_KIND_LIST, parse_kind_v)) < 1) {
+        char list[160];
+        int entries = 1;
+        for (const char *c = o.arg; *c; c++) entries += *c == ',';
+        if (entries > MAX_KIND_LIST)
+          st_opts_error(&o, "--kinds: %d entries; at most %d (a kind named twice is drawn twice as often)", entries,
+                        MAX_KIND_LIST);
+        else
+          st_opts_error(&o, "--kinds '%s': expected kinds such as path,url,commit (%s)", o.arg,
+                        st_needle_kind_list(list, sizeof list, 1));
         goto usage;
       }
       break;
@@ -516,6 +527,10 @@ static int cmd_make(int argc, char **argv) {
   }
   if (!have_tokens || !have_position || !have_seed) {
     st_opts_error(&o, "--tokens, --position and --seed are required");
+    goto usage;
+  }
+  if (sp.kind == ST_NEEDLE_VOCAB && !model) {
+    st_opts_error(&o, "--kind vocab draws its tokens from the model's tokenizer: give --model DIR");
     goto usage;
   }
   st_opts_free(&o);
@@ -813,9 +828,9 @@ static int cmd_sweep(int argc, char **argv) {
     case ST_OPT_KIND:
       if (st_needle_kind_parse(op.arg, &o.kind)) goto bad_value;
       if (st_needle_opt_in_kind(o.kind)) { /* the store's needle_attempts holds the harness's kinds */
+        char list[160];
         st_fail(ST_EINVAL, "--kind %s is training data (needle make --batch --kinds %s), not a sweep's kind: "
-                "the store records path, host, key, number, ticket, branch, url, email, commit, env, random",
-                op.arg, op.arg);
+                "the store records %s", op.arg, op.arg, st_needle_kind_list(list, sizeof list, 0));
         goto bad_value;
       }
       break;

@@ -31,23 +31,35 @@
 /* ---------------------------------------------------------------- names */
 
 static const char *const kind_names[] = {"path", "host", "key", "number", "ticket", "branch",
-                                         "url", "email", "commit", "env", "random", "assorted"};
+                                         "url", "email", "commit", "env", "random", "assorted", "vocab"};
 static const char *const format_names[] = {"anthropic", "openai-chat", "openai-responses"};
 
 const char *st_needle_kind_name(st_needle_kind k) {
   return k >= 0 && k < ST_NEEDLE_KIND_COUNT ? kind_names[k] : "?";
 }
 
+const char *st_needle_kind_list(char *buf, size_t size, int with_opt_in) {
+  size_t n = 0;
+  if (size) buf[0] = 0;
+  for (int i = 0; i < ST_NEEDLE_KIND_COUNT; i++) {
+    if (!with_opt_in && st_needle_opt_in_kind((st_needle_kind)i)) continue;
+    int k = snprintf(buf + n, size - n, "%s%s", n ? ", " : "", kind_names[i]);
+    if (k < 0 || (size_t)k >= size - n) break;
+    n += (size_t)k;
+  }
+  return buf;
+}
+
 st_status st_needle_kind_parse(const char *name, st_needle_kind *out) {
   for (int i = 0; i < ST_NEEDLE_KIND_COUNT; i++)
     if (!strcmp(name, kind_names[i])) return *out = (st_needle_kind)i, ST_OK;
-  return st_fail(ST_EINVAL, "needle kind \"%s\": expected path, host, key, number, ticket, branch, url, email, "
-                 "commit, env, random or assorted", name);
+  char list[160];
+  return st_fail(ST_EINVAL, "needle kind \"%s\": expected one of %s", name, st_needle_kind_list(list, sizeof list, 1));
 }
 
 int st_needle_heldout_kind(st_needle_kind k) { return k == ST_NEEDLE_EMAIL || k == ST_NEEDLE_ENV; }
 int st_needle_heldout_family(int family) { return family == 5 || family == 6; }
-int st_needle_opt_in_kind(st_needle_kind k) { return k == ST_NEEDLE_ASSORTED; }
+int st_needle_opt_in_kind(st_needle_kind k) { return k == ST_NEEDLE_ASSORTED || k == ST_NEEDLE_VOCAB; }
 
 static const char *const shape_names[] = {"agent", "toollist"};
 
@@ -331,10 +343,71 @@ static int assorted_value(int shape, rng *r, char *label, size_t label_size, cha
   return shape;
 }
 
+/* ST_NEEDLE_VOCAB: tokens drawn uniformly from tok's vocabulary (no added or special token). A
+** copy is only as good as the tokens a model was trained to copy: a token that no training
+** needle held is copied wrong nearly always, whatever the kind around it
+** (bench/needle-train-results.md, "eleventh session"). This kind makes every token of the
+** vocabulary a needle's, in labels and values. */
+static int32_t vocab_token(const st_tokenizer *tok, rng *r, int word) {
+  int32_t n = (int32_t)st_tokenizer_vocab_size(tok);
+  for (int tries = 0; tries < 10000; tries++) {
+    int32_t id = (int32_t)rng_int(r, (int)n);
+    size_t len = 0;
+    const char *b = st_tokenizer_token_bytes(tok, id, &len);
+    if (!b || !len || st_tokenizer_is_added(tok, id)) continue;
+    size_t i = word && b[0] == ' ' ? 1 : 0, letters = 0;
+    int ok = len > i;
+    for (; ok && i < len; i++) {
+      unsigned char c = (unsigned char)b[i];
+      if (word) ok = isalpha(c) || (c == '-' && letters), letters += isalpha(c) != 0; /* starts with a letter */
+      else ok = c > ' ' && c < 0x7f && c != '"' && c != '\\' && c != '`';
+    }
+    if (ok && (!word || letters >= 2)) return id;
+  }
+  return -1;
+}
+
+/* Appends token id's bytes to buf (holding *n bytes); 0 when they do not fit. */
+static int append_token(const st_tokenizer *tok, int32_t id, int drop_space, char *buf, size_t size, size_t *n) {
+  size_t len = 0;
+  const char *b = st_tokenizer_token_bytes(tok, id, &len);
+  if (id < 0 || !b) return 0;
+  if (drop_space && len && b[0] == ' ') b++, len--;
+  if (*n + len + 1 > size) return 0;
+  memcpy(buf + *n, b, len);
+  buf[*n += len] = 0;
+  return 1;
+}
+
+/* Its label: two or three word tokens as they join ("Mosaic" + " con" + "act": "Mosaic conact"),
+** the first one's space dropped and its letter capitalised; never a held-out kind's label (C or
+** Python). Its value: 6 to 14 printable tokens with no space, quote, backslash or backtick, at
+** most 96 bytes. */
+static void vocab_value(const st_tokenizer *tok, rng *r, char *label, size_t label_size, char *value, size_t value_size) {
+  static const char *const held_out[] = {"on-call contact", "environment variable", "branch"};
+  for (int tries = 0;; tries++) {
+    size_t n = 0;
+    label[0] = 0;
+    for (int p = 0, parts = rng_range(r, 2, 3); p < parts; p++)
+      if (!append_token(tok, vocab_token(tok, r, 1), p == 0, label, label_size, &n)) break;
+    char lower[64];
+    snprintf(lower, sizeof lower, "%s", label);
+    for (char *c = lower; *c; c++) *c = (char)tolower((unsigned char)*c);
+    int clash = !n;
+    for (size_t h = 0; h < sizeof held_out / sizeof *held_out; h++) clash |= strstr(lower, held_out[h]) != NULL;
+    if (!clash || tries == 100) break;
+  }
+  label[0] = (char)toupper((unsigned char)label[0]);
+  size_t n = 0, size = value_size < 97 ? value_size : 97;
+  value[0] = 0;
+  for (int t = 0, count = rng_range(r, 6, 14); t < count; t++)
+    if (!append_token(tok, vocab_token(tok, r, 0), 0, value, size, &n)) break;
+}
+
 /* A label and a value of kind k, drawn from r (the needle's, or a decoy's stream); ST_NEEDLE_ASSORTED
 ** in *shape (< 0: drawn, and stored there), so that a decoy takes its needle's shape. */
-static void kind_value(st_needle_kind kind, int *shape, rng *rp, char *label, size_t label_size, char *value,
-                       size_t value_size) {
+static void kind_value(st_needle_kind kind, const st_tokenizer *tok, int *shape, rng *rp, char *label,
+                       size_t label_size, char *value, size_t value_size) {
   rng r = *rp;
   static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
   switch (kind) {
@@ -412,6 +485,9 @@ static void kind_value(st_needle_kind kind, int *shape, rng *rp, char *label, si
   case ST_NEEDLE_ASSORTED:
     *shape = assorted_value(*shape, &r, label, label_size, value, value_size);
     break;
+  case ST_NEEDLE_VOCAB: /* st_needle_make refuses it without a tokenizer */
+    vocab_value(tok, &r, label, label_size, value, value_size);
+    break;
   case ST_NEEDLE_RANDOM: {
     static const char printable[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789!#$%&*+-./:;<=>?@^_~";
     char t[25];
@@ -480,7 +556,7 @@ static void make_decoy(gen *g, int i) {
   rng r = rng_for(g->seed, TAG_DECOY, (uint64_t)g->spec->kind * ST_NEEDLE_MAX_DECOYS + (uint64_t)i);
   char label[64], value[128];
   for (int tries = 0;; tries++) {
-    kind_value(g->spec->kind, &g->shape, &r, label, sizeof label, value, sizeof value);
+    kind_value(g->spec->kind, g->spec->tok, &g->shape, &r, label, sizeof label, value, sizeof value);
     int clash = strstr(value, g->value) || strstr(g->value, value);
     for (int j = 0; j < i && !clash; j++) {
       const char *v = g->decoy_line[j] + strlen(g->label) + 2;
@@ -514,7 +590,7 @@ static char *composed_question(gen *g, const char *lower) {
 static void make_needle(gen *g) {
   rng r = rng_for(g->seed, TAG_NEEDLE, (uint64_t)g->spec->kind);
   g->shape = -1;
-  kind_value(g->spec->kind, &g->shape, &r, g->label, sizeof g->label, g->value, sizeof g->value);
+  kind_value(g->spec->kind, g->spec->tok, &g->shape, &r, g->label, sizeof g->label, g->value, sizeof g->value);
   if (g->spec->open_label) open_label(g->seed, g->spec->kind, g->label, sizeof g->label);
   snprintf(g->line, sizeof g->line, "%s: %s", g->label, g->value);
   char lower[64];
@@ -1438,6 +1514,8 @@ st_status st_needle_make(const st_needle_spec *spec, st_needle_prompt *out) {
   if (spec->tokens < 1) return st_fail(ST_EINVAL, "needle prompt size %lld: expected a positive token count", (long long)spec->tokens);
   if (spec->decoys < 0 || spec->decoys > ST_NEEDLE_MAX_DECOYS)
     return st_fail(ST_EINVAL, "needle decoys %d: expected 0 to %d", spec->decoys, ST_NEEDLE_MAX_DECOYS);
+  if (spec->kind == ST_NEEDLE_VOCAB && !spec->tok)
+    return st_fail(ST_EINVAL, "needle kind vocab draws its tokens from a tokenizer: give the model (--model DIR)");
   oom_flag = 0;
   gen g = {0};
   g.spec = spec;

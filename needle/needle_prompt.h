@@ -53,6 +53,10 @@ typedef enum st_needle_kind {
   ST_NEEDLE_ASSORTED = 11, /* one of 16 value shapes no kind above has, each under its own label:
                            ** "Build version: v3.14.2-rc.7+build.4411", "Device MAC: 3c:22:fb:9a:41:07", ...
                            ** (no '@' address, no NAME=VALUE: the held-out kinds' shapes stay unseen) */
+  ST_NEEDLE_VOCAB = 12,    /* a label of two or three word tokens and a value of 6 to 14 printable
+                           ** tokens, each drawn uniformly from the tokenizer's vocabulary
+                           ** ("Mosaicquant: 7f_QUEUEDolga.yaml}/ARN..."): training data that
+                           ** makes every token something to copy (needs st_needle_spec.tok) */
   ST_NEEDLE_KIND_COUNT
 } st_needle_kind;
 
@@ -127,8 +131,10 @@ typedef struct st_needle_spec {
 #define ST_NEEDLE_FAMILY_COMPOSED 100
 int st_needle_heldout_family(int family);
 int st_needle_heldout_kind(st_needle_kind k);
-/* A kind a batch draws only when --kinds names it (ST_NEEDLE_ASSORTED). */
+/* A kind a batch draws only when --kinds names it (ST_NEEDLE_ASSORTED, ST_NEEDLE_VOCAB). */
 int st_needle_opt_in_kind(st_needle_kind k);
+/* The kinds' names joined by ", " into buf (the opt-in kinds too when with_opt_in), for messages. */
+const char *st_needle_kind_list(char *buf, size_t size, int with_opt_in);
 
 void st_needle_spec_default(st_needle_spec *s);
 

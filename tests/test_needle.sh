@@ -157,7 +157,7 @@ expect_usage "make refuses more than 64 decoys" "--decoys" $st needle make --tok
 
 expect_usage "make needs --tokens, --position, --seed" "required" $st needle make --tokens 2k
 expect_usage "make refuses a position outside [0, 1]" "fraction" $st needle make --tokens 2k --position 1.5 --seed 1
-expect_usage "make refuses an unknown kind" "path, host, key, number, ticket, branch, url, email, commit, env, random or assorted" $st needle make --tokens 2k --position 0.5 --seed 1 --kind color
+expect_usage "make refuses an unknown kind" "path, host, key, number, ticket, branch, url, email, commit, env, random, assorted, vocab" $st needle make --tokens 2k --position 0.5 --seed 1 --kind color
 expect_usage "sweep needs a target" "either --model" $st needle sweep --tokens 2k
 check "needle --help" bash -c "$st needle make --help | grep -q -- --position && $st needle sweep --help | grep -q -- --endpoint"
 

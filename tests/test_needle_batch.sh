@@ -25,7 +25,7 @@ $st needle make --batch 40 --jsonl "$work/h.jsonl" --seed 7 --split heldout --mo
   || fail "heldout batch"
 
 # every kind x format x shape renders (email and env only in the held-out split)
-for k in path host key number ticket branch url email commit env random assorted; do
+for k in path host key number ticket branch url email commit env random assorted vocab; do
   split=train; case $k in email|env) split=heldout;; esac
   for f in anthropic openai-chat openai-responses; do
     for s in agent toollist; do
@@ -106,6 +106,15 @@ out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --model "$model
 out=$($st needle make --tokens 1k --position 0.5 --seed 1 --open-labels 1 2>&1); rc=$?
 [ $rc = 2 ] && grep -q "are for --batch" <<< "$out" || fail "--open-labels without --batch: rc $rc, '$out'"
 [ -e "$work/x.jsonl" ] && fail "a refused --open-labels left $work/x.jsonl"
+out=$($st needle make --tokens 1k --position 0.5 --seed 1 --kind vocab 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "tokenizer" <<< "$out" || fail "--kind vocab without a model: rc $rc, '$out'"
+# --kinds: a kind named twice is drawn twice as often, up to 64 entries
+out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --model "$model" \
+        --kinds "$(printf 'path,%.0s' $(seq 64))host" 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "65 entries; at most 64" <<< "$out" || fail "--kinds of 65 entries: rc $rc, '$out'"
+[ -e "$work/x.jsonl" ] && fail "a refused --kinds left $work/x.jsonl"
+$st needle make --batch 280 --jsonl "$work/weighted.jsonl" --seed 5 --model "$model" --lengths 512 \
+  --kinds "$(printf 'path,%.0s' $(seq 13))host" -q || fail "--kinds of 14 entries"
 
 # the assorted kind: drawn only when named (a large default batch has none); with decoys of its
 # needle's shape
@@ -113,9 +122,12 @@ $st needle make --batch 200 --jsonl "$work/default.jsonl" --seed 12 --model "$mo
   fail "a default batch of 200"
 $st needle make --batch 96 --jsonl "$work/assorted.jsonl" --seed 12 --model "$model" --lengths 512,1k \
   --kinds assorted --decoys 1-3 -q || fail "an assorted batch"
+# the vocab kind: its tokens from the whole vocabulary
+$st needle make --batch 120 --jsonl "$work/vocab.jsonl" --seed 12 --model "$model" --lengths 512 --kinds vocab -q ||
+  fail "a vocab batch"
 
 exec /usr/bin/python3 - "$st" "$model" "$work" <<'PY'
-import glob, json, os, re, subprocess, sys
+import collections, glob, json, os, re, subprocess, sys
 st, model, work = sys.argv[1:]
 HELD_KINDS, HELD_FAMILIES = {"email", "env"}, {"q5", "q6"}
 VALUE = {  # what each kind's value looks like (needle_prompt.h)
@@ -125,7 +137,8 @@ VALUE = {  # what each kind's value looks like (needle_prompt.h)
     "branch": r"release/[a-z]+-[a-z_]+-\d\.\d{1,2}",
     "url": r"https://artifacts\.[a-z]+\.dev/[a-z_]+/[a-z_]+-[0-9a-f]{4}\.tar\.gz\?build=\d{3,5}",
     "email": r"[a-z]+\.[a-z]+\d{1,2}@[a-z]+-ops\.example\.org", "commit": r"[0-9a-f]{40}",
-    "env": r"[A-Z_]+=[A-Za-z0-9]{12}", "random": r"[!-~]{24}"}
+    "env": r"[A-Z_]+=[A-Za-z0-9]{12}", "random": r"[!-~]{24}",
+    "vocab": r"[!#-\[\]-_a-~]{1,96}"}  # printable ASCII but space, quote, backslash, backtick
 ASSORTED = {  # the assorted kind's value by its label (needle_prompt.c assorted_value)
     "Build version": r"v\d{1,2}\.\d{1,2}\.\d{1,2}-rc\.\d{1,2}\+build\.\d{3,5}",
     "Service address": r"10\.\d{1,3}\.\d{1,3}\.\d{1,3}:\d{4,5}",
@@ -208,7 +221,7 @@ for path in sorted(glob.glob(os.path.join(work, "k-*.jsonl"))):
         if (e["kind"], e["format"], e["shape"]) != (k, f, s):
             bad(f"{path}: asked {k} {f} {s}, got {e['kind']} {e['format']} {e['shape']}")
     combos += 1
-if combos != 72: bad(f"{combos} kind x format x shape files, 72 expected")
+if combos != 78: bad(f"{combos} kind x format x shape files, 78 expected")
 if {e["shape"] for e in train} != {"agent", "toollist"}: bad("train lacks a shape")
 # decoys: the same examples as without them (kind, format, shape, family, size, position, seed),
 # the needle where it was and the size as it was, with up to 8 more lines of its label before the
@@ -275,7 +288,7 @@ for e in check(os.path.join(work, "cd.jsonl"), "train"):
 # kind's label (held-out kinds' included: `needle make` of each kind, below), each holding a
 # word found nowhere else in its prompt, named by the question, on every decoy line too
 kind_labels = {e["needle"].split(": ", 1)[0] for path in glob.glob(os.path.join(work, "k-*.jsonl"))
-               for e in map(json.loads, open(path)) if e["kind"] != "assorted"}
+               for e in map(json.loads, open(path)) if e["kind"] not in ("assorted", "vocab")}
 if len(kind_labels) != 11: bad(f"the kinds' own labels: {sorted(kind_labels)}")
 kind_labels |= set(ASSORTED)
 opened, fresh = {"l.jsonl": 0, "l1.jsonl": 0}, 0
@@ -319,6 +332,25 @@ for e in map(json.loads, open(os.path.join(work, "assorted.jsonl"))):
     if not lines == len(shaped) == e["decoys"] + 1 or shaped[-1] != value:
         bad(f"assorted example {e['index']}: {e['decoys']} decoys, {lines} lines of {label!r}, of its shape {shaped}")
 if labels_seen != set(ASSORTED): bad(f"96 assorted examples: labels {sorted(labels_seen)}")
+# the vocab kind: labels of word pieces, none a held-out kind's, each once in its prompt; its 120
+# needles copy at least twice the distinct tokens of a default batch's first 120 (the kind's reason)
+def distinct(path):
+    ids = set()
+    for e in map(json.loads, open(path).readlines()[:120]):
+        s, t = e["needle_span"]
+        ids.update(e["ids"][s:t])
+    return len(ids)
+for e in check(os.path.join(work, "vocab.jsonl"), "train"):
+    label = e["needle"].split(": ", 1)[0]
+    text = decode(e["ids"]).replace(question(e), "")
+    if not re.fullmatch(r"[A-Z][A-Za-z -]*", label) or re.search(r"on-call contact|environment variable|branch",
+                                                                  label, re.I) or text.count(label + ": ") != 1:
+        bad(f"vocab example {e['index']}: label {label!r}, {text.count(label + ': ')} lines of it")
+vocab_ids, default_ids = distinct(os.path.join(work, "vocab.jsonl")), distinct(os.path.join(work, "default.jsonl"))
+if vocab_ids < 2 * default_ids: bad(f"120 vocab needles hold {vocab_ids} distinct tokens, a default batch's {default_ids}")
+weighted = collections.Counter(json.loads(l)["kind"] for l in open(os.path.join(work, "weighted.jsonl")))
+if set(weighted) != {"path", "host"} or not 5 <= weighted["host"] <= 45:  # binomial(280, 1/14): 20 +- 4.4
+    bad(f"--kinds path x13,host: drew {dict(weighted)}")
 if failures: sys.exit(1)
 print(f"--composed: {n_composed} of 24 composed; --open-labels: {opened} made-up labels, {fresh} with a word "
       "found nowhere else in their prompt")

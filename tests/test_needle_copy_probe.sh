@@ -8,7 +8,7 @@
 # there. Each wrong token's class (a skip, a repeat, ...) is what its definition gives from the
 # prompt's ids. Checked for two models in one invocation, as asked and with --set (a planted fault
 # that makes the copies slip); --kinds filters; the printed totals are the sums of the --json
-# records.
+# records; --trained counts each token among the training needles' tokens.
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
@@ -175,6 +175,36 @@ got = {r["example"] for r in recs}
 print(f"ok: --kinds commit scores examples {sorted(got)}" if got == want and want else
       f"FAIL: --kinds commit scored {sorted(got)}, the commit examples are {sorted(want)}")
 sys.exit(0 if got == want and want else 1)
+PY
+
+# --trained: each scored token's count among the training needles' tokens, recounted here from the
+# file, and the table's rows are the records' sums by those counts
+$st needle make --batch 30 --jsonl "$work/t.jsonl" --seed 78 --model "$v5" --lengths 512 --kinds path,key -q ||
+  { echo "FAIL: needle make"; exit 1; }
+$py "$tool" "$work/e.jsonl" --model "$v5" --st "$st" --trained "$work/t.jsonl" --json "$work/t.json" >"$work/t.txt" ||
+  fail "--trained failed"
+$py - "$work/t.jsonl" "$work/e.jsonl" "$work/t.json" "$work/t.txt" <<'PY' || failures=$((failures + 1))
+import json, sys
+train = [json.loads(l) for l in open(sys.argv[1])]
+examples = {json.loads(l)["index"]: json.loads(l) for l in open(sys.argv[2])}
+recs, out = json.load(open(sys.argv[3])), open(sys.argv[4]).read().splitlines()
+bad = 0
+bins = {}
+for r in recs:
+    tok = examples[r["example"]]["ids"][r["source"]]
+    n = sum(e["ids"][e["needle_span"][0]:e["needle_span"][1]].count(tok) for e in train)
+    if r["trained"] != n:
+        print(f"FAIL: example {r['example']} index {r['index']}: trained {r['trained']}, recounted {n}"); bad += 1
+    name = "0 (never)" if n == 0 else "1-9" if n < 10 else "10-99" if n < 100 else "100+"
+    w, t = bins.get(name, (0, 0))
+    bins[name] = (w + r["wrong"], t + 1)
+rows = out[out.index(next(l for l in out if l.startswith("times a trained needle held it"))) + 1:]
+for name, (w, t) in bins.items():
+    if not any(l.startswith(name + " ") and f" {w}/{t} " in l + " " for l in rows[:len(bins)]):
+        print(f"FAIL: no row {name!r} with {w}/{t}"); bad += 1
+if len(bins) < 2: print(f"FAIL: --trained: the tokens fall in {sorted(bins)} only"); bad += 1
+print(f"ok: --trained: every token's count recounted, rows {sorted(bins)} are the records' sums" if not bad else "")
+sys.exit(1 if bad else 0)
 PY
 
 [ $failures -eq 0 ] && echo "all needle_copy_probe checks passed" || { echo "$failures failure(s)"; exit 1; }

@@ -36,11 +36,14 @@ for kind in "${kinds[@]}"; do
     fi
   done
 done
-# assorted is training data (needle make --batch --kinds assorted): a sweep refuses it, storing nothing
-out=$($st needle sweep --model "$model" --tokens 512 --positions 0.5 --seeds 1 --max-new-tokens 2 --kind assorted \
-        --store "$work/assorted" --quiet 2>&1); rc=$?
-[ $rc = 2 ] && grep -q "training data" <<< "$out" && [ ! -e "$work/assorted/index.sqlite" ] \
-  && ok "sweep --kind assorted: refused as training data, no store" || fail "sweep --kind assorted: rc $rc, '$out'"
+# assorted and vocab are training data (needle make --batch --kinds ...): a sweep refuses them, storing nothing
+for k in assorted vocab; do
+  out=$($st needle sweep --model "$model" --tokens 512 --positions 0.5 --seeds 1 --max-new-tokens 2 --kind $k \
+          --store "$work/$k" --quiet 2>&1); rc=$?
+  [ $rc = 2 ] && grep -q "training data" <<< "$out" && grep -q "records path, host, .*, random$" <<< "$(head -1 <<< "$out")" \
+    && [ ! -e "$work/$k/index.sqlite" ] && ok "sweep --kind $k: refused as training data, no store" \
+    || fail "sweep --kind $k: rc $rc, '$out'"
+done
 grep -q "kind random, shape toollist" "$work/out.txt" && ok "the table's header names a toollist sweep's shape" \
   || fail "header: $(head -1 "$work/out.txt")"
 # decoys: asked for in every request of the sweep, stored with each attempt, named in the header

@@ -70,7 +70,8 @@ static void test_every_kind_format_profile(void **state) {
                                        "Incident ticket number: ", "Tracking ticket: ", "Release branch: release/",
                                        "Artifact URL: https://artifacts.", "On-call contact: ", "Pinned commit: ",
                                        "Environment variable: ", "Session token: ",
-                                       NULL /* assorted: its shape's label, below */};
+                                       NULL /* assorted: its shape's label, below */,
+                                       "" /* vocab: drawn from a tokenizer (test_needle_batch.sh) */};
   static const char *const assorted[] = {"Build version: v", "Service address: 10.", "Request id: ", "Cutover time: 20",
                                          "Base image: ghcr.io/", "Bucket ARN: arn:aws:s3:::", "Escalation phone: +",
                                          "Device MAC: ", "Cleanup schedule: ", "Config key: ", "Feature flag: ",
@@ -92,6 +93,11 @@ static void test_every_kind_format_profile(void **state) {
           sp.render.profile = (st_render_profile)p;
           st_needle_prompt np;
           st_status rc = st_needle_make(&sp, &np);
+          if (k == ST_NEEDLE_VOCAB) { /* no tokenizer here: refused, saying what it needs */
+            assert_int_equal(rc, ST_EINVAL);
+            assert_non_null(strstr(st_errmsg(), "tokenizer"));
+            continue;
+          }
           if (rc) fail_msg("kind %d format %d profile %d: %s", k, f, p, st_errmsg());
           int labelled = 0;
           for (size_t i = 0; i < (labels[k] ? 1 : sizeof assorted / sizeof assorted[0]); i++) {

@@ -7,7 +7,7 @@ every one of them (and the answer's tokens before the line) is, so the first wro
 a greedy answer leaves the line; the tokens after it show how often the copy would slip again.
 
   tools/needle_copy_probe.py FILE.jsonl --model DIR [--model DIR ...] [--st BIN] [--backend B]
-                             [--kinds LIST] [--set KEY=VALUE ...] [--json OUT]
+                             [--kinds LIST] [--set KEY=VALUE ...] [--trained FILE.jsonl ...] [--json OUT]
 
 Prints, for each model side by side: the needle tokens scored and the share wrong, the examples
 with a wrong token, and the wrong share by the token's index in the line (in eights), by the
@@ -15,8 +15,11 @@ place of its source token in its compressed row (prompt position mod the CSA lay
 ratio), by kind, where each example's first wrong token falls, and what the engine wrote instead
 of each wrong token (SLIPS: the line's next token, a skip; its previous one, a repeat; another
 of its tokens; the end of the answer; a token from elsewhere in the prompt; one the prompt does not
-hold). --json writes every scored token ({model, example, kind, index: in the line, source: its
-prompt position, answer_index, wrong, predicted: the argmax token, slip: its class or null}).
+hold), and, with --trained (training examples in the same JSONL), by how many of their needle
+lines held the token: a model copies the tokens it was trained to copy. --json writes every
+scored token ({model, example, kind, index: in the line, source: its prompt position,
+answer_index, wrong, predicted: the argmax token, slip: its class or null, trained: that count or
+null}).
 
 Used for what a pass/miss count cannot show: whether a model loses a long random value from its
 start, at the compressed rows' boundaries or further along it (bench/needle-train-results.md).
@@ -68,6 +71,23 @@ def slip(predicted, i, line, prompt, eos):
     if predicted == eos:
         return SLIPS[3]
     return SLIPS[4] if predicted in prompt else SLIPS[5]
+
+
+def trained_counts(paths):
+    """How many times each token id is a needle line's token in these `needle make --batch` JSONL
+    files (the needle_span of each example's ids)."""
+    counts = collections.Counter()
+    for path in paths:
+        for line in open(path, encoding="utf-8"):
+            if line.strip():
+                e = json.loads(line)
+                counts.update(e["ids"][slice(*e["needle_span"])])
+    return counts
+
+
+def times_bin(n):
+    """The bin of a token's count in the --trained needles, named so that they sort in order."""
+    return "0 (never)" if n == 0 else "1-9" if n < 10 else "10-99" if n < 100 else "100+"
 
 
 def eighths(i):
@@ -129,15 +149,21 @@ def main(argv):
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--kinds", help="only these kinds, comma-separated")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an engine setting (repeatable)")
+    ap.add_argument("--trained", action="append", default=[], metavar="FILE.jsonl",
+                    help="training examples (needle make --batch JSONL, repeatable): the wrong share by how many "
+                         "of their needle lines held the token")
     ap.add_argument("--json", help="write every scored token here")
     args = ap.parse_args(argv)
+    trained = trained_counts(args.trained) if args.trained else None
     examples = [json.loads(line) for line in open(args.jsonl, encoding="utf-8") if line.strip()]
     if args.kinds:
         examples = [e for e in examples if e["kind"] in args.kinds.split(",")]
     records = []
     views = collections.OrderedDict((name, {m: collections.defaultdict(lambda: [0, 0]) for m in args.model})
                                     for name in ("all", "index in the line", "place in its compressed row",
-                                                 "kind", "first wrong token at index", "what the wrong token is"))
+                                                 "kind", "times a trained needle held it",
+                                                 "first wrong token at index", "what the wrong token is")
+                                    if trained is not None or name != "times a trained needle held it")
     summary = {}
     with tempfile.TemporaryDirectory() as work:
         for model in args.model:
@@ -158,9 +184,11 @@ def main(argv):
                     v["first wrong token at index"][eighths(first)][0] += 1
                 line = e["ids"][slice(*e["needle_span"])]
                 for i, src, k, w, pred in tokens:
-                    for name, key in (("all", "all"), ("index in the line", eighths(i)),
-                                      ("place in its compressed row", f"{src % ratio} of {ratio}"),
-                                      ("kind", e["kind"])):
+                    keys = [("all", "all"), ("index in the line", eighths(i)),
+                            ("place in its compressed row", f"{src % ratio} of {ratio}"), ("kind", e["kind"])]
+                    if trained is not None:
+                        keys.append(("times a trained needle held it", times_bin(trained[e["ids"][src]])))
+                    for name, key in keys:
                         v[name][key][0] += w
                         v[name][key][1] += 1
                     what = slip(pred, i, line, e["ids"], eos) if w else None
@@ -168,7 +196,7 @@ def main(argv):
                         v["what the wrong token is"][what][0] += 1
                     records.append({"model": model, "example": e["index"], "kind": e["kind"], "index": i,
                                     "source": src, "answer_index": k, "wrong": w, "predicted": pred,
-                                    "slip": what})
+                                    "slip": what, "trained": None if trained is None else trained[e["ids"][src]]})
             for cell in v["first wrong token at index"].values():
                 cell[1] = examples_wrong
             for cell in v["what the wrong token is"].values():

@@ -9,7 +9,8 @@
 #                      the kinds drawn from, a kind named twice drawn twice as often (default: key,
 #                      commit and random twice, the random strings step 7442 could not copy: 6, 0 and
 #                      0 of 24 in its engine sweeps; `assorted`, 16 value shapes no other kind has,
-#                      only when named); CDATA_DECOYS=N or LO-HI: that many decoys (each
+#                      and `vocab`, tokens from the whole vocabulary, only when named; 64 entries
+#                      at most); CDATA_DECOYS=N or LO-HI: that many decoys (each
 #                      example's count drawn from LO-HI) in the examples of the last CDATA_DECOY_FILES
 #                      (default 4) of the 14 files (needle make --decoys: the last line of the label);
 #                      CDATA_COMPOSED: the share asking a composed question (default 0.5; needle make
