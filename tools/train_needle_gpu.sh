@@ -55,6 +55,11 @@
 #                      OUT/needle-soup.tgz, then adopted as the adopt step adopts the release, into
 #                      OUT/logs/adopt-soup.txt and adopt-soup-answers.txt: the fine-tune and its mix
 #                      with INIT judged in one call
+#     probe            tools/needle_copy_probe.py on the adoption sets PROBE_SETS (default e-heldoutk48
+#                      e-assorted48; the adopt step writes them) for INIT, this call's release and its
+#                      soup where made, with --trained this call's C examples when cdata ran: each
+#                      needle token's wrong share by how many training needles held it, into
+#                      OUT/logs/copy-probe-SET.txt
 #     sweep            the engine (the bundle's sparsetrace, --backend cpu) on this call's release, else
 #                      INIT: tools/demo.sh's recall sweep (1k and 4k x 4 positions x seeds 1-2, path, as
 #                      trained and with rotate=q) into OUT/logs/demo-sweep.txt; ENGINE_SWEEPS=1: then
@@ -221,6 +226,18 @@ PY
       [ -f "$dir/soup/config.json" ] || { echo "soup: tools/needle_soup.py made no soup"; break; }
       tar -C "$dir/soup" -czf "$out/needle-soup.tgz" .
       adopt_model "$dir/soup" adopt-soup ;;
+    probe)
+      step probe
+      models=(--model "$init")
+      for m in "$dir/release" "$dir/soup"; do [ -f "$m/config.json" ] && models+=(--model "$m"); done
+      trained=(); [ -s "$cdata/train.jsonl" ] && trained=(--trained "$cdata/train.jsonl")
+      for set in ${PROBE_SETS:-e-heldoutk48 e-assorted48}; do
+        f=${ADOPT_WORK:-.adopt-cache}/sets/$set.jsonl
+        [ -f "$f" ] || { echo "probe: no $f (the adopt step writes it)"; continue; }
+        python3 tools/needle_copy_probe.py "$f" "${models[@]}" "${trained[@]}" --st "$st" \
+          > "$out/logs/copy-probe-$set.txt" 2>&1 || echo "probe: $set failed (OUT/logs/copy-probe-$set.txt)"
+        echo "-- $set"; sed -n '/of the needle tokens wrong/p; /^times a trained/,/^$/p' "$out/logs/copy-probe-$set.txt"
+      done ;;
     sweep)
       step sweep
       m=$init; [ -f "$dir/release/hf_config.json" ] && m=$dir/release
