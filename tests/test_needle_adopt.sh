@@ -6,8 +6,9 @@
 # the same examples; each model's answers are kept and reused (no engine run the second time, a
 # stopped run goes on from where it stopped, two engines at once as one); train_needle_gpu.sh's
 # adopt step gives the same table, and its soup step needle_soup.py's weights and needle_adopt.py's
-# table on them; a corrupt answer store is named, not read; a candidate with another tokenizer is
-# refused; a set of needle_data's prompts is made as its spec says.
+# table on them, and its probe step the copy probe's output; a corrupt answer store is named, not
+# read; a candidate with another tokenizer is refused; a set of needle_data's prompts is made as
+# its spec says.
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
@@ -136,6 +137,27 @@ if [ $weights = equal ] && [ -n "$row" ] && [ "$row" = "$(grep '^e-composed48' "
   echo "ok: train_needle_gpu.sh soup: needle_soup.py's weights, needle_adopt.py's table, no run the second time"
 else
   fail "train_needle_gpu.sh soup: weights $weights, '$row', $runs_before -> $(runs) runs"
+fi
+
+# the probe step: tools/needle_copy_probe.py on a set the adopt step wrote, for INIT, the release
+# and the soup, with --trained the call's C examples: the same output as the tool run directly
+mkdir -p "$work/pw/sets" "$work/pc"
+head -n $a "$work/w/sets/e-composed48.jsonl" >"$work/pw/sets/few.jsonl"
+"$st" needle make --batch 6 --jsonl "$work/pc/train.jsonl" --seed 31 --model "$release" --lengths 512 -q \
+  || fail "needle make for the probe step's C examples"
+env PATH="$work/py:$PATH" INIT="$release" NEEDLE_TRAIN_DIR="$work/tdir" NEEDLE_CDATA_DIR="$work/pc" ST_BIN="$st" \
+  ADOPT_WORK="$work/pw" PROBE_SETS=few "$src/tools/train_needle_gpu.sh" "$work/probe.out" probe >"$work/probe.log" 2>&1 \
+  || fail "train_needle_gpu.sh probe: $(tail -3 "$work/probe.log")"
+tar -xzf "$work/probe.out/logs.tgz" -C "$work/probe.out" 2>/dev/null || fail "train_needle_gpu.sh probe: no logs.tgz"
+/usr/bin/python3 "$src/tools/needle_copy_probe.py" "$work/pw/sets/few.jsonl" --model "$release" \
+  --model "$work/tdir/release" --model "$work/tdir/soup" --trained "$work/pc/train.jsonl" --st "$st" \
+  >"$work/probe-direct.txt" 2>&1 || fail "needle_copy_probe.py direct: $(tail -3 "$work/probe-direct.txt")"
+if cmp -s "$work/probe.out/logs/copy-probe-few.txt" "$work/probe-direct.txt" \
+   && grep -q "^times a trained needle held it" "$work/probe-direct.txt" \
+   && [ "$(grep -c "of the needle tokens wrong" "$work/probe-direct.txt")" = 3 ]; then
+  echo "ok: train_needle_gpu.sh probe: the tool's output for INIT, release and soup, with --trained"
+else
+  fail "train_needle_gpu.sh probe: $(diff "$work/probe.out/logs/copy-probe-few.txt" "$work/probe-direct.txt" 2>&1 | head -5)"
 fi
 
 # the engine's key: two builds that name the same sources, compiler and build type share their
