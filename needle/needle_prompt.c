@@ -370,8 +370,8 @@ static int32_t vocab_token(const st_tokenizer *tok, rng *r, int word) {
 /* Appends token id's bytes to buf (holding *n bytes); 0 when they do not fit. */
 static int append_token(const st_tokenizer *tok, int32_t id, int drop_space, char *buf, size_t size, size_t *n) {
   size_t len = 0;
-  const char *b = st_tokenizer_token_bytes(tok, id, &len);
-  if (id < 0 || !b) return 0;
+  const char *b = id < 0 ? NULL : st_tokenizer_token_bytes(tok, id, &len);
+  if (!b) return 0; /* no token drawn (vocab_token's -1), or none with that id */
   if (drop_space && len && b[0] == ' ') b++, len--;
   if (*n + len + 1 > size) return 0;
   memcpy(buf + *n, b, len);
