@@ -332,15 +332,17 @@ for e in map(json.loads, open(os.path.join(work, "assorted.jsonl"))):
     if not lines == len(shaped) == e["decoys"] + 1 or shaped[-1] != value:
         bad(f"assorted example {e['index']}: {e['decoys']} decoys, {lines} lines of {label!r}, of its shape {shaped}")
 if labels_seen != set(ASSORTED): bad(f"96 assorted examples: labels {sorted(labels_seen)}")
-# the vocab kind: labels of word pieces, none a held-out kind's, each once in its prompt; its 120
-# needles copy at least twice the distinct tokens of a default batch's first 120 (the kind's reason)
+# the vocab kind: labels of word pieces, none a held-out kind's, each once in its prompt (the first
+# 40 examples, with the spans, ids and rendering checked above); its 120 needles copy at least
+# twice the distinct tokens of a default batch's first 120 (the kind's reason)
 def distinct(path):
     ids = set()
     for e in map(json.loads, open(path).readlines()[:120]):
         s, t = e["needle_span"]
         ids.update(e["ids"][s:t])
     return len(ids)
-for e in check(os.path.join(work, "vocab.jsonl"), "train"):
+open(os.path.join(work, "vocab40.jsonl"), "w").writelines(open(os.path.join(work, "vocab.jsonl")).readlines()[:40])
+for e in check(os.path.join(work, "vocab40.jsonl"), "train"):
     label = e["needle"].split(": ", 1)[0]
     text = decode(e["ids"]).replace(question(e), "")
     if not re.fullmatch(r"[A-Z][A-Za-z -]*", label) or re.search(r"on-call contact|environment variable|branch",
