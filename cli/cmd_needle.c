@@ -25,6 +25,11 @@ static const char needle_help[] =
   "realistic coding-agent request, and a final question asking for it verbatim.\n"
   "'sparsetrace needle make --help' and 'sparsetrace needle sweep --help' list the options.\n";
 
+/* --kinds: at most this many entries (a kind named twice is drawn twice as often) */
+#define MAX_KIND_LIST 64
+#define SPELL_(x) #x
+#define SPELL(x) SPELL_(x)
+
 static const st_opt_use make_options[] = {
   {ST_OPT_TOKENS, NULL, "prompt size in tokens (2048, 2k, 1.5k; k = 1024)"},
   {ST_OPT_POSITION, NULL, NULL},
@@ -52,7 +57,7 @@ static const st_opt_use make_options[] = {
   {ST_OPT_BATCH, NULL, "batch mode: write N examples (training data) to --jsonl; needs --model"},
   {ST_OPT_JSONL, NULL, "batch mode: the JSON-lines file (\"-\": stdout)"},
   {ST_OPT_KINDS, NULL, "batch mode: kinds drawn from (default: all the split allows); a kind named\n"
-                       "twice is drawn twice as often (64 entries at most)"},
+                       "twice is drawn twice as often (" SPELL(MAX_KIND_LIST) " entries at most)"},
   {ST_OPT_FORMATS, NULL, "batch mode: formats drawn from (default: all three)"},
   {ST_OPT_SHAPES, NULL, "batch mode: request shapes drawn from: agent (the transcript `needle make`\n"
                        "writes), toollist (one system string of one-line tool descriptions with the\n"
@@ -178,8 +183,6 @@ static int parse_count_v(const char *s, void *out);
 static int parse_kind_v(const char *s, void *out) { return st_needle_kind_parse(s, out) ? -1 : 0; }
 static int parse_format_v(const char *s, void *out) { return st_needle_format_parse(s, out) ? -1 : 0; }
 static int parse_shape_v(const char *s, void *out) { return st_needle_shape_parse(s, out) ? -1 : 0; }
-
-#define MAX_KIND_LIST 64
 
 typedef struct batch_options {
   int64_t n;
