@@ -85,6 +85,9 @@ def trained_counts(paths):
     return counts
 
 
+TRAINED_VIEW = "times a trained needle held it"
+
+
 def times_bin(n):
     """The bin of a token's count in the --trained needles, named so that they sort in order."""
     return "0 (never)" if n == 0 else "1-9" if n < 10 else "10-99" if n < 100 else "100+"
@@ -159,11 +162,10 @@ def main(argv):
     if args.kinds:
         examples = [e for e in examples if e["kind"] in args.kinds.split(",")]
     records = []
+    names = ("all", "index in the line", "place in its compressed row", "kind") \
+        + ((TRAINED_VIEW,) if trained is not None else ()) + ("first wrong token at index", "what the wrong token is")
     views = collections.OrderedDict((name, {m: collections.defaultdict(lambda: [0, 0]) for m in args.model})
-                                    for name in ("all", "index in the line", "place in its compressed row",
-                                                 "kind", "times a trained needle held it",
-                                                 "first wrong token at index", "what the wrong token is")
-                                    if trained is not None or name != "times a trained needle held it")
+                                    for name in names)
     summary = {}
     with tempfile.TemporaryDirectory() as work:
         for model in args.model:
@@ -184,10 +186,11 @@ def main(argv):
                     v["first wrong token at index"][eighths(first)][0] += 1
                 line = e["ids"][slice(*e["needle_span"])]
                 for i, src, k, w, pred in tokens:
+                    held = None if trained is None else trained[e["ids"][src]]
                     keys = [("all", "all"), ("index in the line", eighths(i)),
                             ("place in its compressed row", f"{src % ratio} of {ratio}"), ("kind", e["kind"])]
-                    if trained is not None:
-                        keys.append(("times a trained needle held it", times_bin(trained[e["ids"][src]])))
+                    if held is not None:
+                        keys.append((TRAINED_VIEW, times_bin(held)))
                     for name, key in keys:
                         v[name][key][0] += w
                         v[name][key][1] += 1
@@ -196,7 +199,7 @@ def main(argv):
                         v["what the wrong token is"][what][0] += 1
                     records.append({"model": model, "example": e["index"], "kind": e["kind"], "index": i,
                                     "source": src, "answer_index": k, "wrong": w, "predicted": pred,
-                                    "slip": what, "trained": None if trained is None else trained[e["ids"][src]]})
+                                    "slip": what, "trained": held})
             for cell in v["first wrong token at index"].values():
                 cell[1] = examples_wrong
             for cell in v["what the wrong token is"].values():
