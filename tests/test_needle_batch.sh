@@ -356,6 +356,6 @@ if set(weighted) != {"path", "host"} or not 5 <= weighted["host"] <= 45:  # bino
 if failures: sys.exit(1)
 print(f"--composed: {n_composed} of 24 composed; --open-labels: {opened} made-up labels, {fresh} with a word "
       "found nowhere else in their prompt")
-print(f"{len(train)} train and {len(held)} held-out examples, and all 72 kinds x formats x shapes: spans, answers, "
+print(f"{len(train)} train and {len(held)} held-out examples, and all {combos} kinds x formats x shapes: spans, answers, "
       "held-out lists and `sparsetrace render` ids check")
 PY
