@@ -4,7 +4,8 @@
 # Checked against the engine run directly on the same ids (each verdict and the totals), with
 # and without --set; --question re-renders the request: asked in its own question it gives the
 # example's ids back, asked in another the new question is in the prompt; --relabel puts a new
-# label wherever the old one was; --kinds filters; a
+# label wherever the old one was; --kinds filters; --retrieval's per-layer counts are the store's
+# needle_rank_by_layer over the same runs made directly; a
 # setting the engine refuses stops the tool with the engine's error. With two models (needle-v5
 # and needle-v4, one tokenizer), each column is that model's verdicts run directly, and the line
 # of gains and losses against the first model is those verdicts' difference, in both orders.
@@ -57,6 +58,53 @@ check_against_direct "as asked" "$work/plain.txt"
 python3 "$tool" "$work/e.jsonl" --model "$model" --st "$st" --set topk=1 --set compress_rope_theta=40000 \
   >"$work/set.txt" || fail "the tool failed with --set"
 check_against_direct "--set topk=1 --set compress_rope_theta=40000" "$work/set.txt" --set topk=1 --set compress_rope_theta=40000
+
+# --retrieval: per CSA layer, the examples whose needle its indexer retrieves, among passes and
+# misses, as the store's view needle_rank_by_layer (schemas/migrations/0005) judges the same runs
+# made directly with --needle-tokens; as asked, and with topk=1, where fewer rows are kept
+for settings in "" "--set topk=1"; do
+  python3 "$tool" "$work/e.jsonl" --model "$model" --st "$st" --retrieval $settings >"$work/retr.txt" ||
+    fail "--retrieval $settings failed"
+  rm -rf "$work/rs" && mkdir -p "$work/rs" && : >"$work/rs/runs.txt"
+  i=0
+  while IFS= read -r line; do
+    printf '%s' "$line" | python3 -c 'import json, sys; e = json.load(sys.stdin); json.dump(e["ids"], open(sys.argv[1], "w")); print("%d:%d" % tuple(e["needle_span"]))' \
+      "$work/p.json" >"$work/span.txt"
+    $st run --model "$model" --prompt-tokens "$work/p.json" --max-new-tokens 48 --store "$work/rs" -o "$work/rs/$i.h5" \
+      --needle-tokens "$(cat "$work/span.txt")" --json -q $settings >"$work/rs/run.json" || fail "direct run $i with --needle-tokens"
+    # its run id and whether its answer holds the value (the engine's own text)
+    printf '%s' "$line" | python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print(r["run_id"], json.load(sys.stdin)["value"] in r["text"])' \
+      "$work/rs/run.json" >>"$work/rs/runs.txt"
+    i=$((i + 1))
+  done <"$work/e.jsonl"
+  want=$(python3 - "$work/rs/index.sqlite" "$work/rs/runs.txt" <<'PY'
+import sqlite3, sys
+db, runs = sys.argv[1:]
+ok = {run_id: flag == "True" for run_id, flag in (l.split() for l in open(runs))}
+rows = sqlite3.connect(db).execute("SELECT run_id, layer, retrieves FROM needle_rank_by_layer WHERE replay_id IS NULL").fetchall()
+counts = {}
+for run_id, layer, retrieves in rows:
+    k = counts.setdefault(layer, {True: [0, 0], False: [0, 0]})[ok[run_id]]
+    k[0] += bool(retrieves); k[1] += 1
+for layer in sorted(counts):
+    (rp, np), (rm, nm) = counts[layer][True], counts[layer][False]
+    print(f"  LAYER {layer}: retrieves in {rp}/{np} passes, {rm}/{nm} misses")
+PY
+)
+  got=$(grep -E '^  .* layer [0-9]+: retrieves' "$work/retr.txt" | sed -E 's/^  .* layer /  LAYER /')
+  if [ -n "$want" ] && [ "$got" = "$want" ]; then
+    echo "ok: --retrieval $settings: per layer as the store's needle_rank_by_layer judges the direct runs ($(echo $want | tr -s ' '))"
+  else
+    fail "--retrieval $settings: the tool's '$got' against the view's '$want'"
+  fi
+done
+# after a re-render the needle is found by its text (run --needle): every CSA layer judged
+python3 "$tool" "$work/e.jsonl" --model "$model" --st "$st" --retrieval --relabel "Zephyr Quillon" >"$work/retr-relabel.txt" 2>&1 ||
+  fail "--retrieval --relabel: $(tail -2 "$work/retr-relabel.txt")"
+n=$(grep -cE '^  .* layer [0-9]+: retrieves in [0-9]+/[0-9]+ passes, [0-9]+/[0-9]+ misses' "$work/retr-relabel.txt")
+[ "$n" -ge 1 ] && [ "$n" = "$(grep -cE '^  .* layer [0-9]+: ' "$work/retr.txt")" ] &&
+  echo "ok: --retrieval --relabel: the needle found by its text, $n layers judged" ||
+  fail "--retrieval --relabel: $n layer lines: $(tail -3 "$work/retr-relabel.txt")"
 
 # --kinds: only the examples of those kinds (the first example's kind, counted in the file)
 kind=$(head -1 "$work/e.jsonl" | python3 -c 'import json, sys; print(json.load(sys.stdin)["kind"])')

@@ -85,6 +85,8 @@ def main(argv):
     ap.add_argument("--relabel", help="the needle's label replaced by this one wherever the request says it "
                                       "(as written and in lower case), then rendered again")
     ap.add_argument("--kinds", help="only these kinds, comma-separated")
+    ap.add_argument("--retrieval", action="store_true", help="per CSA layer, whether its indexer retrieves the "
+                                                             "needle, counted among passes and misses")
     ap.add_argument("--threads", type=int, help="the engine's threads (`sparsetrace run --threads`; default: "
                                                 "every core): 1 for each of several batches run at once")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an engine setting (repeatable)")
@@ -98,6 +100,8 @@ def main(argv):
         names = args.model
     passed = collections.defaultdict(lambda: [[0] * len(args.model), 0])
     verdicts = []  # (index, kind, [ok per model])
+    # retrieval[model][layer][ok]: [examples whose answer was ok (or not) where the layer retrieves, examples]
+    retrieval = [collections.defaultdict(lambda: {True: [0, 0], False: [0, 0]}) for _ in args.model]
     with tempfile.TemporaryDirectory() as work:
         prompt = os.path.join(work, "prompt.json")
         for line in open(args.jsonl, encoding="utf-8"):
@@ -112,11 +116,20 @@ def main(argv):
                 label = args.relabel
             if args.question:
                 e["request"] = ask(e["request"], args.question.format(label=label, lower=label.lower()))
+            needle = ["--needle-tokens", "%d:%d" % tuple(e["needle_span"])]
             if args.question or args.relabel:
                 ids = rerender(args, e["request"], e["thinking"], work)
+                needle = ["--needle", e["needle"]]
             json.dump(ids, open(prompt, "w"))
-            answers = [answer_of(args, model, prompt, work, e["index"]) for model in args.model]
+            runs = [run_of(args, model, prompt, work, e["index"], needle if args.retrieval else [])
+                    for model in args.model]
+            answers = [r["text"] for r in runs]
             oks = [passes(e, a) for a in answers]
+            for i, (r, ok) in enumerate(zip(runs, oks)):
+                for layer in (r.get("needle") or {}).get("layers", []) if args.retrieval else []:
+                    count = retrieval[i][layer["layer"]][ok]
+                    count[0] += bool(layer["retrieves"])
+                    count[1] += 1
             verdicts.append((e["index"], e["kind"], oks))
             for key in ("family " + e["family"], "kind " + e["kind"], "all"):
                 for i, ok in enumerate(oks):
@@ -135,6 +148,13 @@ def main(argv):
     for key in sorted(passed, key=lambda k: (k == "all", k)):
         hits, n = passed[key]
         print(f"{key}: " + " ".join(f"{h}/{n}" for h in hits))
+    if args.retrieval:
+        print("retrieval (a CSA layer retrieves the needle when its top-k keeps it at more than half of the "
+              "answer positions):")
+        for name, layers in zip(names, retrieval):
+            for layer in sorted(layers):
+                (rp, np), (rm, nm) = layers[layer][True], layers[layer][False]
+                print(f"  {name} layer {layer}: retrieves in {rp}/{np} passes, {rm}/{nm} misses")
     for i, name in enumerate(names[1:], 1):
         gains = [f"{idx} {kind}" for idx, kind, oks in verdicts if oks[i] and not oks[0]]
         losses = [f"{idx} {kind}" for idx, kind, oks in verdicts if oks[0] and not oks[i]]
@@ -165,15 +185,22 @@ def tokenizer_bytes(model):
 
 def answer_of(args, model, prompt, work, index):
     """The engine's greedy answer (text) to the prompt ids in the file prompt."""
+    return run_of(args, model, prompt, work, index)["text"]
+
+
+def run_of(args, model, prompt, work, index, needle=()):
+    """The engine's greedy run on the prompt ids in the file prompt (`sparsetrace run --json`: its
+    answer in "text"; with needle, `--needle-tokens A:B` or `--needle TEXT`, its per-layer verdicts
+    in "needle")."""
     r = subprocess.run([args.st, "run", "--model", model, "--prompt-tokens", prompt, "--backend",
                         args.backend, "--max-new-tokens", str(args.max_new_tokens), "--store", work,
                         "-o", os.path.join(work, "run.h5"), "--force", "--json", "-q"]
                        + [a for kv in args.set for a in ("--set", kv)]
-                       + (["--threads", str(args.threads)] if getattr(args, "threads", None) else []),
-                       capture_output=True, text=True)
+                       + (["--threads", str(args.threads)] if getattr(args, "threads", None) else [])
+                       + list(needle), capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"example {index}: sparsetrace run failed ({model}): {r.stderr.strip()[-300:]}")
-    return json.loads(r.stdout)["text"]
+    return json.loads(r.stdout)
 
 
 if __name__ == "__main__":
