@@ -46,6 +46,9 @@ static const st_opt_use make_options[] = {
                         "at line boundaries before it, and a question asking for the last one:\n"
                         "where a line sits is all that tells it, so a fault in the indexer's\n"
                         "positions (index_rope=neox, compress_rope_theta) shows (default 0)"},
+  {ST_OPT_VOCAB_TOKENS, NULL, "kind vocab: its value LO to HI tokens (N: N), 1 <= LO <= HI <= " SPELL(ST_NEEDLE_VOCAB_TOKENS_MAX) ",\n"
+                             "as many as fit " SPELL(ST_NEEDLE_VALUE_MAX) " bytes (default 6-14 in at most 96 bytes): long\n"
+                             "values give a model many tokens to copy in one example"},
   {ST_OPT_MODEL, NULL, "directory with tokenizer.json for exact sizes"},
   {ST_OPT_RENDER, NULL, "rendering used for sizing: reference (default), sglang, vllm, atom"},
   {ST_OPT_THINKING, NULL, "ask for thinking / chat mode in the request (default: say nothing)"},
@@ -358,25 +361,24 @@ static int run_batch(const batch_options *b, st_needle_spec *base, st_tokenizer 
 
 /* --decoys N or LO-HI (0 <= LO <= HI <= ST_NEEDLE_MAX_DECOYS) into [*lo, *hi], each number read
 ** as st_opt_int reads one. */
-static st_status parse_decoys(const char *text, int *lo, int *hi) {
+/* --NAME N or LO-HI, min <= LO <= HI <= max (--decoys, --vocab-tokens). */
+static st_status parse_range(const char *name, const char *text, int min, int max, int *lo, int *hi) {
   const char *dash = strchr(text, '-');
   char first[24];
   int64_t a, b;
   if (!dash) {
-    if (st_opt_int("decoys", text, 0, ST_NEEDLE_MAX_DECOYS, &a)) goto bad;
+    if (st_opt_int(name, text, min, max, &a)) goto bad;
     b = a;
   } else {
     if (dash == text || (size_t)(dash - text) >= sizeof first) goto bad;
     memcpy(first, text, (size_t)(dash - text));
     first[dash - text] = 0;
-    if (st_opt_int("decoys", first, 0, ST_NEEDLE_MAX_DECOYS, &a) ||
-        st_opt_int("decoys", dash + 1, a, ST_NEEDLE_MAX_DECOYS, &b))
-      goto bad;
+    if (st_opt_int(name, first, min, max, &a) || st_opt_int(name, dash + 1, a, max, &b)) goto bad;
   }
   *lo = (int)a, *hi = (int)b;
   return ST_OK;
 bad:
-  return st_fail(ST_EINVAL, "--decoys '%s': expected N or LO-HI, 0 <= LO <= HI <= %d", text, ST_NEEDLE_MAX_DECOYS);
+  return st_fail(ST_EINVAL, "--%s '%s': expected N or LO-HI, %d <= LO <= HI <= %d", name, text, min, max);
 }
 
 static int cmd_make(int argc, char **argv) {
@@ -463,7 +465,7 @@ static int cmd_make(int argc, char **argv) {
       have_drawn = "--shape";
       break;
     case ST_OPT_DECOYS:
-      if (parse_decoys(o.arg, &batch.decoys, &batch.decoys_hi)) goto bad_value;
+      if (parse_range("decoys", o.arg, 0, ST_NEEDLE_MAX_DECOYS, &batch.decoys, &batch.decoys_hi)) goto bad_value;
       sp.decoys = batch.decoys;
       break;
     case ST_OPT_COMPOSED:
@@ -473,6 +475,10 @@ static int cmd_make(int argc, char **argv) {
     case ST_OPT_OPEN_LABELS:
       if (st_opt_double(o.name, o.arg, 0.0, 1.0, &batch.open_labels)) goto bad_value;
       have_training_only = 1;
+      break;
+    case ST_OPT_VOCAB_TOKENS:
+      if (parse_range("vocab-tokens", o.arg, 1, ST_NEEDLE_VOCAB_TOKENS_MAX, &sp.vocab_tokens[0], &sp.vocab_tokens[1]))
+        goto bad_value;
       break;
     case ST_OPT_SHAPES:
       if ((batch.n_shapes = split_list(o.arg, batch.shapes, sizeof batch.shapes[0], ST_NEEDLE_SHAPE_COUNT,
@@ -507,6 +513,12 @@ static int cmd_make(int argc, char **argv) {
                         : have_position ? "--position" : out_path ? "--out (--jsonl is the output)" : "--meta");
       goto usage;
     }
+    int vocab = 0;
+    for (int k = 0; k < batch.n_kinds; k++) vocab |= batch.kinds[k] == ST_NEEDLE_VOCAB;
+    if (sp.vocab_tokens[0] && !vocab) {
+      st_opts_error(&o, "--vocab-tokens sets the vocab kind's values: name vocab in --kinds");
+      goto usage;
+    }
     if (batch.heldout && (batch.composed > 0 || batch.open_labels > 0)) {
       st_opts_error(&o, batch.composed > 0 ? "--composed: composed questions are training wordings; --split heldout "
                                              "asks in the held-out families' own"
@@ -530,6 +542,10 @@ static int cmd_make(int argc, char **argv) {
   }
   if (!have_tokens || !have_position || !have_seed) {
     st_opts_error(&o, "--tokens, --position and --seed are required");
+    goto usage;
+  }
+  if (sp.vocab_tokens[0] && sp.kind != ST_NEEDLE_VOCAB) {
+    st_opts_error(&o, "--vocab-tokens sets the vocab kind's values: give --kind vocab");
     goto usage;
   }
   if (sp.kind == ST_NEEDLE_VOCAB && !model) {

@@ -101,6 +101,7 @@ static const alias aliases[] = {
   {"decoys", 0, 1, ST_OPT_DECOYS, 0, "N", "earlier lines of the needle's label; the last is asked for"},
   {"open-labels", 0, 1, ST_OPT_OPEN_LABELS, 0, "SHARE", "share of examples with a made-up label"},
   {"composed", 0, 1, ST_OPT_COMPOSED, 0, "SHARE", "share of examples asking a composed question"},
+  {"vocab-tokens", 0, 1, ST_OPT_VOCAB_TOKENS, 0, "LO-HI", "the vocab kind's value length in tokens"},
   {"shapes", 0, 1, ST_OPT_SHAPES, 0, "LIST", "request shapes to draw from"},
   {"shape", 0, 1, ST_OPT_SHAPE, 0, "S", "request shape: agent (default) or toollist"},
 

@@ -53,7 +53,7 @@ typedef struct st_harness_attempt {
   st_needle_format format;  /* a server target's API follows it */
   char target[8192];        /* server: the URL posted to ("" : the harness's target) */
   char foreign_run_id[40];  /* another build's run, in its own store ("" when none) */
-  char needle[200], expected[128];
+  char needle[ST_NEEDLE_LINE_MAX], expected[ST_NEEDLE_VALUE_MAX];
   char *answer;             /* the model's text (owned; NULL when the attempt failed) */
   int pass;
   char run_id[40];          /* engine trace's run ("" when none) */

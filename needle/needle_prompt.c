@@ -201,7 +201,7 @@ typedef struct turn {
 typedef struct gen {
   const st_needle_spec *spec;
   uint64_t seed;
-  char label[64], value[128], line[200];
+  char label[64], value[ST_NEEDLE_VALUE_MAX], line[ST_NEEDLE_LINE_MAX];
   int shape; /* ST_NEEDLE_ASSORTED's value shape, the needle's and its decoys' */
   char *question;
   int family; /* the question's template family */
@@ -220,7 +220,7 @@ typedef struct gen {
   char module[32], project[48];
   /* decoys: their lines, and where they go (NULL: with the needle, just before it) */
   int n_decoys;
-  char decoy_line[ST_NEEDLE_MAX_DECOYS][200];
+  char decoy_line[ST_NEEDLE_MAX_DECOYS][ST_NEEDLE_LINE_MAX];
   const struct slot *decoy_at[ST_NEEDLE_MAX_DECOYS];
 } gen;
 
@@ -381,9 +381,11 @@ static int append_token(const st_tokenizer *tok, int32_t id, int drop_space, cha
 
 /* Its label: two or three word tokens as they join ("Mosaic" + " con" + "act": "Mosaic conact"),
 ** the first one's space dropped and its letter capitalised; never a held-out kind's label (C or
-** Python). Its value: 6 to 14 printable tokens with no space, quote, backslash or backtick, at
-** most 96 bytes. */
-static void vocab_value(const st_tokenizer *tok, rng *r, char *label, size_t label_size, char *value, size_t value_size) {
+** Python). Its value: printable tokens with no space, quote, backslash or backtick, 6 to 14 of
+** them in at most 96 bytes, or count[0] to count[1] of them in as many bytes as value holds when
+** count[0] is set (st_needle_spec.vocab_tokens). */
+static void vocab_value(const st_tokenizer *tok, const int count[2], rng *r, char *label, size_t label_size,
+                        char *value, size_t value_size) {
   static const char *const held_out[] = {"on-call contact", "environment variable", "branch"};
   for (int tries = 0;; tries++) {
     size_t n = 0;
@@ -398,16 +400,17 @@ static void vocab_value(const st_tokenizer *tok, rng *r, char *label, size_t lab
     if (!clash || tries == 100) break;
   }
   label[0] = (char)toupper((unsigned char)label[0]);
-  size_t n = 0, size = value_size < 97 ? value_size : 97;
+  size_t n = 0, size = count[0] || value_size < 97 ? value_size : 97;
   value[0] = 0;
-  for (int t = 0, count = rng_range(r, 6, 14); t < count; t++)
+  for (int t = 0, tokens = count[0] ? rng_range(r, count[0], count[1]) : rng_range(r, 6, 14); t < tokens; t++)
     if (!append_token(tok, vocab_token(tok, r, 0), 0, value, size, &n)) break;
 }
 
-/* A label and a value of kind k, drawn from r (the needle's, or a decoy's stream); ST_NEEDLE_ASSORTED
+/* A label and a value of spec's kind, drawn from r (the needle's, or a decoy's stream); ST_NEEDLE_ASSORTED
 ** in *shape (< 0: drawn, and stored there), so that a decoy takes its needle's shape. */
-static void kind_value(st_needle_kind kind, const st_tokenizer *tok, int *shape, rng *rp, char *label,
-                       size_t label_size, char *value, size_t value_size) {
+static void kind_value(const st_needle_spec *spec, int *shape, rng *rp, char *label, size_t label_size, char *value,
+                       size_t value_size) {
+  st_needle_kind kind = spec->kind;
   rng r = *rp;
   static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
   switch (kind) {
@@ -486,7 +489,7 @@ static void kind_value(st_needle_kind kind, const st_tokenizer *tok, int *shape,
     *shape = assorted_value(*shape, &r, label, label_size, value, value_size);
     break;
   case ST_NEEDLE_VOCAB: /* st_needle_make refuses it without a tokenizer */
-    vocab_value(tok, &r, label, label_size, value, value_size);
+    vocab_value(spec->tok, spec->vocab_tokens, &r, label, label_size, value, value_size);
     break;
   case ST_NEEDLE_RANDOM: {
     static const char printable[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789!#$%&*+-./:;<=>?@^_~";
@@ -554,9 +557,9 @@ static void open_label(uint64_t seed, st_needle_kind kind, char *label, size_t s
 ** earlier decoys' (neither holds the other: the needle's value must occur once in the prompt). */
 static void make_decoy(gen *g, int i) {
   rng r = rng_for(g->seed, TAG_DECOY, (uint64_t)g->spec->kind * ST_NEEDLE_MAX_DECOYS + (uint64_t)i);
-  char label[64], value[128];
+  char label[64], value[ST_NEEDLE_VALUE_MAX];
   for (int tries = 0;; tries++) {
-    kind_value(g->spec->kind, g->spec->tok, &g->shape, &r, label, sizeof label, value, sizeof value);
+    kind_value(g->spec, &g->shape, &r, label, sizeof label, value, sizeof value);
     int clash = strstr(value, g->value) || strstr(g->value, value);
     for (int j = 0; j < i && !clash; j++) {
       const char *v = g->decoy_line[j] + strlen(g->label) + 2;
@@ -590,7 +593,7 @@ static char *composed_question(gen *g, const char *lower) {
 static void make_needle(gen *g) {
   rng r = rng_for(g->seed, TAG_NEEDLE, (uint64_t)g->spec->kind);
   g->shape = -1;
-  kind_value(g->spec->kind, g->spec->tok, &g->shape, &r, g->label, sizeof g->label, g->value, sizeof g->value);
+  kind_value(g->spec, &g->shape, &r, g->label, sizeof g->label, g->value, sizeof g->value);
   if (g->spec->open_label) open_label(g->seed, g->spec->kind, g->label, sizeof g->label);
   snprintf(g->line, sizeof g->line, "%s: %s", g->label, g->value);
   char lower[64];
@@ -1516,6 +1519,10 @@ st_status st_needle_make(const st_needle_spec *spec, st_needle_prompt *out) {
     return st_fail(ST_EINVAL, "needle decoys %d: expected 0 to %d", spec->decoys, ST_NEEDLE_MAX_DECOYS);
   if (spec->kind == ST_NEEDLE_VOCAB && !spec->tok)
     return st_fail(ST_EINVAL, "needle kind vocab draws its tokens from a tokenizer: give the model (--model DIR)");
+  const int *vt = spec->vocab_tokens;
+  if ((vt[0] || vt[1]) && !(vt[0] >= 1 && vt[0] <= vt[1] && vt[1] <= ST_NEEDLE_VOCAB_TOKENS_MAX))
+    return st_fail(ST_EINVAL, "needle vocab tokens %d-%d: expected LO-HI, 1 <= LO <= HI <= %d", vt[0], vt[1],
+                   ST_NEEDLE_VOCAB_TOKENS_MAX);
   oom_flag = 0;
   gen g = {0};
   g.spec = spec;

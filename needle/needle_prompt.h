@@ -113,7 +113,18 @@ typedef struct st_needle_spec {
                              ** its kind's ("Tracking ticket"): training data only (`needle make
                              ** --batch --open-labels SHARE`), so a model copies the label a
                              ** question names rather than recognising the kinds' eleven */
+  int vocab_tokens[2];       /* ST_NEEDLE_VOCAB's value: LO to HI tokens (1 <= LO <= HI <=
+                             ** ST_NEEDLE_VOCAB_TOKENS_MAX), as many as fit ST_NEEDLE_VALUE_MAX;
+                             ** {0, 0} (the default): 6 to 14, at most 96 bytes, the bytes the kind
+                             ** has always made. Long values give a model many tokens to copy per
+                             ** example (`needle make --vocab-tokens`) */
 } st_needle_spec;
+
+/* A needle's value and line (label ": " value), with their terminating 0: the vocab kind's long
+** values (st_needle_spec.vocab_tokens) set them; every other kind's fit 128 and 200. */
+#define ST_NEEDLE_VALUE_MAX 640
+#define ST_NEEDLE_LINE_MAX (64 + 2 + ST_NEEDLE_VALUE_MAX)
+#define ST_NEEDLE_VOCAB_TOKENS_MAX 160
 
 /* Decoys: where a line sits is then all that tells the answer, so a fault in the indexer's
 ** positional part (index_rope=neox, compress_rope_theta) loses it where the needle alone, found
@@ -141,8 +152,8 @@ void st_needle_spec_default(st_needle_spec *s);
 typedef struct st_needle_prompt {
   json_t *request;           /* the request body (owned) */
   char label[64];            /* "Working directory" */
-  char value[128];           /* what the answer must contain verbatim */
-  char line[200];            /* the needle line: label ": " value */
+  char value[ST_NEEDLE_VALUE_MAX]; /* what the answer must contain verbatim */
+  char line[ST_NEEDLE_LINE_MAX];  /* the needle line: label ": " value */
   char *question;            /* the final user message (owned) */
   char *prompt;              /* the rendered prompt (owned), prompt_len bytes */
   size_t prompt_len;

@@ -125,6 +125,18 @@ $st needle make --batch 96 --jsonl "$work/assorted.jsonl" --seed 12 --model "$mo
 # the vocab kind: its tokens from the whole vocabulary
 $st needle make --batch 120 --jsonl "$work/vocab.jsonl" --seed 12 --model "$model" --lengths 512 --kinds vocab -q ||
   fail "a vocab batch"
+# --vocab-tokens: its long values (checked below), and what it refuses, leaving no file
+$st needle make --batch 24 --jsonl "$work/vocablong.jsonl" --seed 13 --model "$model" --lengths 1k --kinds vocab \
+  --vocab-tokens 48-96 --decoys 0-2 -q || fail "a vocab batch with --vocab-tokens 48-96"
+for r in 0-5 5-3 1-161 x; do
+  out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --model "$model" --kinds vocab --vocab-tokens "$r" 2>&1); rc=$?
+  [ $rc = 2 ] && grep -q "1 <= LO <= HI <= 160" <<< "$out" || fail "--vocab-tokens $r: rc $rc, '$out'"
+done
+out=$($st needle make --batch 2 --jsonl "$work/x.jsonl" --seed 1 --model "$model" --kinds path --vocab-tokens 10 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "name vocab in --kinds" <<< "$out" || fail "--vocab-tokens without vocab in --kinds: rc $rc, '$out'"
+out=$($st needle make --tokens 1k --position 0.5 --seed 1 --model "$model" --vocab-tokens 10 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "give --kind vocab" <<< "$out" || fail "--vocab-tokens with --kind path: rc $rc, '$out'"
+[ -e "$work/x.jsonl" ] && fail "a refused --vocab-tokens left $work/x.jsonl"
 
 exec /usr/bin/python3 - "$st" "$model" "$work" <<'PY'
 import collections, glob, json, os, re, subprocess, sys
@@ -350,6 +362,15 @@ for e in check(os.path.join(work, "vocab40.jsonl"), "train"):
         bad(f"vocab example {e['index']}: label {label!r}, {text.count(label + ': ')} lines of it")
 vocab_ids, default_ids = distinct(os.path.join(work, "vocab.jsonl")), distinct(os.path.join(work, "default.jsonl"))
 if vocab_ids < 2 * default_ids: bad(f"120 vocab needles hold {vocab_ids} distinct tokens, a default batch's {default_ids}")
+# --vocab-tokens 48-96: spans, ids, rendering and decoys checked as every batch's, with values of up
+# to 639 bytes; its lines hold 48 tokens or more on average (the draws' mean is 72, and the label
+# adds two or three; pieces joined may tokenize as fewer), and some value is past the default's 96 bytes
+VALUE["vocab"] = r"[!#-\[\]-_a-~]{1,639}"
+long = check(os.path.join(work, "vocablong.jsonl"), "train")
+spans = [e["needle_span"][1] - e["needle_span"][0] for e in long]
+if len(long) != 24 or sum(spans) < 48 * len(spans) or max(len(e["value"]) for e in long) <= 96:
+    bad(f"--vocab-tokens 48-96: {len(long)} examples, line tokens {spans}, values up to "
+        f"{max(len(e['value']) for e in long)} bytes")
 weighted = collections.Counter(json.loads(l)["kind"] for l in open(os.path.join(work, "weighted.jsonl")))
 if set(weighted) != {"path", "host"} or not 5 <= weighted["host"] <= 45:  # binomial(280, 1/14): 20 +- 4.4
     bad(f"--kinds path x13,host: drew {dict(weighted)}")

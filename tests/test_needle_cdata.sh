@@ -6,7 +6,7 @@
 # (bench/needle-train-results.md, "2026-12-05, fifth session"). Checked on small files
 # (CDATA_BATCH=2): the same step gives the same bytes; a later step (INIT's log, or DIR's when an
 # earlier call on the machine saved) gives other needles; CDATA_SEED picks the seeds, and seeds of
-# an evaluation set are refused.
+# an evaluation set are refused; CDATA_VOCAB_TOKENS is needle make's --vocab-tokens.
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
@@ -63,6 +63,17 @@ shared=$(comm -12 "$work/va" "$work/vb" | wc -l)
 [ "$shared" = 0 ] || fail "steps 7893 and 8344 share $shared of 28 needles"
 shared=$(comm -12 "$work/va" "$work/vs" | wc -l)
 [ "$shared" = 0 ] || fail "step 7893 and CDATA_SEED=10 share $shared of 28 needles"
+
+# CDATA_VOCAB_TOKENS reaches every file's needle make --vocab-tokens: file 5 of a vocab mix is
+# seed 1005's examples made so
+cdata v1 a CDATA_SEED=10 CDATA_KINDS=path,vocab CDATA_VOCAB_TOKENS=40-60
+$st needle make --batch 2 --jsonl "$work/one.jsonl" --seed 1005 --model "$src/models/needle-v4" \
+  --lengths 1k,2k,4k,8k,16k,32k --split train --kinds path,vocab --vocab-tokens 40-60 \
+  --composed 0.5 --open-labels 0.3 --quiet || fail "needle make at seed 1005 with --vocab-tokens"
+cmp -s "$work/one.jsonl" "$work/v1.c/5.jsonl" || fail "file 5 of CDATA_VOCAB_TOKENS=40-60 is not needle make --vocab-tokens 40-60's"
+$st needle make --batch 2 --jsonl "$work/one.jsonl" --seed 1005 --model "$src/models/needle-v4" \
+  --lengths 1k,2k,4k,8k,16k,32k --split train --kinds path,vocab --composed 0.5 --open-labels 0.3 --quiet
+cmp -s "$work/one.jsonl" "$work/v1.c/5.jsonl" && fail "CDATA_VOCAB_TOKENS made the default vocab values"
 
 # seeds an evaluation set uses are refused (bench/needle-train-results.md's e-fresh220 is seed 2000)
 out=$(env PATH="$work/bin:$PATH" CDATA_SEED=20 CDATA_BATCH=2 NEEDLE_TRAIN_DIR="$work/e.dir" NEEDLE_CDATA_DIR="$work/e.c" \

@@ -174,6 +174,17 @@ static void test_spec_errors(void **state) {
   assert_non_null(strstr(st_errmsg(), "[0, 1]"));
   sp.position = 0.5, sp.tokens = 0;
   assert_int_equal(st_needle_make(&sp, &np), ST_EINVAL);
+  /* the vocab kind's value length: LO-HI with 1 <= LO <= HI <= ST_NEEDLE_VOCAB_TOKENS_MAX, or 0-0 */
+  static const int bad_vocab[][2] = {{0, 5}, {5, 3}, {1, ST_NEEDLE_VOCAB_TOKENS_MAX + 1}, {3, 0}, {-1, 4}};
+  sp.tokens = 2048;
+  for (size_t i = 0; i < sizeof bad_vocab / sizeof bad_vocab[0]; i++) {
+    sp.vocab_tokens[0] = bad_vocab[i][0], sp.vocab_tokens[1] = bad_vocab[i][1];
+    assert_int_equal(st_needle_make(&sp, &np), ST_EINVAL);
+    assert_non_null(strstr(st_errmsg(), "vocab tokens"));
+  }
+  sp.vocab_tokens[0] = 1, sp.vocab_tokens[1] = ST_NEEDLE_VOCAB_TOKENS_MAX; /* a path needle: the range is the vocab kind's */
+  assert_int_equal(st_needle_make(&sp, &np), ST_OK);
+  st_needle_prompt_free(&np);
   st_needle_kind k;
   st_needle_format f;
   assert_int_equal(st_needle_kind_parse("host", &k), ST_OK);

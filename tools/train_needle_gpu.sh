@@ -10,7 +10,9 @@
 #                      commit and random twice, the random strings step 7442 could not copy: 6, 0 and
 #                      0 of 24 in its engine sweeps; `assorted`, 16 value shapes no other kind has,
 #                      and `vocab`, tokens from the whole vocabulary, only when named; 64 entries
-#                      at most); CDATA_DECOYS=N or LO-HI: that many decoys (each
+#                      at most); CDATA_VOCAB_TOKENS=LO-HI: `vocab` values of LO to HI tokens (needle
+#                      make --vocab-tokens: many tokens to copy per example; default 6-14);
+#                      CDATA_DECOYS=N or LO-HI: that many decoys (each
 #                      example's count drawn from LO-HI) in the examples of the last CDATA_DECOY_FILES
 #                      (default 4) of the 14 files (needle make --decoys: the last line of the label);
 #                      CDATA_COMPOSED: the share asking a composed question (default 0.5; needle make
@@ -148,6 +150,7 @@ for s in "$@"; do
           --kinds "${CDATA_KINDS:-path,host,key,number,ticket,url,commit,random,key,commit,random}" \
           $([ "$i" -ge $((14 - ${CDATA_DECOY_FILES:-4})) ] && [ -n "${CDATA_DECOYS:-}" ] && echo --decoys "$CDATA_DECOYS") \
           --composed "${CDATA_COMPOSED:-0.5}" --open-labels "${CDATA_OPEN_LABELS:-0.3}" \
+          $([ -n "${CDATA_VOCAB_TOKENS:-}" ] && echo --vocab-tokens "$CDATA_VOCAB_TOKENS") \
           --quiet &
       done
       wait
