@@ -359,9 +359,8 @@ static int run_batch(const batch_options *b, st_needle_spec *base, st_tokenizer 
   return rc;
 }
 
-/* --decoys N or LO-HI (0 <= LO <= HI <= ST_NEEDLE_MAX_DECOYS) into [*lo, *hi], each number read
-** as st_opt_int reads one. */
-/* --NAME N or LO-HI, min <= LO <= HI <= max (--decoys, --vocab-tokens). */
+/* --NAME N or LO-HI (min <= LO <= HI <= max) into [*lo, *hi], each number read as st_opt_int reads
+** one: --decoys, --vocab-tokens. */
 static st_status parse_range(const char *name, const char *text, int min, int max, int *lo, int *hi) {
   const char *dash = strchr(text, '-');
   char first[24];
