@@ -20,21 +20,29 @@ tool=$src/tools/needle_engine_batch.py
 $st needle make --batch 3 --jsonl "$work/e.jsonl" --seed 31 --model "$model" --lengths 512 \
   --kinds host,number,path -q || { echo "FAIL: needle make"; exit 1; }
 
-# the engine on each example's ids, directly: PASS or miss per line, in order
+# the engine on each example's ids, directly: PASS or miss per line, in order, in direct.txt, and
+# each run's id beside its verdict in direct-runs.txt (the runs are in the store $work/s); with
+# direct_needle=1, each run judges the example's needle (--needle-tokens, its needle_span)
 calls=0
 direct() {
   : >"$work/direct.txt"
-  local i=0
+  : >"$work/direct-runs.txt"
+  local i=0 needle=() verdict
   calls=$((calls + 1))
   while IFS= read -r line; do
     printf '%s' "$line" | python3 -c 'import json, sys; json.dump(json.load(sys.stdin)["ids"], sys.stdout)' >"$work/p.json"
     value=$(printf '%s' "$line" | python3 -c 'import json, sys; print(json.load(sys.stdin)["value"])')
+    [ -n "${direct_needle:-}" ] &&
+      needle=(--needle-tokens "$(printf '%s' "$line" | python3 -c 'import json, sys; print("%d:%d" % tuple(json.load(sys.stdin)["needle_span"]))')")
     if ! $st run --model "${direct_model:-$model}" --prompt-tokens "$work/p.json" --max-new-tokens 48 --store "$work/s" \
-           -o "$work/d$calls-$i.h5" --json -q "$@" >"$work/run.json"; then
+           -o "$work/d$calls-$i.h5" --json -q "${needle[@]}" "$@" >"$work/run.json"; then
       echo error >>"$work/direct.txt"
     else
       text=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["text"])' "$work/run.json")
-      case $text in *"$value"*) echo PASS ;; *) echo miss ;; esac >>"$work/direct.txt"
+      case $text in *"$value"*) verdict=PASS ;; *) verdict=miss ;; esac
+      echo $verdict >>"$work/direct.txt"
+      echo "$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["run_id"])' "$work/run.json") $verdict" \
+        >>"$work/direct-runs.txt"
     fi
     i=$((i + 1))
   done <"$work/e.jsonl"
@@ -65,25 +73,15 @@ check_against_direct "--set topk=1 --set compress_rope_theta=40000" "$work/set.t
 for settings in "" "--set topk=1"; do
   python3 "$tool" "$work/e.jsonl" --model "$model" --st "$st" --retrieval $settings >"$work/retr.txt" ||
     fail "--retrieval $settings failed"
-  rm -rf "$work/rs" && mkdir -p "$work/rs" && : >"$work/rs/runs.txt"
-  i=0
-  while IFS= read -r line; do
-    printf '%s' "$line" | python3 -c 'import json, sys; e = json.load(sys.stdin); json.dump(e["ids"], open(sys.argv[1], "w")); print("%d:%d" % tuple(e["needle_span"]))' \
-      "$work/p.json" >"$work/span.txt"
-    $st run --model "$model" --prompt-tokens "$work/p.json" --max-new-tokens 48 --store "$work/rs" -o "$work/rs/$i.h5" \
-      --needle-tokens "$(cat "$work/span.txt")" --json -q $settings >"$work/rs/run.json" || fail "direct run $i with --needle-tokens"
-    # its run id and whether its answer holds the value (the engine's own text)
-    printf '%s' "$line" | python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print(r["run_id"], json.load(sys.stdin)["value"] in r["text"])' \
-      "$work/rs/run.json" >>"$work/rs/runs.txt"
-    i=$((i + 1))
-  done <"$work/e.jsonl"
-  want=$(python3 - "$work/rs/index.sqlite" "$work/rs/runs.txt" <<'PY'
+  direct_needle=1 direct $settings
+  grep -q error "$work/direct.txt" && fail "a direct run with --needle-tokens $settings failed"
+  want=$(python3 - "$work/s/index.sqlite" "$work/direct-runs.txt" <<'PY'
 import sqlite3, sys
 db, runs = sys.argv[1:]
-ok = {run_id: flag == "True" for run_id, flag in (l.split() for l in open(runs))}
+ok = {run_id: verdict == "PASS" for run_id, verdict in (l.split() for l in open(runs))}  # this call's runs
 rows = sqlite3.connect(db).execute("SELECT run_id, layer, retrieves FROM needle_rank_by_layer WHERE replay_id IS NULL").fetchall()
 counts = {}
-for run_id, layer, retrieves in rows:
+for run_id, layer, retrieves in (row for row in rows if row[0] in ok):
     k = counts.setdefault(layer, {True: [0, 0], False: [0, 0]})[ok[run_id]]
     k[0] += bool(retrieves); k[1] += 1
 for layer in sorted(counts):

@@ -126,7 +126,7 @@ def main(argv):
             answers = [r["text"] for r in runs]
             oks = [passes(e, a) for a in answers]
             for i, (r, ok) in enumerate(zip(runs, oks)):
-                for layer in (r.get("needle") or {}).get("layers", []) if args.retrieval else []:
+                for layer in (r.get("needle") or {}).get("layers", []):  # only with --retrieval
                     count = retrieval[i][layer["layer"]][ok]
                     count[0] += bool(layer["retrieves"])
                     count[1] += 1
