@@ -5,7 +5,7 @@
 # and without --set; --question re-renders the request: asked in its own question it gives the
 # example's ids back, asked in another the new question is in the prompt; --relabel puts a new
 # label wherever the old one was; --kinds filters; --retrieval's per-layer counts are the store's
-# needle_rank_by_layer over the same runs made directly; a
+# needle_rank_by_layer over the same runs made directly, and --jobs gives the serial output; a
 # setting the engine refuses stops the tool with the engine's error. With two models (needle-v5
 # and needle-v4, one tokenizer), each column is that model's verdicts run directly, and the line
 # of gains and losses against the first model is those verdicts' difference, in both orders.
@@ -96,6 +96,13 @@ PY
     fail "--retrieval $settings: the tool's '$got' against the view's '$want'"
   fi
 done
+# --jobs: the examples run at once, the same output line for line (the last loop's, topk=1)
+python3 "$tool" "$work/e.jsonl" --model "$model" --st "$st" --retrieval --set topk=1 --jobs 3 >"$work/retr-jobs.txt" ||
+  fail "--retrieval --set topk=1 --jobs 3 failed"
+cmp -s "$work/retr.txt" "$work/retr-jobs.txt" && echo "ok: --jobs 3: the serial run's output, line for line" ||
+  fail "--jobs 3: $(diff "$work/retr.txt" "$work/retr-jobs.txt" | head -4)"
+python3 "$tool" "$work/e.jsonl" --model "$model" --st "$st" --jobs 0 >/dev/null 2>&1 &&
+  fail "--jobs 0 was accepted" || echo "ok: --jobs 0 refused"
 # after a re-render the needle is found by its text (run --needle): every CSA layer judged
 python3 "$tool" "$work/e.jsonl" --model "$model" --st "$st" --retrieval --relabel "Zephyr Quillon" >"$work/retr-relabel.txt" 2>&1 ||
   fail "--retrieval --relabel: $(tail -2 "$work/retr-relabel.txt")"

@@ -22,14 +22,17 @@ of the indexer's choice from a miss of the answer itself.
 
 Used for what the card's teacher-forced evaluations cannot show: what the model writes instead
 (bench/needle-train-results.md). Each example is one engine run, about a second at 1k tokens on
-two cores. tests/test_needle_engine_batch.sh holds its verdicts to the engine run directly."""
+two cores; --jobs N runs N at once (the cores shared among them unless --threads), the output the
+same. tests/test_needle_engine_batch.sh holds its verdicts to the engine run directly."""
 import argparse
 import collections
+import concurrent.futures
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 
 
 def ask(request, question):
@@ -88,7 +91,9 @@ def main(argv):
     ap.add_argument("--retrieval", action="store_true", help="per CSA layer, whether its indexer retrieves the "
                                                              "needle, counted among passes and misses")
     ap.add_argument("--threads", type=int, help="the engine's threads (`sparsetrace run --threads`; default: "
-                                                "every core): 1 for each of several batches run at once")
+                                                "the cores shared among the --jobs)")
+    ap.add_argument("--jobs", type=int, default=1, help="examples run at once (default 1); the output is the "
+                                                        "same, in the same order")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an engine setting (repeatable)")
     args = ap.parse_args(argv)
     tokenizers = {tokenizer_bytes(m) for m in args.model}
@@ -102,27 +107,22 @@ def main(argv):
     verdicts = []  # (index, kind, [ok per model])
     # retrieval[model][layer][ok]: [examples whose answer was ok (or not) where the layer retrieves, examples]
     retrieval = [collections.defaultdict(lambda: {True: [0, 0], False: [0, 0]}) for _ in args.model]
-    with tempfile.TemporaryDirectory() as work:
-        prompt = os.path.join(work, "prompt.json")
-        for line in open(args.jsonl, encoding="utf-8"):
-            e = json.loads(line)
-            if args.kinds and e["kind"] not in args.kinds.split(","):
-                continue
-            ids = e["ids"]
-            label = e["needle"].split(": ", 1)[0]
-            if args.relabel:
-                e["request"] = relabel(e["request"], label, args.relabel)
-                e["needle"] = args.relabel + e["needle"][len(label):]
-                label = args.relabel
-            if args.question:
-                e["request"] = ask(e["request"], args.question.format(label=label, lower=label.lower()))
-            needle = ["--needle-tokens", "%d:%d" % tuple(e["needle_span"])]
-            if args.question or args.relabel:
-                ids = rerender(args, e["request"], e["thinking"], work)
-                needle = ["--needle", e["needle"]]
-            json.dump(ids, open(prompt, "w"))
-            runs = [run_of(args, model, prompt, work, e["index"], needle if args.retrieval else [])
-                    for model in args.model]
+    if args.jobs < 1:
+        sys.exit("needle_engine_batch: --jobs must be at least 1")
+    if args.threads is None and args.jobs > 1:
+        args.threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    examples = [e for e in map(json.loads, open(args.jsonl, encoding="utf-8"))
+                if not args.kinds or e["kind"] in args.kinds.split(",")]
+    with tempfile.TemporaryDirectory() as work, concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        mine = threading.local()
+
+        def answered(e):
+            """The example as asked, and each model's run of it, in a work directory of this thread's."""
+            if not hasattr(mine, "work"):
+                mine.work = tempfile.mkdtemp(dir=work)
+            return answer_example(args, e, mine.work)
+
+        for e, runs in pool.map(answered, examples):
             answers = [r["text"] for r in runs]
             oks = [passes(e, a) for a in answers]
             for i, (r, ok) in enumerate(zip(runs, oks)):
@@ -160,6 +160,27 @@ def main(argv):
         losses = [f"{idx} {kind}" for idx, kind, oks in verdicts if oks[0] and not oks[i]]
         print(f"{name} against {names[0]}: passes {len(gains)} it fails ({', '.join(gains) or 'none'}); "
               f"fails {len(losses)} it passes ({', '.join(losses) or 'none'})")
+
+
+def answer_example(args, e, work):
+    """The example as asked (--relabel, --question: its request rendered again) and each model's
+    greedy run on its ids (with --retrieval, judged on its needle), using the directory work."""
+    ids = e["ids"]
+    label = e["needle"].split(": ", 1)[0]
+    if args.relabel:
+        e["request"] = relabel(e["request"], label, args.relabel)
+        e["needle"] = args.relabel + e["needle"][len(label):]
+        label = args.relabel
+    if args.question:
+        e["request"] = ask(e["request"], args.question.format(label=label, lower=label.lower()))
+    needle = ["--needle-tokens", "%d:%d" % tuple(e["needle_span"])]
+    if args.question or args.relabel:
+        ids = rerender(args, e["request"], e["thinking"], work)
+        needle = ["--needle", e["needle"]]
+    prompt = os.path.join(work, "prompt.json")
+    json.dump(ids, open(prompt, "w"))
+    return e, [run_of(args, model, prompt, work, e["index"], needle if args.retrieval else [])
+               for model in args.model]
 
 
 def example_line(example, oks):
