@@ -6,7 +6,8 @@
 # (bench/needle-train-results.md, "2026-12-05, fifth session"). Checked on small files
 # (CDATA_BATCH=2): the same step gives the same bytes; a later step (INIT's log, or DIR's when an
 # earlier call on the machine saved) gives other needles; CDATA_SEED picks the seeds, and seeds of
-# an evaluation set are refused; CDATA_VOCAB_TOKENS is needle make's --vocab-tokens.
+# an evaluation set are refused; CDATA_VOCAB_TOKENS is needle make's --vocab-tokens, CDATA_LENGTHS
+# its --lengths.
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
@@ -74,6 +75,17 @@ cmp -s "$work/one.jsonl" "$work/v1.c/5.jsonl" || fail "file 5 of CDATA_VOCAB_TOK
 $st needle make --batch 2 --jsonl "$work/one.jsonl" --seed 1005 --model "$src/models/needle-v4" \
   --lengths 1k,2k,4k,8k,16k,32k --split train --kinds path,vocab --composed 0.5 --open-labels 0.3 --quiet
 cmp -s "$work/one.jsonl" "$work/v1.c/5.jsonl" && fail "CDATA_VOCAB_TOKENS made the default vocab values"
+
+# CDATA_LENGTHS reaches every file's needle make --lengths: file 5 at 1k alone is seed 1005's
+# examples made so, and every example is near 1k tokens
+cdata l1 a CDATA_SEED=10 CDATA_LENGTHS=1k
+$st needle make --batch 2 --jsonl "$work/one.jsonl" --seed 1005 --model "$src/models/needle-v4" \
+  --lengths 1k --split train --kinds path,host,key,number,ticket,url,commit,random,key,commit,random \
+  --composed 0.5 --open-labels 0.3 --quiet || fail "needle make at seed 1005 with --lengths 1k"
+cmp -s "$work/one.jsonl" "$work/l1.c/5.jsonl" || fail "file 5 of CDATA_LENGTHS=1k is not needle make --lengths 1k's"
+long=$(/usr/bin/python3 -c 'import json,sys; print(sum(len(json.loads(l)["ids"]) > 1100 for l in open(sys.argv[1])))' \
+  "$work/l1.c/train.jsonl")
+[ "$long" = 0 ] || fail "CDATA_LENGTHS=1k: $long of 28 examples over 1,100 tokens"
 
 # seeds an evaluation set uses are refused (bench/needle-train-results.md's e-fresh220 is seed 2000)
 out=$(env PATH="$work/bin:$PATH" CDATA_SEED=20 CDATA_BATCH=2 NEEDLE_TRAIN_DIR="$work/e.dir" NEEDLE_CDATA_DIR="$work/e.c" \

@@ -3,7 +3,8 @@
 # --batch` example's prompt through `sparsetrace run`, a pass when the answer holds the value.
 # Checked against the engine run directly on the same ids (each verdict and the totals), with
 # and without --set; --question re-renders the request: asked in its own question it gives the
-# example's ids back, asked in another the new question is in the prompt; --relabel puts a new
+# example's ids back (and the plain run's output), asked in another the new question is in the
+# prompt, '{needle}\n\n{question}' adds one copy of the line; --relabel puts a new
 # label wherever the old one was; --kinds filters; --retrieval's per-layer counts are the store's
 # needle_rank_by_layer over the same runs made directly, and --jobs gives the serial output; a
 # setting the engine refuses stops the tool with the engine's error. With two models (needle-v5
@@ -135,9 +136,7 @@ decode = lambda ids: subprocess.run([st, "tokenize", "--model", model, "--decode
 bad = 0
 for line in open(jsonl, encoding="utf-8"):
     e = json.loads(line)
-    turns = e["request"].get("messages") or e["request"].get("input")
-    last = turns[-1]["content"]
-    own = last if isinstance(last, str) else next(b["text"] for b in last if "text" in b)
+    own = neb.question_of(e["request"])
     same = neb.rerender(args, neb.ask(json.loads(json.dumps(e["request"])), own), e["thinking"], work)
     if same != e["ids"]:
         print(f"FAIL: example {e['index']}: its own question re-rendered to other ids")
@@ -148,7 +147,15 @@ for line in open(jsonl, encoding="utf-8"):
     if ids == e["ids"] or other not in text or own in text:
         print(f"FAIL: example {e['index']}: another question is not in its re-rendered prompt")
         bad += 1
-print("ok: --question: its own question gives the example's ids back; another replaces it" if not bad else "")
+    # '{needle}\n\n{question}': the line twice in the prompt, the second copy in the last message
+    twice = neb.ask(json.loads(json.dumps(e["request"])), e["needle"] + "\n\n" + own)
+    text = decode(neb.rerender(args, twice, e["thinking"], work))
+    if text.count(e["needle"]) != decode(e["ids"]).count(e["needle"]) + 1 or \
+            e["needle"] + "\n\n" + own not in text:
+        print(f"FAIL: example {e['index']}: the needle and its question are not in the re-rendered prompt")
+        bad += 1
+print("ok: --question: its own question gives the example's ids back; another replaces it; "
+      "the needle before it, one more copy of the line" if not bad else "")
 questions_bad, bad = bad, 0
 
 # --relabel: the needle's label replaced wherever the request says it (as written and in lower
@@ -170,6 +177,20 @@ for line in open(jsonl, encoding="utf-8"):
 print("ok: --relabel: to itself the same ids; to another label, in every place of the old" if not bad else "")
 sys.exit(1 if bad or questions_bad else 0)
 PY
+# --question '{question}' through the tool: the example's own prompt, the plain run's output line
+# for line; '{needle}' with --retrieval is refused (the engine would judge one of two copies)
+python3 "$tool" "$work/e.jsonl" --model "$model" --st "$st" --question '{question}' >"$work/own.txt" 2>&1 ||
+  fail "--question '{question}': $(tail -2 "$work/own.txt")"
+cmp -s "$work/plain.txt" "$work/own.txt" && echo "ok: --question '{question}': the plain run's output" ||
+  fail "--question '{question}': $(diff "$work/plain.txt" "$work/own.txt" | head -4)"
+if python3 "$tool" "$work/e.jsonl" --model "$model" --st "$st" --retrieval --question $'{needle}\n\n{question}' \
+     >"$work/twice.txt" 2>&1; then
+  fail "--retrieval with the needle repeated was accepted"
+elif grep -q "holds two" "$work/twice.txt"; then
+  echo "ok: --retrieval with the needle repeated refused: $(tail -1 "$work/twice.txt")"
+else
+  fail "--retrieval with the needle repeated: $(tail -1 "$work/twice.txt")"
+fi
 # --relabel through the tool: each example's line names the new label
 python3 "$tool" "$work/e.jsonl" --model "$model" --st "$st" --relabel "Zephyr Quillon" --threads 1 >"$work/relabel.txt" 2>&1 ||
   fail "--relabel: $(tail -2 "$work/relabel.txt")"

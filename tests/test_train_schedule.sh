@@ -46,7 +46,8 @@ if tn.parse_decoys("0.25:8-40") != (0.25, 8, 40):
 for option, bads in (("--decay", ("300:200", "5", "a:b", "7:7")),
                      ("--decoys", ("0:1-2", "1.5:1-2", "0.5:3-2", "0.5:0-4", "0.5", "half:1-2")),
                      ("--labelled", ("0", "1.5", "-0.2", "half")), ("--peak", ("0", "2", "-1", "low")),
-                     ("--composed", ("1.5", "-0.1", "half"))):
+                     ("--composed", ("1.5", "-0.1", "half")),
+                     ("--lengths", ("2048-1024", "64-1024", "1024-65536", "1024", "1k-2k"))):
     for bad in bads:
         r = subprocess.run([sys.executable, os.path.join(src, "tools", "train_needle.py"), "stage", "5", never,
                             option, bad], capture_output=True, text=True)
@@ -63,10 +64,14 @@ if abs(st["lr"] - 0.25 * tn.STAGES[5]["lr"]) > 1e-15 or st.get("peak") != 0.25 o
 if tn.parse_share("--composed", "0", zero=True) != 0 or tn.stage_settings(5, composed=0.0).get("composed") != 0 \
         or "composed" in tn.stage_settings(5):
     fails.append(f"--composed 0: {tn.stage_settings(5, composed=0.0)}")
+# --lengths LO-HI replaces the stage's prompt sizes and is logged with it; unset, the stage's own
+if tn.parse_lengths("1024-2048") != (1024, 2048) or tn.stage_settings(5, lengths=(1024, 2048))["lengths"] != (1024, 2048) \
+        or tn.stage_settings(5)["lengths"] != tn.STAGES[5]["lengths"]:
+    fails.append(f"--lengths 1024-2048: {tn.stage_settings(5, lengths=(1024, 2048))['lengths']}")
 if tn.parse_share("--labelled", "0.25") != 0.25:
     fails.append(f"parse_share('--labelled', '0.25') = {tn.parse_share('--labelled', '0.25')}")
 if fails:
     sys.exit("FAIL: " + "\n".join(fails))
-print("ok: warmup, decay and resumed decay as defined; bad --decay, --decoys, --labelled, --peak and --composed "
-      "refused; --composed 0 logged")
+print("ok: warmup, decay and resumed decay as defined; bad --decay, --decoys, --labelled, --peak, --composed and "
+      "--lengths refused; --composed 0 and --lengths logged")
 PY

@@ -89,6 +89,9 @@ SETS = [
     ("e-assorted48", "the assorted kind (16 value shapes no other kind has, each under its own label), 1k-2k "
      "tokens: values of new shapes, the held-out kinds' other lack (the release passes 2)",
      ["--batch", "48", "--seed", "2007", "--lengths", "1k,2k", "--split", "train", "--kinds", "assorted"]),
+    ("e-vocab48", "the vocab kind (label and value of tokens drawn from the whole vocabulary, 6-14 of them), "
+     "1k-2k tokens: a line no pattern predicts, copied token by token or not at all (the release passes none)",
+     ["--batch", "48", "--seed", "2008", "--lengths", "1k,2k", "--split", "train", "--kinds", "vocab"]),
 ]
 # Seeds of the bench's other engine sets, kept out of training as well.
 OTHER_SEEDS = {

@@ -13,8 +13,11 @@ last lines name the examples each later model passes and fails against the first
 against the release: what it gains and what it loses).
 
 --question asks every example TEMPLATE instead of its own question ({label}: the needle's label,
-{lower}: the same in lower case); the request is rendered again (`sparsetrace render`), so the
-same prompts can be asked in several wordings. --relabel LABEL puts LABEL in place of the
+{lower}: the same in lower case, {question}: the example's own question, {needle}: its needle
+line); the request is rendered again (`sparsetrace render`), so the same prompts can be asked in
+several wordings, and '{needle}\n\n{question}' puts a second copy of the line a few dozen tokens
+before the answer, inside the sliding window: whether a miss belongs to reaching the line or to
+copying it. --relabel LABEL puts LABEL in place of the
 needle's label wherever the request says it (the question included), rendered again: whether a
 miss belongs to the label's words or to the kind's values. --kinds: only the examples of these kinds. --set:
 the engine's settings for every run (`sparsetrace run --set`, repeatable): topk=all tells a miss
@@ -33,6 +36,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+
+
+def question_of(request):
+    """The text of the request's last user message (its question)."""
+    turns = request.get("messages") or request.get("input")
+    content = turns[-1]["content"]
+    return content if isinstance(content, str) else next(b["text"] for b in content if "text" in b)
 
 
 def ask(request, question):
@@ -84,7 +94,7 @@ def main(argv):
     ap.add_argument("--model", required=True, action="append", help="a model directory (repeatable: compared)")
     ap.add_argument("--st", default=os.environ.get("ST_BIN", "build/sparsetrace"))
     ap.add_argument("--max-new-tokens", type=int, default=48), ap.add_argument("--backend", default="cpu")
-    ap.add_argument("--question", help="ask this instead ({label}, {lower})")
+    ap.add_argument("--question", help="ask this instead ({label}, {lower}, {question}, {needle})")
     ap.add_argument("--relabel", help="the needle's label replaced by this one wherever the request says it "
                                       "(as written and in lower case), then rendered again")
     ap.add_argument("--kinds", help="only these kinds, comma-separated")
@@ -96,6 +106,9 @@ def main(argv):
                                                         "same, in the same order")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an engine setting (repeatable)")
     args = ap.parse_args(argv)
+    if args.retrieval and args.question and "{needle}" in args.question:
+        sys.exit("needle_engine_batch: --retrieval with a question that repeats the needle: the engine "
+                 "judges the line it finds by its text, and the prompt holds two")
     tokenizers = {tokenizer_bytes(m) for m in args.model}
     if len(tokenizers) > 1:
         sys.exit("needle_engine_batch: the models' tokenizer.json differ: one prompt's ids cannot be "
@@ -172,7 +185,8 @@ def answer_example(args, e, work):
         e["needle"] = args.relabel + e["needle"][len(label):]
         label = args.relabel
     if args.question:
-        e["request"] = ask(e["request"], args.question.format(label=label, lower=label.lower()))
+        e["request"] = ask(e["request"], args.question.format(label=label, lower=label.lower(),
+                                                              question=question_of(e["request"]), needle=e["needle"]))
     needle = ["--needle-tokens", "%d:%d" % tuple(e["needle_span"])]
     if args.question or args.relabel:
         ids = rerender(args, e["request"], e["thinking"], work)

@@ -759,6 +759,18 @@ def parse_decay(text):
     return decay
 
 
+def parse_lengths(text):
+    """stage --lengths LO-HI as (LO, HI), prompt sizes in tokens within 128 to 32768; a SystemExit
+    naming the option otherwise."""
+    try:
+        lo, hi = (int(x) for x in text.split("-"))
+    except ValueError:
+        lo, hi = 0, 0
+    if not 128 <= lo <= hi <= 32768:
+        raise SystemExit(f"stage --lengths: want LO-HI, prompt sizes with 128 <= LO <= HI <= 32768, not {text!r}")
+    return lo, hi
+
+
 def parse_decoys(text):
     """stage --decoys SHARE:LO-HI as (share, lo, hi); a SystemExit naming the option otherwise."""
     try:
@@ -785,11 +797,13 @@ def parse_share(option, text, zero=False):
     return share
 
 
-def stage_settings(stage_no, decoys=None, labelled=None, peak=None, composed=None):
+def stage_settings(stage_no, decoys=None, labelled=None, peak=None, composed=None, lengths=None):
     """STAGES[stage_no] with the stage command's options applied, as it logs them: --decoys, --labelled,
-    --composed, and --peak's learning rate (a fine-tune of a cooled-down release: the whole
-    schedule, warmup and decay, scaled down)."""
+    --composed, --lengths (the prompt sizes drawn, the stage's way), and --peak's learning rate (a
+    fine-tune of a cooled-down release: the whole schedule, warmup and decay, scaled down)."""
     st = dict(STAGES[stage_no])
+    if lengths:
+        st["lengths"] = tuple(lengths)
     if peak:
         st.update(lr=st["lr"] * peak, peak=peak)
     if decoys:
@@ -802,10 +816,11 @@ def stage_settings(stage_no, decoys=None, labelled=None, peak=None, composed=Non
 
 
 def run_stage(stage_no, outdir, budget, model_cfg=None, eval_seconds=75, init=None, jsonl=None, compile=False,
-              splits=None, decay=None, decoys=None, labelled=None, peak=None, train_layers=None, composed=None):
+              splits=None, decay=None, decoys=None, labelled=None, peak=None, train_layers=None, composed=None,
+              lengths=None):
     import torch
     t0 = time.time()
-    st = stage_settings(stage_no, decoys, labelled, peak, composed)
+    st = stage_settings(stage_no, decoys, labelled, peak, composed, lengths)
     dev = "cuda"
     tok, info = load_tokenizer(outdir)
     logf = open(os.path.join(outdir, "log.jsonl"), "a")
@@ -2022,6 +2037,9 @@ def main(argv):
                                       "parts (default needle_data.COMPOSED_SHARE; 0: the families' own wordings)")
     b.add_argument("--train-layers", help="L[,L...]: only these decoder layers train, the rest frozen (a release "
                    "grown by tools/needle_grow.py: its new layers); give it to every call of the stage")
+    b.add_argument("--lengths", help="LO-HI: the prompt sizes drawn instead of the stage's (drawn as the stage draws "
+                                     "them: stage 5 log-uniformly); a step holds as many tokens, so short prompts "
+                                     "give more answers a step")
     b.add_argument("--peak", help="SCALE in (0, 1]: the stage's learning rate times SCALE, warmup and decay "
                                   "included (a fine-tune from a release whose rate was cooled down); give it "
                                   "again when the stage resumes in a later call")
@@ -2079,12 +2097,13 @@ def main(argv):
         peak = parse_share("--peak", args.peak) if args.peak else None
         composed = parse_share("--composed", args.composed, zero=True) if args.composed is not None else None
         train_layers = parse_layers(args.train_layers) if args.train_layers else None
+        lengths = parse_lengths(args.lengths) if args.lengths else None
         init = seed_dir(args.dir, args.init)
         if not os.path.exists(os.path.join(args.dir, "tokenizer.json")):
             train_tokenizer(args.dir)
         run_stage(args.n, args.dir, args.budget, eval_seconds=args.eval_seconds, init=init, jsonl=args.jsonl,
                   compile=args.compile, splits=args.splits, decay=decay, decoys=decoys,
-                  labelled=labelled, peak=peak, train_layers=train_layers, composed=composed)
+                  labelled=labelled, peak=peak, train_layers=train_layers, composed=composed, lengths=lengths)
     elif args.cmd == "eval":
         run_eval(args.weights, args.tokenizer, args.out, args.seeds, [int(x) for x in args.lengths.split(",")],
                  args.modes.split(","), args.family if args.family != "any" else None,

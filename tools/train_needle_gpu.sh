@@ -12,6 +12,9 @@
 #                      and `vocab`, tokens from the whole vocabulary, only when named; 64 entries
 #                      at most); CDATA_VOCAB_TOKENS=LO-HI: `vocab` values of LO to HI tokens (needle
 #                      make --vocab-tokens: many tokens to copy per example; default 6-14);
+#                      CDATA_LENGTHS: the prompt sizes (needle make --lengths; default
+#                      1k,2k,4k,8k,16k,32k; a stage draws a C example of 0.6-1x each batch's length, so
+#                      give a stage of short lengths short examples);
 #                      CDATA_DECOYS=N or LO-HI: that many decoys (each
 #                      example's count drawn from LO-HI) in the examples of the last CDATA_DECOY_FILES
 #                      (default 4) of the 14 files (needle make --decoys: the last line of the label);
@@ -41,6 +44,8 @@
 #                      PEAK=SCALE: the stage's learning rate times SCALE (--peak: a fine-tune from a
 #                      cooled-down release; give it to every call of the stage); TRAIN_LAYERS=L,...:
 #                      only those layers train (--train-layers; give it to every call of the stage)
+#                      LENGTHS=LO-HI: prompts of LO to HI tokens instead of the stage's (--lengths; as
+#                      many tokens a step, so more answers in each; CDATA_LENGTHS to match)
 #                      Compiled, torch.compile's artifacts load from .compile-cache/needle.bin when it
 #                      was carried and are saved to OUT/compile-cache.bin (carry it back as
 #                      .compile-cache/needle.bin: compiling took 302 s on a fresh machine)
@@ -58,7 +63,7 @@
 #                      OUT/logs/adopt-soup.txt and adopt-soup-answers.txt: the fine-tune and its mix
 #                      with INIT judged in one call
 #     probe            tools/needle_copy_probe.py on the adoption sets PROBE_SETS (default e-heldoutk48
-#                      e-assorted48; the adopt step writes them) for INIT, this call's release and its
+#                      e-assorted48 e-vocab48; the adopt step writes them) for INIT, this call's release and its
 #                      soup where made, with --trained this call's C examples when cdata ran: each
 #                      needle token's wrong share by how many training needles held it, into
 #                      OUT/logs/copy-probe-SET.txt
@@ -146,7 +151,7 @@ for s in "$@"; do
       echo "cdata seeds $((base * 100)) to $((base * 100 + 13))" | tee "$out/logs/cdata-seeds.txt"
       for i in $(seq 0 13); do
         "$st" needle make --batch "${CDATA_BATCH:-220}" --jsonl "$cdata/$i.jsonl" --seed $((base * 100 + i)) \
-          --model models/needle-v4 --lengths 1k,2k,4k,8k,16k,32k --split train \
+          --model models/needle-v4 --lengths "${CDATA_LENGTHS:-1k,2k,4k,8k,16k,32k}" --split train \
           --kinds "${CDATA_KINDS:-path,host,key,number,ticket,url,commit,random,key,commit,random}" \
           $([ "$i" -ge $((14 - ${CDATA_DECOY_FILES:-4})) ] && [ -n "${CDATA_DECOYS:-}" ] && echo --decoys "$CDATA_DECOYS") \
           --composed "${CDATA_COMPOSED:-0.5}" --open-labels "${CDATA_OPEN_LABELS:-0.3}" \
@@ -208,6 +213,7 @@ PY
       [ -n "${COMPOSED:-}" ] && j+=(--composed "$COMPOSED")
       [ -n "${PEAK:-}" ] && j+=(--peak "$PEAK")
       [ -n "${TRAIN_LAYERS:-}" ] && j+=(--train-layers "$TRAIN_LAYERS")
+      [ -n "${LENGTHS:-}" ] && j+=(--lengths "$LENGTHS")
       budget=${s#train:}
       [ "${budget:0:1}" = @ ] && budget=$(( ${budget:1} - SECONDS ))
       python3 tools/train_needle.py stage "$stage" "$dir" --init "$init" --budget "$budget" --eval-seconds 0 \
@@ -234,7 +240,7 @@ PY
       models=(--model "$init")
       for m in "$dir/release" "$dir/soup"; do [ -f "$m/config.json" ] && models+=(--model "$m"); done
       trained=(); [ -s "$cdata/train.jsonl" ] && trained=(--trained "$cdata/train.jsonl")
-      for set in ${PROBE_SETS:-e-heldoutk48 e-assorted48}; do
+      for set in ${PROBE_SETS:-e-heldoutk48 e-assorted48 e-vocab48}; do
         f=${ADOPT_WORK:-.adopt-cache}/sets/$set.jsonl
         [ -f "$f" ] || { echo "probe: no $f (the adopt step writes it)"; continue; }
         python3 tools/needle_copy_probe.py "$f" "${models[@]}" "${trained[@]}" --st "$st" \
