@@ -244,4 +244,19 @@ else
   fail "--set topk=banana: no word of the engine's error: $(cat "$work/bad.err")"
 fi
 
+# with --jobs, a refused run stops the tool too, without running the examples not yet started:
+# 12 examples (the 3 four times), 2 at once, each run counted by a wrapper of the engine
+for _ in 1 2 3 4; do cat "$work/e.jsonl"; done >"$work/e12.jsonl"
+printf '#!/bin/sh\necho run >>"%s"\nexec "%s" "$@"\n' "$work/runs.log" "$st" >"$work/st-count" && chmod +x "$work/st-count"
+: >"$work/runs.log"
+if python3 "$tool" "$work/e12.jsonl" --model "$model" --st "$work/st-count" --set topk=banana --jobs 2 \
+     >"$work/bad.out" 2>"$work/bad.err"; then
+  fail "--set topk=banana --jobs 2 was accepted"
+else
+  n=$(wc -l <"$work/runs.log")
+  grep -q "topk" "$work/bad.err" && [ "$n" -le 6 ] &&
+    echo "ok: --set topk=banana --jobs 2 stops the tool after $n of 12 runs" ||
+    fail "--set topk=banana --jobs 2: $n of 12 runs, '$(tail -c 160 "$work/bad.err")'"
+fi
+
 [ $failures -eq 0 ] && echo "all needle_engine_batch checks passed" || { echo "$failures failure(s)"; exit 1; }

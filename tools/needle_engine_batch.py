@@ -15,9 +15,9 @@ against the release: what it gains and what it loses).
 --question asks every example TEMPLATE instead of its own question ({label}: the needle's label,
 {lower}: the same in lower case, {question}: the example's own question, {needle}: its needle
 line); the request is rendered again (`sparsetrace render`), so the same prompts can be asked in
-several wordings, and '{needle}\n\n{question}' puts a second copy of the line a few dozen tokens
-before the answer, inside the sliding window: whether a miss belongs to reaching the line or to
-copying it. --relabel LABEL puts LABEL in place of the
+several wordings, and '{question}\n\n{needle}' puts a second copy of the line right before the
+answer, inside the sliding window: whether a miss belongs to reaching the line or to copying it.
+--relabel LABEL puts LABEL in place of the
 needle's label wherever the request says it (the question included), rendered again: whether a
 miss belongs to the label's words or to the kind's values. --kinds: only the examples of these kinds. --set:
 the engine's settings for every run (`sparsetrace run --set`, repeatable): topk=all tells a miss
@@ -135,6 +135,8 @@ def main(argv):
                 mine.work = tempfile.mkdtemp(dir=work)
             return answer_example(args, e, mine.work)
 
+        # map yields in order; a run that fails (one the engine refused) raises here, and map
+        # cancels the examples not yet started
         for e, runs in pool.map(answered, examples):
             answers = [r["text"] for r in runs]
             oks = [passes(e, a) for a in answers]
