@@ -230,8 +230,8 @@ def answers(args, model, mdigest, name, path, sdigest, engine):
     os.makedirs(os.path.dirname(store), exist_ok=True)
     with open(path, encoding="utf-8") as f:
         examples = [json.loads(line) for line in f][:args.first or None]
-    threads = max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None
-    engine_args = argparse.Namespace(st=args.st, backend="cpu", max_new_tokens=48, set=[], threads=threads)
+    engine_args = argparse.Namespace(st=args.st, backend="cpu", max_new_tokens=48, set=[],
+                                     threads=neb.threads_per_job(args.jobs))
 
     def ask(e):
         with tempfile.TemporaryDirectory() as work:

@@ -38,18 +38,21 @@ import tempfile
 import threading
 
 
+def last_turn(request):
+    """The request's last message (its question), whatever its format: messages or Responses input."""
+    return (request.get("messages") or request.get("input"))[-1]
+
+
 def question_of(request):
     """The text of the request's last user message (its question)."""
-    turns = request.get("messages") or request.get("input")
-    content = turns[-1]["content"]
+    content = last_turn(request)["content"]
     return content if isinstance(content, str) else next(b["text"] for b in content if "text" in b)
 
 
 def ask(request, question):
     """The request with its last user message's text replaced by question (a string content, or
     the text of its text blocks)."""
-    turns = request.get("messages") or request.get("input")
-    last = turns[-1]
+    last = last_turn(request)
     if isinstance(last["content"], str):
         last["content"] = question
     else:
@@ -122,8 +125,8 @@ def main(argv):
     retrieval = [collections.defaultdict(lambda: {True: [0, 0], False: [0, 0]}) for _ in args.model]
     if args.jobs < 1:
         sys.exit("needle_engine_batch: --jobs must be at least 1")
-    if args.threads is None and args.jobs > 1:
-        args.threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    if args.threads is None:
+        args.threads = threads_per_job(args.jobs)
     examples = [e for e in map(json.loads, open(args.jsonl, encoding="utf-8"))
                 if not args.kinds or e["kind"] in args.kinds.split(",")]
     with tempfile.TemporaryDirectory() as work, concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
@@ -210,6 +213,12 @@ def example_line(example, oks):
 def passes(example, answer):
     """An answer passes when it holds the needle's value verbatim, as `needle sweep` counts."""
     return example["value"] in answer
+
+
+def threads_per_job(jobs):
+    """The engine's --threads for each of jobs runs at once: the cores shared among them (None, the
+    engine's default of every core, for one)."""
+    return max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
 
 
 def tokenizer_bytes(model):
