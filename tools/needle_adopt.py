@@ -29,7 +29,9 @@ or one too old to name them, by its binary's bytes), and written after every exa
 itself, and a run stopped midway goes on where it stopped. --jobs N runs N engines at once, each
 with --threads (cores / N) (the answers do not depend on it). --first N asks only each set's first
 N examples (a quick look: its verdict is said to be partial). --answers writes every example's
-verdicts and each miss's answer, as needle_engine_batch prints them. About 9 minutes a model for
+verdicts and each miss's answer, as needle_engine_batch prints them. Under the table, each set of
+several needle kinds gets a `by kind` line (release -> candidate passes of each kind's examples):
+the rule reads only the sets' rows. About 9 minutes a model for
 nine of the ten sets on 2 cores (--jobs 2); the first eight took 86-96 s on 16.
 tests/test_needle_adopt.sh holds the counts to needle_engine_batch and the sign test to a count
 of every outcome."""
@@ -120,6 +122,23 @@ def compare(release_oks, candidate_oks):
     n = gains + losses
     return {"release": sum(release_oks), "candidate": sum(candidate_oks), "examples": len(release_oks),
             "gains": gains, "losses": losses, "p_worse": sign_p(losses, n), "p_better": sign_p(gains, n)}
+
+
+def by_kind(examples, release_oks, candidate_oks):
+    """compare(...) of each needle kind's examples of a set, by kind name: where a set's gains and
+    losses come from (a line that learns one kind and forgets another nets out in the set's row)."""
+    kinds = {}
+    for e, r, c in zip(examples, release_oks, candidate_oks):
+        oks = kinds.setdefault(e["kind"], ([], []))
+        oks[0].append(r)
+        oks[1].append(c)
+    return {kind: compare(*kinds[kind]) for kind in sorted(kinds)}
+
+
+def kind_line(name, kinds):
+    """A set's by_kind counts on one line: `by kind SET: KIND RELEASE->CANDIDATE/EXAMPLES ...`."""
+    return f"by kind {name}: " + "  ".join(f"{k} {r['release']}->{r['candidate']}/{r['examples']}"
+                                           for k, r in kinds.items())
 
 
 def verdict(rows, alpha=ALPHA):
@@ -291,7 +310,7 @@ def main(argv):
     engine = engine_key(args.st)
     rd, cd = model_digest(args.release), model_digest(args.candidate)
     print(f"release   {args.release} ({rd[:12]})\ncandidate {args.candidate} ({cd[:12]})", flush=True)
-    rows, lines = {}, []
+    rows, kinds, lines = {}, {}, []
     for name, _, opts in chosen:
         path = set_file(args, name, opts)
         sd = digest([path])
@@ -300,6 +319,7 @@ def main(argv):
         roks = [neb.passes(e, a) for e, a in zip(examples, ra)]
         coks = [neb.passes(e, a) for e, a in zip(examples, ca)]
         rows[name] = compare(roks, coks)
+        kinds[name] = by_kind(examples, roks, coks)
         lines.append(f"== {name}")
         for e, r, c, a_r, a_c in zip(examples, roks, coks, ra, ca):
             lines.append(neb.example_line(e, (r, c)))
@@ -310,6 +330,9 @@ def main(argv):
     for name, row in rows.items():
         print(f"{name:14s} {row['examples']:8d} {row['release']:8d} {row['candidate']:9d} {row['gains']:6d} "
               f"{row['losses']:6d} {row['p_worse']:9.2g} {row['p_better']:9.2g}  {row['tells']}")
+    for name, k in kinds.items():
+        if len(k) > 1:
+            print(kind_line(name, k))
     partial = f" (partial: the first {args.first} examples of each set)" if args.first else ""
     print(f"verdict: {word}: {reason}{partial}")
     if args.answers:
