@@ -105,7 +105,9 @@ static const st_opt_use sweep_options[] = {
   {ST_OPT_SEEDS, NULL, "seeds per cell, 1 to 10000 (default 3), starting at --first-seed (default 1)"},
   {ST_OPT_FIRST_SEED, NULL, NULL},
   {ST_OPT_KIND, NULL, "path (default), host, key, number, ticket, branch, url, email, commit,\n"
-                      "env, random (as needle make)"},
+                      "env, random, assorted, vocab (as needle make; vocab draws from the\n"
+                      "tokenizer: a server sweep needs --tokenizer)"},
+  {ST_OPT_VOCAB_TOKENS, NULL, "kind vocab: its values LO to HI tokens (as needle make; default 6-14)"},
   {ST_OPT_SHAPE, NULL, "request shape: agent (default) or toollist (as needle make)"},
   {ST_OPT_DECOYS, NULL, "0 to 64 earlier lines of the needle's label in every request, the last\n"
                         "one asked for (as needle make; default 0): recall by position"},
@@ -687,6 +689,8 @@ static void print_json(const st_harness_options *o, const st_harness_result *r) 
   json_object_set_new(root, "kind", json_string(st_needle_kind_name(o->kind)));
   json_object_set_new(root, "shape", json_string(st_needle_shape_name(o->shape)));
   json_object_set_new(root, "decoys", json_integer(o->decoys));
+  json_object_set_new(root, "vocab_tokens", o->vocab_tokens[0] ? json_pack("[ii]", o->vocab_tokens[0], o->vocab_tokens[1])
+                                                               : json_null());
   json_error_t e;
   json_t *settings = json_loads(r->settings_json, 0, &e);
   json_object_set_new(root, "settings", settings ? settings : json_object());
@@ -740,8 +744,10 @@ static void print_json(const st_harness_options *o, const st_harness_result *r) 
 }
 
 static void print_table(const st_harness_options *o, const st_harness_result *r, char **token_labels) {
-  char decoys[32] = "";
-  if (o->decoys) snprintf(decoys, sizeof decoys, ", %d decoys", o->decoys);
+  char decoys[64] = "";
+  int n = 0;
+  if (o->vocab_tokens[0]) n = snprintf(decoys, sizeof decoys, ", values of %d-%d tokens", o->vocab_tokens[0], o->vocab_tokens[1]);
+  if (o->decoys) snprintf(decoys + n, sizeof decoys - (size_t)n, ", %d decoys", o->decoys);
   printf("needle sweep %s: %s %s, kind %s%s%s%s, seeds %llu..%llu\n", r->sweep_id,
          o->api == ST_HARNESS_ENGINE ? "engine" : st_harness_api_name(o->api), r->target, st_needle_kind_name(o->kind),
          o->shape != ST_NEEDLE_SHAPE_AGENT ? ", shape " : "", o->shape != ST_NEEDLE_SHAPE_AGENT ? st_needle_shape_name(o->shape) : "",
@@ -845,12 +851,10 @@ static int cmd_sweep(int argc, char **argv) {
       break;
     case ST_OPT_KIND:
       if (st_needle_kind_parse(op.arg, &o.kind)) goto bad_value;
-      if (st_needle_opt_in_kind(o.kind)) { /* the store's needle_attempts holds the harness's kinds */
-        char list[160];
-        st_fail(ST_EINVAL, "--kind %s is training data (needle make --batch --kinds %s), not a sweep's kind: "
-                "the store records %s", op.arg, op.arg, st_needle_kind_list(list, sizeof list, 0));
+      break;
+    case ST_OPT_VOCAB_TOKENS:
+      if (parse_range("vocab-tokens", op.arg, 1, ST_NEEDLE_VOCAB_TOKENS_MAX, &o.vocab_tokens[0], &o.vocab_tokens[1]))
         goto bad_value;
-      }
       break;
     case ST_OPT_SHAPE:
       if (st_needle_shape_parse(op.arg, &o.shape)) goto bad_value;
@@ -901,6 +905,14 @@ static int cmd_sweep(int argc, char **argv) {
     if (st_settings_set(&o.settings, op.sets[i])) st_clear_error();
   if (!!o.model_dir == !!o.endpoint) {
     st_opts_error(&op, "give either --model DIR (the engine) or --endpoint URL (a server)");
+    goto out;
+  }
+  if (o.vocab_tokens[0] && o.kind != ST_NEEDLE_VOCAB) {
+    st_opts_error(&op, "--vocab-tokens sets the vocab kind's values: give --kind vocab");
+    goto out;
+  }
+  if (o.kind == ST_NEEDLE_VOCAB && o.endpoint && !o.tokenizer_dir) {
+    st_opts_error(&op, "--kind vocab draws its needles from the served model's vocabulary: give --tokenizer DIR");
     goto out;
   }
   if (o.model_dir) {

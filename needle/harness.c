@@ -225,8 +225,8 @@ int st_harness_answer_passes(const char *answer, const char *expected) {
 static const char insert_sql[] =
   "INSERT INTO needle_attempts (sweep_id, created_at, target, api, format, render, thinking, tokens_requested, "
   "tokens_actual, tokens_measure, tokens_reported, position, position_actual, seed, kind, needle, expected, "
-  "answer, pass, run_id, needle_start, needle_end, max_new_tokens, settings, error, duration_s, shape, decoys) "
-  "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
+  "answer, pass, run_id, needle_start, needle_end, max_new_tokens, settings, error, duration_s, shape, decoys, "
+  "vocab_tokens_min, vocab_tokens_max) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)";
 
 st_status st_harness_store(st_harness *w, const char *sweep_id, st_harness_attempt *a) {
   const st_harness_options *o = &w->o;
@@ -280,6 +280,11 @@ st_status st_harness_store(st_harness *w, const char *sweep_id, st_harness_attem
   sqlite3_bind_double(s, i++, a->seconds);
   sqlite3_bind_text(s, i++, st_needle_shape_name(a->shape), -1, SQLITE_STATIC);
   sqlite3_bind_int(s, i++, a->decoys);
+  if (a->vocab_tokens[0]) {
+    sqlite3_bind_int(s, i, a->vocab_tokens[0]);
+    sqlite3_bind_int(s, i + 1, a->vocab_tokens[1]);
+  }
+  i += 2;
   if (sqlite3_step(s) != SQLITE_DONE)
     return st_fail(ST_ESQLITE, "%s: storing a needle attempt: %s", st_index_path(w->ix), sqlite3_errmsg(st_index_db(w->ix)));
   a->attempt_id = sqlite3_last_insert_rowid(st_index_db(w->ix));
@@ -298,6 +303,8 @@ static void spec_for(const sweep *w, st_harness_attempt *a, st_needle_format for
   sp->kind = a->kind;
   sp->shape = a->shape;
   sp->decoys = a->decoys;
+  sp->vocab_tokens[0] = a->vocab_tokens[0];
+  sp->vocab_tokens[1] = a->vocab_tokens[1];
   sp->format = format;
   sp->tok = w->tok;
   sp->render = o->render;
@@ -561,6 +568,9 @@ static void binary_attempt(sweep *w, st_harness_attempt *a) {
   char decoys[16];
   snprintf(decoys, sizeof decoys, "%d", a->decoys);
   if (a->decoys) argv[n++] = "--decoys", argv[n++] = decoys; /* a build older than decoys is asked for none */
+  char vocab_tokens[32];
+  snprintf(vocab_tokens, sizeof vocab_tokens, "%d-%d", a->vocab_tokens[0], a->vocab_tokens[1]);
+  if (a->vocab_tokens[0]) argv[n++] = "--vocab-tokens", argv[n++] = vocab_tokens;
   argv[n++] = "--format", argv[n++] = (char *)st_needle_format_name(a->format);
   argv[n++] = "--render", argv[n++] = (char *)st_render_profile_name(o->render.profile);
   argv[n++] = "--thinking", argv[n++] = o->thinking < 0 ? "server" : o->thinking ? "on" : "off";
@@ -725,6 +735,11 @@ st_status st_harness_open(const st_harness_options *o, st_harness **out) {
     endpoint_url(o->endpoint, o->api, w->url, sizeof w->url);
     snprintf(w->target, sizeof w->target, "%s", w->url);
     if (o->tokenizer_dir && (rc = st_tokenizer_open(o->tokenizer_dir, &w->tok))) goto out;
+    if (o->kind == ST_NEEDLE_VOCAB && !w->tok) {
+      rc = st_fail(ST_EINVAL, "needle kind vocab draws its needles from a tokenizer's vocabulary: give the "
+                              "served model's (--tokenizer DIR)");
+      goto out;
+    }
     if ((rc = settings_for_server(o, w->settings_json, sizeof w->settings_json))) goto out;
     w->model_name = o->model_name ? o->model_name : "deepseek-v4";
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -802,6 +817,8 @@ st_status st_harness_sweep(const st_harness_options *o, st_harness_result *out) 
         a->kind = o->kind;
         a->shape = o->shape;
         a->decoys = o->decoys;
+        a->vocab_tokens[0] = o->vocab_tokens[0];
+        a->vocab_tokens[1] = o->vocab_tokens[1];
         a->format = format;
         st_harness_make(w, a);
         if ((rc = st_harness_store(w, out->sweep_id, a))) goto out;

@@ -50,6 +50,8 @@ typedef struct st_harness_attempt {
   st_needle_kind kind;      /* the request: set by the caller before st_harness_make */
   st_needle_shape shape;    /* the request's shape (0: agent) */
   int decoys;               /* decoy lines asked for (st_needle_spec.decoys; 0: none) */
+  int vocab_tokens[2];      /* kind vocab: its value's LO-HI tokens (st_needle_spec.vocab_tokens;
+                            ** {0, 0}: needle make's default) */
   st_needle_format format;  /* a server target's API follows it */
   char target[8192];        /* server: the URL posted to ("" : the harness's target) */
   char foreign_run_id[40];  /* another build's run, in its own store ("" when none) */
@@ -84,6 +86,8 @@ typedef struct st_harness_options {
   st_needle_kind kind;
   st_needle_shape shape;      /* agent (default) or toollist */
   int decoys;                 /* 0..ST_NEEDLE_MAX_DECOYS decoy lines before each needle (default 0) */
+  int vocab_tokens[2];        /* kind vocab: values of LO to HI tokens ({0, 0}: needle make's default,
+                              ** 6-14); the kind needs a tokenizer (model_dir, or tokenizer_dir) */
   const int64_t *tokens;
   int n_tokens;
   const double *positions;

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # `needle sweep` with every needle kind `needle make` writes and with the toollist shape: each
 # attempt is stored with its kind and shape (schema 0011 allowed four kinds, so an attempt of any
-# other could not be stored and the sweep stopped). And a store at schema 11, holding attempts, a
-# scoreboard and its results, migrated by a sweep to 0013: every row kept, every reference intact,
-# the old attempts agent-shaped and without decoys (0013 adds the column), the views answering as
-# before. And a sweep with decoys stores them with each attempt. Bounded: a few seconds.
+# other could not be stored and the sweep stopped; 0013 allowed eleven, and the sweep refused
+# assorted and vocab). And a store at schema 11, holding attempts, a scoreboard and its results,
+# migrated by a sweep to 0014: every row kept, every reference intact, the old attempts
+# agent-shaped, without decoys (0013 adds the column) and without a vocab length (0014), the views
+# answering as before. And a sweep with decoys stores them with each attempt, one of the vocab
+# kind with --vocab-tokens its values' length; a server sweep of the vocab kind without a
+# tokenizer is refused. Bounded: a few seconds.
 set -uo pipefail
 st=${ST_BIN:?}
 data=${ST_TEST_DATA:?}
@@ -25,7 +28,7 @@ ln -s "$data/oracle/tiny/config.json" "$data/oracle/tiny/model.safetensors" "$mo
 cp "$data/needle/tokenizer.json" "$data/needle/tokenizer_config.json" "$model/"
 
 # ---------------------------------------------------------------- every kind, both shapes
-kinds=(path host key number ticket branch url email commit env random)
+kinds=(path host key number ticket branch url email commit env random assorted vocab)
 for kind in "${kinds[@]}"; do
   for shape in agent toollist; do
     if $st needle sweep --model "$model" --tokens 512 --positions 0.5 --seeds 1 --max-new-tokens 2 \
@@ -36,15 +39,23 @@ for kind in "${kinds[@]}"; do
     fi
   done
 done
-# assorted and vocab are training data (needle make --batch --kinds ...): a sweep refuses them, storing nothing
-for k in assorted vocab; do
-  out=$($st needle sweep --model "$model" --tokens 512 --positions 0.5 --seeds 1 --max-new-tokens 2 --kind $k \
-          --store "$work/$k" --quiet 2>&1); rc=$?
-  [ $rc = 2 ] && grep -q "training data" <<< "$out" && grep -q "records path, host, .*, random$" <<< "$(head -1 <<< "$out")" \
-    && [ ! -e "$work/$k/index.sqlite" ] && ok "sweep --kind $k: refused as training data, no store" \
-    || fail "sweep --kind $k: rc $rc, '$out'"
-done
-grep -q "kind random, shape toollist" "$work/out.txt" && ok "the table's header names a toollist sweep's shape" \
+# vocab's values of 20-24 tokens: the length asked for stored with each attempt, named in the header;
+# the option is the vocab kind's alone; a server sweep of vocab needs the served model's tokenizer
+if $st needle sweep --model "$model" --tokens 1k --positions 0.5 --seeds 2 --max-new-tokens 2 --kind vocab \
+     --vocab-tokens 20-24 --store "$work/voc" >"$work/voc.txt" 2>&1; then
+  ok "sweep --kind vocab --vocab-tokens 20-24"
+else
+  fail "sweep --kind vocab --vocab-tokens 20-24: $(tail -2 "$work/voc.txt")"
+fi
+grep -q "kind vocab, values of 20-24 tokens" "$work/voc.txt" && ok "the table's header names the values' length" \
+  || fail "header: $(head -1 "$work/voc.txt")"
+out=$($st needle sweep --model "$model" --tokens 512 --seeds 1 --kind path --vocab-tokens 8 --store "$work/vp" 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "give --kind vocab" <<< "$out" && [ ! -e "$work/vp/index.sqlite" ] \
+  && ok "--vocab-tokens with --kind path: refused, no store" || fail "--vocab-tokens with --kind path: rc $rc, '$out'"
+out=$($st needle sweep --endpoint http://127.0.0.1:9 --tokens 512 --seeds 1 --kind vocab --store "$work/vs" 2>&1); rc=$?
+[ $rc = 2 ] && grep -q "give --tokenizer DIR" <<< "$out" && [ ! -e "$work/vs/index.sqlite" ] \
+  && ok "a server sweep of kind vocab without --tokenizer: refused, no store" || fail "server vocab sweep: rc $rc, '$out'"
+grep -q "kind vocab, shape toollist" "$work/out.txt" && ok "the table's header names a toollist sweep's shape" \
   || fail "header: $(head -1 "$work/out.txt")"
 # decoys: asked for in every request of the sweep, stored with each attempt, named in the header
 if $st needle sweep --model "$model" --tokens 1k --positions 0.8 --seeds 2 --max-new-tokens 2 --kind url --decoys 6 \
@@ -62,6 +73,15 @@ assert rows == [("url", 6, None)] * 2, rows
 others = sqlite3.connect(sys.argv[2]).execute("SELECT DISTINCT decoys FROM needle_attempts").fetchall()
 assert others == [(0,)], others
 PY
+$py - "$work/voc/index.sqlite" "$work/kinds/index.sqlite" <<'PY' && ok "the vocab length stored with each attempt (none in the other sweeps)" \
+  || fail "stored vocab lengths"
+import sqlite3, sys
+rows = sqlite3.connect(sys.argv[1]).execute(
+    "SELECT kind, vocab_tokens_min, vocab_tokens_max, error, length(expected) > 0 FROM needle_attempts").fetchall()
+assert rows == [("vocab", 20, 24, None, 1)] * 2, rows
+others = sqlite3.connect(sys.argv[2]).execute("SELECT DISTINCT vocab_tokens_min, vocab_tokens_max FROM needle_attempts").fetchall()
+assert others == [(None, None)], others
+PY
 $py - "$work/kinds/index.sqlite" "${kinds[*]}" <<'PY' && ok "every attempt stored with its kind and shape" || fail "stored kinds and shapes"
 import json, sqlite3, sys
 db = sqlite3.connect(sys.argv[1])
@@ -71,8 +91,7 @@ want = sorted((k, s, 1, 0) for k in kinds for s in ("agent", "toollist"))
 assert sorted(got) == want, (got, want)
 cells = db.execute("SELECT kind, shape, attempts FROM needle_sweep_cells").fetchall()
 assert sorted(cells) == sorted((k, s, 1) for k in kinds for s in ("agent", "toollist")), cells
-# a toollist request is one system string and one question: no tools, no tool rounds
-assert db.execute("PRAGMA user_version").fetchone()[0] == 13
+assert db.execute("PRAGMA user_version").fetchone()[0] == 14
 PY
 $st needle make --tokens 1k --position 0.3 --seed 4 --kind email --shape toollist --model "$model" \
   --out "$work/tl.json" --meta "$work/tl.meta" --quiet
@@ -129,21 +148,29 @@ if $st needle sweep --model "$model" --tokens 512 --positions 0.5 --seeds 1 --ma
 else
   fail "a sweep into a schema-11 store: $(tail -2 "$work/old.txt")"
 fi
-$py - "$work/old/index.sqlite" <<'PY' && ok "migrated to 13: rows kept, references intact, old attempts agent-shaped, no decoys" \
+$py - "$work/old/index.sqlite" <<'PY' && ok "migrated to 14: rows kept, references intact, old attempts agent-shaped, no decoys, no vocab length" \
   || fail "the migrated store"
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1])
-assert db.execute("PRAGMA user_version").fetchone()[0] == 13
-rows = db.execute("SELECT attempt_id, seed, kind, shape, expected, pass, decoys FROM needle_attempts ORDER BY attempt_id").fetchall()
-assert rows[:2] == [(1, 1, "host", "agent", "db-7.internal", 1, 0), (2, 2, "host", "agent", "db-7.internal", 1, 0)], rows
-assert len(rows) == 3 and rows[2][2:4] == ("commit", "agent") and rows[2][6] == 0, rows
+assert db.execute("PRAGMA user_version").fetchone()[0] == 14
+rows = db.execute("SELECT attempt_id, seed, kind, shape, expected, pass, decoys, vocab_tokens_min, vocab_tokens_max "
+                  "FROM needle_attempts ORDER BY attempt_id").fetchall()
+assert rows[:2] == [(1, 1, "host", "agent", "db-7.internal", 1, 0, None, None),
+                    (2, 2, "host", "agent", "db-7.internal", 1, 0, None, None)], rows
+assert len(rows) == 3 and rows[2][2:4] == ("commit", "agent") and rows[2][6:] == (0, None, None), rows
 assert db.execute("PRAGMA foreign_key_check").fetchall() == []
 assert db.execute("SELECT label, case_index, kind, pass, attempt_id FROM scoreboard_case_results").fetchall() == \
     [("t", 0, "host", 1, 2)]
 assert db.execute("SELECT cases, passed FROM scoreboard_cells").fetchall() == [(1, 1)]
 assert db.execute("SELECT passed, attempts FROM needle_sweep_cells WHERE sweep_id = 's1'").fetchall() == [(2, 2)]
 names = {r[0] for r in db.execute("SELECT name FROM sqlite_schema")}
-assert {"needle_attempts_by_sweep", "needle_attempts_by_run"} <= names and not any(n.endswith("_0012") for n in names), names
+assert {"needle_attempts_by_sweep", "needle_attempts_by_run"} <= names and not any(n.endswith(("_0012", "_0014")) for n in names), names
+# 0014's CHECK: a vocab length only on a vocab attempt
+try:
+    db.execute("UPDATE needle_attempts SET vocab_tokens_min = 4, vocab_tokens_max = 8 WHERE kind = 'host'")
+    raise SystemExit("a host attempt took a vocab length")
+except sqlite3.IntegrityError:
+    pass
 PY
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
