@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The needle model's recall on `needle make`'s own prompts, measured by the engine itself
-# (CPU, no GPU): every needle kind as trained, the bug-report shape (toollist), and the path kind
+# (CPU, no GPU): every needle kind as trained (assorted and vocab too: lines no other kind's
+# pattern predicts, copied or not), the bug-report shape (toollist), and the path kind
 # under every fault the harness emulates. One store, one sweep per line; each table is the
 # sweep's own (view needle_sweep_cells).
 # When MODEL/README.md has the markers <!-- engine-sweeps --> ... <!-- /engine-sweeps -->, the
@@ -32,7 +33,7 @@ if [ "${CARD_ONLY:-0}" != 1 ]; then
       | awk '/^tokens/ {t = 1} t && /^$/ {exit} t' | tee -a "$out"
     echo "($((SECONDS - t0)) s)" >> "$out"
   }
-  for kind in ${KINDS-path host key number ticket branch url email commit env random}; do
+  for kind in ${KINDS-path host key number ticket branch url email commit env random assorted vocab}; do
     sweep "kind $kind, as trained" --kind "$kind"
   done
   for shape in ${SHAPES-toollist}; do
