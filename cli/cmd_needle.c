@@ -744,14 +744,14 @@ static void print_json(const st_harness_options *o, const st_harness_result *r) 
 }
 
 static void print_table(const st_harness_options *o, const st_harness_result *r, char **token_labels) {
-  char decoys[64] = "";
+  char request[64] = ""; /* what the sweep asked of each prompt beyond kind and shape */
   int n = 0;
-  if (o->vocab_tokens[0]) n = snprintf(decoys, sizeof decoys, ", values of %d-%d tokens", o->vocab_tokens[0], o->vocab_tokens[1]);
-  if (o->decoys) snprintf(decoys + n, sizeof decoys - (size_t)n, ", %d decoys", o->decoys);
+  if (o->vocab_tokens[0]) n = snprintf(request, sizeof request, ", values of %d-%d tokens", o->vocab_tokens[0], o->vocab_tokens[1]);
+  if (o->decoys) snprintf(request + n, sizeof request - (size_t)n, ", %d decoys", o->decoys);
   printf("needle sweep %s: %s %s, kind %s%s%s%s, seeds %llu..%llu\n", r->sweep_id,
          o->api == ST_HARNESS_ENGINE ? "engine" : st_harness_api_name(o->api), r->target, st_needle_kind_name(o->kind),
          o->shape != ST_NEEDLE_SHAPE_AGENT ? ", shape " : "", o->shape != ST_NEEDLE_SHAPE_AGENT ? st_needle_shape_name(o->shape) : "",
-         decoys, (unsigned long long)o->first_seed, (unsigned long long)(o->first_seed + (uint64_t)o->n_seeds - 1));
+         request, (unsigned long long)o->first_seed, (unsigned long long)(o->first_seed + (uint64_t)o->n_seeds - 1));
   printf("settings %s\n\n", r->settings_json);
   printf("%-16s", "tokens");
   for (int p = 0; p < o->n_positions; p++) printf("  %6.2f", o->positions[p]);
