@@ -56,7 +56,10 @@
 #                      verdict) and adopt-answers.txt. The answers are kept in .adopt-cache
 #                      (ADOPT_WORK): carry it with the release's answers in it (made here by
 #                      tools/needle_adopt.py INIT --release INIT --st .bundle/bin/sparsetrace --work
-#                      .adopt-cache), and only the candidate's examples run
+#                      .adopt-cache), and only the candidate's examples run. The answers this call
+#                      adds to the cache come back in OUT/logs/adopt-cache/ (logs.tgz): copied into
+#                      .adopt-cache/answers here, they judge the candidate against any release whose
+#                      answers are cached, with no example run again
 #     soup             this call's release mixed with INIT weight by weight (tools/needle_soup.py INIT
 #                      RELEASE, SOUP_ALPHA: the release's share, default 0.5) into DIR/soup and
 #                      OUT/needle-soup.tgz, then adopted as the adopt step adopts the release, into
@@ -118,9 +121,13 @@ step() { echo "== $1 ($SECONDS s)"; }
 # tools/needle_adopt.py on MODEL against ADOPT_RELEASE (default INIT), one engine per core, its table
 # into OUT/logs/NAME.txt and every example's verdict into NAME-answers.txt (the adopt and soup steps)
 adopt_model() {
+  local cache=${ADOPT_WORK:-.adopt-cache}/answers
+  mkdir -p "$cache" "$out/logs/adopt-cache" && ls "$cache" > "$out/logs/adopt-cache.before"
   python3 tools/needle_adopt.py "$1" --release "${ADOPT_RELEASE:-$init}" --st "$st" --jobs "$(nproc)" \
     --work "${ADOPT_WORK:-.adopt-cache}" ${ADOPT_SETS:+--sets "$ADOPT_SETS"} ${ADOPT_FIRST:+--first "$ADOPT_FIRST"} \
     --answers "$out/logs/$2-answers.txt" 2>&1 | tee "$out/logs/$2.txt"
+  ls "$cache" | grep -vxF -f "$out/logs/adopt-cache.before" | while read -r f; do cp "$cache/$f" "$out/logs/adopt-cache/"; done
+  rm -f "$out/logs/adopt-cache.before"
 }
 # needle make --batch seeds of the evaluation sets, which cdata never draws: evaldata's and the
 # oracle's (used below by name), and the bench's engine sets (tools/needle_adopt.py's adoption
