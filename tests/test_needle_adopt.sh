@@ -154,6 +154,27 @@ else
   fail "train_needle_gpu.sh soup: weights $weights, '$row', $runs_before -> $(runs) runs"
 fi
 
+# the answers a step adds to the cache come back in OUT/logs/adopt-cache: none from the adopt step
+# (every answer was kept), the soup's from the soup step, the cache's own bytes; put in a cache that
+# holds only the release's answers and the set, they judge the soup as before, with no run
+added=$(ls -A "$work/gpu.out/logs/adopt-cache" 2>/dev/null | wc -l)
+brought=$(ls "$work/soup.out/logs/adopt-cache" 2>/dev/null)
+soup_digest=$(cd "$src/tools" && python3 -c 'import sys, needle_adopt as na; print(na.model_digest(sys.argv[1])[:16])' "$work/soup-direct")
+mkdir -p "$work/w2/answers" "$work/w2/sets" && cp "$work/w/sets/e-composed48.jsonl" "$work/w2/sets/"
+release_digest=$(cd "$src/tools" && python3 -c 'import sys, needle_adopt as na; print(na.model_digest(sys.argv[1])[:16])' "$release")
+cp "$work/w/answers"/e-composed48-"$release_digest"-*.json "$work/w2/answers/" 2>/dev/null
+for f in $brought; do cp "$work/soup.out/logs/adopt-cache/$f" "$work/w2/answers/"; done
+runs_before=$(runs)
+python3 "$tool" "$work/soup-direct" --release "$release" --st "$work/st" --work "$work/w2" --sets e-composed48 --first $b \
+  >"$work/soup-w2.txt" 2>&1 || fail "needle_adopt.py from the brought-back answers: $(tail -3 "$work/soup-w2.txt")"
+if [ "$added" = 0 ] && [ "$(echo "$brought" | wc -w)" = 1 ] && [[ "$brought" == e-composed48-"$soup_digest"-*.json ]] \
+   && cmp -s "$work/soup.out/logs/adopt-cache/$brought" "$work/w/answers/$brought" \
+   && [ "$(grep '^e-composed48' "$work/soup-w2.txt")" = "$row" ] && [ "$(runs)" = "$runs_before" ]; then
+  echo "ok: train_needle_gpu.sh brings back the answers it added (none kept ones), and they judge the soup elsewhere with no run"
+else
+  fail "brought-back answers: adopt step added $added, soup step '$brought' (soup $soup_digest), '$(grep '^e-composed48' "$work/soup-w2.txt")' vs '$row', $runs_before -> $(runs) runs"
+fi
+
 # the probe step: tools/needle_copy_probe.py on a set the adopt step wrote, for INIT, the release
 # and the soup, with --trained the call's C examples: the same output as the tool run directly
 mkdir -p "$work/pw/sets" "$work/pc"
