@@ -12,8 +12,11 @@ to-release checks). Integer tensors (hash routing's tid2eid) must be equal in A 
 What it is for: a fine-tune of the release learns what its new data asks and loses some of what
 the release did (bench/needle-train-results.md, 2026-12-05, sixth session: the held-out wording
 learned, long values copied worse). The midpoint of the release and its fine-tune, the two
-being one basin apart, often keeps both (weight-space ensembling of a model and its fine-tune).
-tools/needle_adopt.py says whether the mix replaces the release.
+being one basin apart, often keeps both (weight-space ensembling of a model and its fine-tune),
+but not always: a mix can lose what both ends have (line L's midpoint lost the ticket and url
+lines that the release and the fine-tune both copy, where alpha 0.75 kept them; fifteenth
+session), so more than one alpha is worth judging. tools/needle_adopt.py says whether a mix
+replaces the release.
 
 A and B must share the architecture (config.json, up to the fields the lineage changes) and the
 tokenizer. DEST gets B's config, tokenizer and side files, and B's training/log.jsonl with one
