@@ -159,10 +159,10 @@ fi
 # holds only the release's answers and the set, they judge the soup as before, with no run
 added=$(ls -A "$work/gpu.out/logs/adopt-cache" 2>/dev/null | wc -l)
 brought=$(ls "$work/soup.out/logs/adopt-cache" 2>/dev/null)
-soup_digest=$(cd "$src/tools" && python3 -c 'import sys, needle_adopt as na; print(na.model_digest(sys.argv[1])[:16])' "$work/soup-direct")
+digest16() { (cd "$src/tools" && python3 -c 'import sys, needle_adopt as na; print(na.model_digest(sys.argv[1])[:16])' "$1"); }
+soup_digest=$(digest16 "$work/soup-direct")
 mkdir -p "$work/w2/answers" "$work/w2/sets" && cp "$work/w/sets/e-composed48.jsonl" "$work/w2/sets/"
-release_digest=$(cd "$src/tools" && python3 -c 'import sys, needle_adopt as na; print(na.model_digest(sys.argv[1])[:16])' "$release")
-cp "$work/w/answers"/e-composed48-"$release_digest"-*.json "$work/w2/answers/" 2>/dev/null
+cp "$work/w/answers"/e-composed48-"$(digest16 "$release")"-*.json "$work/w2/answers/" 2>/dev/null
 for f in $brought; do cp "$work/soup.out/logs/adopt-cache/$f" "$work/w2/answers/"; done
 runs_before=$(runs)
 python3 "$tool" "$work/soup-direct" --release "$release" --st "$work/st" --work "$work/w2" --sets e-composed48 --first $b \

@@ -121,12 +121,12 @@ step() { echo "== $1 ($SECONDS s)"; }
 # tools/needle_adopt.py on MODEL against ADOPT_RELEASE (default INIT), one engine per core, its table
 # into OUT/logs/NAME.txt and every example's verdict into NAME-answers.txt (the adopt and soup steps)
 adopt_model() {
-  local cache=${ADOPT_WORK:-.adopt-cache}/answers
-  mkdir -p "$cache" "$out/logs/adopt-cache" && ls "$cache" > "$out/logs/adopt-cache.before"
+  local work=${ADOPT_WORK:-.adopt-cache}
+  mkdir -p "$work/answers" "$out/logs/adopt-cache" && ls "$work/answers" > "$out/logs/adopt-cache.before"
   python3 tools/needle_adopt.py "$1" --release "${ADOPT_RELEASE:-$init}" --st "$st" --jobs "$(nproc)" \
-    --work "${ADOPT_WORK:-.adopt-cache}" ${ADOPT_SETS:+--sets "$ADOPT_SETS"} ${ADOPT_FIRST:+--first "$ADOPT_FIRST"} \
+    --work "$work" ${ADOPT_SETS:+--sets "$ADOPT_SETS"} ${ADOPT_FIRST:+--first "$ADOPT_FIRST"} \
     --answers "$out/logs/$2-answers.txt" 2>&1 | tee "$out/logs/$2.txt"
-  ls "$cache" | grep -vxF -f "$out/logs/adopt-cache.before" | while read -r f; do cp "$cache/$f" "$out/logs/adopt-cache/"; done
+  ls "$work/answers" | grep -vxF -f "$out/logs/adopt-cache.before" | while read -r f; do cp "$work/answers/$f" "$out/logs/adopt-cache/"; done
   rm -f "$out/logs/adopt-cache.before"
 }
 # needle make --batch seeds of the evaluation sets, which cdata never draws: evaldata's and the
