@@ -18,7 +18,8 @@ cd "$(dirname "$0")/.."
 # backend of the runs and sweeps (default cpu; replay and bisect use the one that recorded);
 # ST_DEMO_MODEL: another needle model release (default models/needle-v5: the closing text's
 # figures are its; the replay takes the layer whose indexer retrieves the needle as trained);
-# ST_DEMO_STORE: the store and traces (default traces/demo, emptied first).
+# ST_DEMO_STORE: the store and traces (default traces/demo, emptied first); the closing text's
+# figures go to its figures.json too (tools/needle_adopt.py's demo gate reads them).
 if [ -z "${ST_BIN:-}" ]; then
   tools/deps.sh
   cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
@@ -106,9 +107,12 @@ figures=$($st query --json --store "$store" "
     (SELECT passed || '/' || attempts FROM s WHERE rotate = 'q') AS sweep_q,
     (SELECT passes FROM c WHERE label = 'rotate=q') AS passes,
     (SELECT breaks FROM c WHERE label = 'rotate=q') AS breaks_q, (SELECT breaks FROM c WHERE label = 'rotate=both') AS breaks_both")
-/usr/bin/python3 - "$figures" "$layer" "$b" <<'PY'
+/usr/bin/python3 - "$figures" "$layer" "$b" "$store/figures.json" <<'PY'
 import json, sys
 f, layer, needle_end = json.loads(sys.argv[1])[0], sys.argv[2], int(sys.argv[3])
+# the same figures for tools/needle_adopt.py's demo gate (item 5 of the model's issue)
+with open(sys.argv[4], "w", encoding="utf-8") as out:
+    json.dump(dict(f, layer=int(layer)), out)
 def breaks(n):
     if n == 0:
         return "none of them"

@@ -4,7 +4,7 @@ engine (greedy, `sparsetrace run`, each example asked as tools/needle_engine_bat
 and one rule reads the paired verdicts.
 
   tools/needle_adopt.py CANDIDATE [--release DIR] [--sets NAME,...] [--first N] [--st BIN]
-                        [--jobs N] [--work DIR] [--answers FILE]
+                        [--jobs N] [--work DIR] [--answers FILE] [--no-demo]
   tools/needle_adopt.py --list     the sets, each with its `needle make` command
   tools/needle_adopt.py --seeds    the `needle make` seeds of every set the bench evaluates on
                                    (tools/train_needle_gpu.sh's cdata refuses them for training)
@@ -20,6 +20,13 @@ An adopted candidate is released only when its card adopts it as well: `tools/tr
 compare` applies this same rule to the card's evaluations, each case paired by prompt (the card
 step of tools/train_needle_gpu.sh writes it). The sets here are the engine's; the card's are the
 fast forward's to 32k, and a line has passed these and lost there (bench, tenth session).
+
+The demo gate (`demo`). Item 5 of the model's issue, which the release meets, is asked of the
+candidate too: tools/demo.sh on it runs to its end (its bisect names the layer whose needle verdict
+rotate=q flips), and its recall sweep passes at least DEMO_TRAINED_MIN of its 16 as trained and at
+most DEMO_Q_MAX under rotate=q. An adopted candidate that fails it is kept out (line L copied better
+on eight sets and its layer 5 kept the needle at 12 of 17 positions under rotate=q: no flip).
+--no-demo leaves the demo out (the table alone).
 
 The engine is deterministic, so each model's answers are kept in WORK/answers (default
 /tmp/needle-adopt), one file per model, set and engine, keyed by the bytes of the model and the
@@ -156,6 +163,54 @@ def verdict(rows, alpha=ALPHA):
     return "keep", f"no set tells them apart at {level:.3g}: the release stays"
 
 
+# Item 5 of the needle model's issue: the demo's sweep (1k and 4k x 4 positions x seeds 1-2) passes at
+# least this many of its 16 as trained and at most this many under rotate=q
+DEMO_TRAINED_MIN, DEMO_Q_MAX = 15, 2
+
+
+def demo_verdict(rc, figures, stopped=""):
+    """(passes, why) of the demo gate: tools/demo.sh's exit status, the figures its closing text
+    printed (its store's figures.json; None when it stopped before them) and, when it stopped, the
+    step and what that step printed last."""
+    if rc != 0 or figures is None:
+        return False, f"tools/demo.sh stopped (exit {rc}){': ' + stopped if stopped else ''}"
+    trained, q = (int(figures[k].split("/")[0]) for k in ("sweep", "sweep_q"))
+    why = (f"bisect flips layer {figures['layer']}: {figures['kept']} -> {figures['kept_q']} of "
+           f"{figures['positions']}; sweep {figures['sweep']} -> {figures['sweep_q']}")
+    if trained < DEMO_TRAINED_MIN:
+        return False, f"{why}: fewer than {DEMO_TRAINED_MIN} as trained"
+    if q > DEMO_Q_MAX:
+        return False, f"{why}: more than {DEMO_Q_MAX} under rotate=q"
+    return True, why
+
+
+def demo(st, model):
+    """demo_verdict of tools/demo.sh run on MODEL with the engine ST (CPU backend, a store of its own)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory() as work:
+        store = os.path.join(work, "demo")
+        env = dict(os.environ, ST_BIN=os.path.abspath(st), ST_DEMO_MODEL=os.path.abspath(model), ST_DEMO_STORE=store)
+        r = subprocess.run([os.path.join(root, "tools", "demo.sh")], env=env, capture_output=True, text=True)
+        figures = None
+        if os.path.exists(os.path.join(store, "figures.json")):
+            with open(os.path.join(store, "figures.json"), encoding="utf-8") as f:
+                figures = json.load(f)
+        # where it stopped: the last step's header and that step's flagged lines (bisect's "<-")
+        steps = re.split(r"^== ", r.stdout, flags=re.M)
+        last = steps[-1].splitlines() if len(steps) > 1 else []
+        stopped = "; ".join([last[0].split(":")[0]] + ["layer " + " ".join(line.split()) for line in last if "<-" in line]) if last else ""
+        if not last and r.stderr:
+            stopped = r.stderr.strip().splitlines()[-1]
+        return demo_verdict(r.returncode, figures, stopped)
+
+
+def with_demo(word, reason, passes, why):
+    """The verdict after the demo gate: an adopted candidate that fails it is kept out."""
+    if word == "adopt" and not passes:
+        return "keep", f"{reason}, but the demo fails item 5 ({why})"
+    return word, reason
+
+
 def digest(paths):
     """The sha256 of the files' bytes, one after another (hex)."""
     h = hashlib.sha256()
@@ -280,6 +335,7 @@ def main(argv):
     ap.add_argument("--jobs", type=int, default=1, help="engine runs at once (default 1)")
     ap.add_argument("--work", default="/tmp/needle-adopt")
     ap.add_argument("--answers", help="write every example's verdicts and each miss's answer here")
+    ap.add_argument("--no-demo", action="store_true", help="leave the demo gate out (the table alone)")
     ap.add_argument("--list", action="store_true"), ap.add_argument("--seeds", action="store_true")
     args = ap.parse_args(argv)
     if args.seeds:
@@ -333,6 +389,10 @@ def main(argv):
     for name, k in kinds.items():
         if len(k) > 1:
             print(kind_line(name, k))
+    if not args.no_demo:
+        passes, why = demo(args.st, args.candidate)
+        print(f"demo: the candidate {'passes' if passes else 'fails'} item 5: {why}", flush=True)
+        word, reason = with_demo(word, reason, passes, why)
     partial = f" (partial: the first {args.first} examples of each set)" if args.first else ""
     print(f"verdict: {word}: {reason}{partial}")
     if args.answers:

@@ -59,7 +59,9 @@
 #                      .adopt-cache), and only the candidate's examples run. The answers this call
 #                      adds to the cache come back in OUT/logs/adopt-cache/ (logs.tgz): copied into
 #                      .adopt-cache/answers here, they judge the candidate against any release whose
-#                      answers are cached, with no example run again
+#                      answers are cached, with no example run again. The verdict includes the demo
+#                      gate (tools/demo.sh on the candidate: item 5 of the model's issue; ADOPT_DEMO=0
+#                      leaves it out)
 #     soup             this call's release mixed with INIT weight by weight (tools/needle_soup.py INIT
 #                      RELEASE, SOUP_ALPHA: the release's share, default 0.5) into DIR/soup and
 #                      OUT/needle-soup.tgz, then adopted as the adopt step adopts the release, into
@@ -125,7 +127,7 @@ adopt_model() {
   mkdir -p "$work/answers" "$out/logs/adopt-cache" && ls "$work/answers" > "$out/logs/adopt-cache.before"
   python3 tools/needle_adopt.py "$1" --release "${ADOPT_RELEASE:-$init}" --st "$st" --jobs "$(nproc)" \
     --work "$work" ${ADOPT_SETS:+--sets "$ADOPT_SETS"} ${ADOPT_FIRST:+--first "$ADOPT_FIRST"} \
-    --answers "$out/logs/$2-answers.txt" 2>&1 | tee "$out/logs/$2.txt"
+    --answers "$out/logs/$2-answers.txt" $([ "${ADOPT_DEMO:-1}" = 0 ] && echo --no-demo) 2>&1 | tee "$out/logs/$2.txt"
   ls "$work/answers" | grep -vxF -f "$out/logs/adopt-cache.before" | while read -r f; do cp "$work/answers/$f" "$out/logs/adopt-cache/"; done
   rm -f "$out/logs/adopt-cache.before"
 }
