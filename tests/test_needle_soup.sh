@@ -3,8 +3,10 @@
 # (A) and needle-v4 (B): at alpha 0 and 1 the mix decodes to A's and B's own values, element for
 # element, and the engine's greedy answer is A's and B's; at 0.3 it decodes to what the release
 # format makes of the weighted mean, the mean computed here from the decoded releases (float64)
-# and encoded by convert_release.py to-release on its own; the log records the mix; a pair with
-# another tokenizer, an alpha outside [0, 1] and an existing DEST are refused.
+# and encoded by convert_release.py to-release on its own; --alpha-for gives the tensors it names
+# their own share (each A's or B's own values at 0 and 1); the log records the mix; a pair with
+# another tokenizer, an alpha outside [0, 1], an existing DEST and an --alpha-for that names no
+# tensor or no share are refused.
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
@@ -77,6 +79,28 @@ print(f"ok: at 0.3, {nearer_a} of the {len(moved)} tensors that differ are neare
 sys.exit(0 if moved and nearer_a >= 0.9 * len(moved) else 1)
 PY
 
+# --alpha-for: B's weights but every indexer's (its compressor too) A's, each tensor A's or B's own
+# values exactly (the alpha 0 and 1 round trips above, tensor by tensor)
+$py "$tool" "$a" "$b" "$work/sidx" --alpha 1 --alpha-for '*.attn.indexer.*=0' >"$work/sidx.log" 2>&1 \
+  && $py "$conv" to-hf "$work/sidx" "$work/sidx.hf" --dtype float32 >/dev/null \
+  || fail "needle_soup --alpha-for: $(tail -2 "$work/sidx.log")"
+$py - "$src/tools" "$work" <<'PY' || fail "--alpha-for: the tensors are not each A's or B's as their names say"
+import fnmatch, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import convert_release as cr
+w = sys.argv[2]
+s, a, b = (cr.open_checkpoint(f"{w}/{d}") for d in ("sidx.hf", "a.hf", "b.hf"))
+idx = [n for n in s if fnmatch.fnmatchcase(n, "*.attn.indexer.*")]
+wrong = [n for n in s if not np.array_equal(s[n].raw(), (a if n in idx else b)[n].raw())]
+differ = [n for n in idx if not np.array_equal(a[n].raw(), b[n].raw())]
+print(f"ok: --alpha-for: {len(idx)} indexer tensors A's ({len(differ)} of them differ from B's), the other "
+      f"{len(s) - len(idx)} B's" if not wrong and differ and len(idx) < len(s) else f"wrong: {wrong[:4]}, {len(idx)} matched")
+sys.exit(1 if wrong or not differ or len(idx) == len(s) else 0)
+PY
+grep -q '"alpha_for": {"\*.attn.indexer.\*": 0.0}' "$work/sidx/training/log.jsonl" && echo "ok: --alpha-for is in the log" \
+  || fail "--alpha-for not in the log: $(tail -1 "$work/sidx/training/log.jsonl")"
+
 # the engine: the same greedy answer as A at 0, as B at 1
 $st needle make --batch 1 --jsonl "$work/e.jsonl" --seed 4 --model "$a" --lengths 512 -q || fail "needle make"
 $py -c 'import json, sys; json.dump(json.loads(open(sys.argv[1]).readline())["ids"], open(sys.argv[2], "w"))' \
@@ -101,6 +125,8 @@ mkdir -p "$work/other" && cp "$b"/{model.safetensors,config.json} "$work/other/"
 refused "another tokenizer" "different tokenizer.json" "$a" "$work/other" "$work/x1"
 refused "alpha 1.5" "want a share" "$a" "$b" "$work/x2" --alpha 1.5
 refused "an existing DEST" "exists" "$a" "$b" "$work/s0"
+refused "an --alpha-for that matches no tensor" "matches no tensor" "$a" "$b" "$work/x3" --alpha-for 'layers.*.indexer.*=0'
+refused "an --alpha-for share outside [0, 1]" "want GLOB=ALPHA" "$a" "$b" "$work/x4" --alpha-for '*.indexer.*=2'
 
 [ "$failures" -eq 0 ] && echo "test_needle_soup: all passed" || echo "test_needle_soup: $failures failed"
 exit $((failures > 0))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Interpolate two needle model releases of one lineage, weight by weight, into a third.
 
-    needle_soup.py A B DEST [--alpha 0.5]
+    needle_soup.py A B DEST [--alpha 0.5] [--alpha-for GLOB=ALPHA ...]
 
 DEST's weights are (1 - alpha) * A + alpha * B: both releases are decoded exactly
 (convert_release.py to-hf, float32), every floating tensor is mixed in float64, and DEST is
@@ -18,6 +18,12 @@ lines that the release and the fine-tune both copy, where alpha 0.75 kept them; 
 session), so more than one alpha is worth judging. tools/needle_adopt.py says whether a mix
 replaces the release.
 
+--alpha-for GLOB=ALPHA gives the tensors whose transformers-dialect names match GLOB (fnmatch, e.g.
+'*.attn.indexer.*': every layer's lightning indexer, its compressor included) their own share;
+the first GLOB that matches a tensor decides, the others take --alpha. What it is for: line L's
+copying with the release's indexer, whose choice of rows is what the demo's fault takes away
+(sixteenth session).
+
 A and B must share the architecture (config.json, up to the fields the lineage changes) and the
 tokenizer. DEST gets B's config, tokenizer and side files, and B's training/log.jsonl with one
 {"event": "soup"} line appended (A, B, alpha, and the sha256 of both weights files), so the
@@ -25,6 +31,7 @@ lineage's steps go on from B's and the mix is on record. Only python3 and numpy.
 tests/test_needle_soup.sh holds it to the releases' own values at alpha 0 and 1 and to the
 exact midpoint, within the grid, at 0.5."""
 import argparse
+import fnmatch
 import json
 import os
 import shutil
@@ -56,8 +63,14 @@ def check_pair(a, b):
         sys.exit(f"needle_soup: A and B differ in {', '.join(f'{f} ({ca.get(f)} / {cb.get(f)})' for f in differ)}")
 
 
-def mix(hf_a, hf_b, out, alpha):
-    """The transformers-dialect checkpoints hf_a and hf_b (float32) mixed into out/model.safetensors."""
+def share(name, alpha, alpha_for=()):
+    """B's share of tensor NAME: that of the first (glob, alpha) in alpha_for matching it, else alpha."""
+    return next((a for glob, a in alpha_for if fnmatch.fnmatchcase(name, glob)), alpha)
+
+
+def mix(hf_a, hf_b, out, alpha, alpha_for=()):
+    """The transformers-dialect checkpoints hf_a and hf_b (float32) mixed into out/model.safetensors,
+    each tensor at its share (share())."""
     ta, tb = cr.open_checkpoint(hf_a), cr.open_checkpoint(hf_b)
     if set(ta) != set(tb):
         sys.exit(f"needle_soup: the tensors differ: {sorted(set(ta) ^ set(tb))[:6]}")
@@ -67,7 +80,8 @@ def mix(hf_a, hf_b, out, alpha):
         if (x.dtype, x.shape) != (y.dtype, y.shape):
             sys.exit(f"needle_soup: tensor {name}: {x.dtype} {list(x.shape)} in A, {y.dtype} {list(y.shape)} in B")
         if x.dtype == "F32":  # every floating tensor, decoded --dtype float32
-            v = ((1 - alpha) * x.values() + alpha * y.values()).astype("<f4")
+            t = share(name, alpha, alpha_for)
+            v = ((1 - t) * x.values() + t * y.values()).astype("<f4")
             entries.append((name, "F32", x.shape, lambda v=v: v.tobytes()))
         else:
             if not np.array_equal(x.raw(), y.raw()):
@@ -84,9 +98,21 @@ def main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("a"), ap.add_argument("b"), ap.add_argument("dest")
     ap.add_argument("--alpha", type=float, default=0.5, help="B's share, in [0, 1] (default 0.5)")
+    ap.add_argument("--alpha-for", action="append", default=[], metavar="GLOB=ALPHA",
+                    help="B's share of the tensors matching GLOB (transformers-dialect names); repeatable")
     args = ap.parse_args(argv)
     if not 0 <= args.alpha <= 1:
         ap.error(f"--alpha {args.alpha}: want a share in [0, 1]")
+    alpha_for = []
+    for spec in args.alpha_for:
+        glob, _, a = spec.rpartition("=")
+        try:
+            a = float(a)
+        except ValueError:
+            a = -1.0
+        if not glob or not 0 <= a <= 1:
+            ap.error(f"--alpha-for {spec}: want GLOB=ALPHA with ALPHA in [0, 1]")
+        alpha_for.append((glob, a))
     if os.path.exists(args.dest):
         sys.exit(f"needle_soup: {args.dest} exists; give a new directory")
     check_pair(args.a, args.b)
@@ -98,7 +124,11 @@ def main(argv):
             if cr.main(["to-hf", d, hf[name], "--dtype", "float32"]):
                 sys.exit(f"needle_soup: {d}: could not be decoded")
         mixed = os.path.join(work, "mixed")
-        mix(hf["a"], hf["b"], mixed, args.alpha)
+        unmatched = [g for g, _ in alpha_for if not any(fnmatch.fnmatchcase(n, g) for n in cr.open_checkpoint(hf["a"]))]
+        if unmatched:
+            sys.exit(f"needle_soup: --alpha-for {', '.join(unmatched)}: matches no tensor (names as transformers spells "
+                     "them, e.g. model.layers.5.attn.indexer.wq_b.weight)")
+        mix(hf["a"], hf["b"], mixed, args.alpha, alpha_for)
         tmp = args.dest + ".part"
         shutil.rmtree(tmp, ignore_errors=True)
         expert = cr.load_json(os.path.join(args.b, "config.json")).get("expert_dtype") or "fp4"
@@ -115,11 +145,12 @@ def main(argv):
             shutil.copy(src, os.path.join(tmp, "training", f))
     with open(os.path.join(tmp, "training", "log.jsonl"), "a", encoding="utf-8") as f:
         f.write(json.dumps({"event": "soup", "a": os.path.normpath(args.a), "b": os.path.normpath(args.b),
-                            "alpha": args.alpha,
+                            "alpha": args.alpha, **({"alpha_for": dict(alpha_for)} if alpha_for else {}),
                             "a_sha256": digest([os.path.join(args.a, "model.safetensors")]),
                             "b_sha256": digest([os.path.join(args.b, "model.safetensors")])}) + "\n")
     os.replace(tmp, args.dest)
-    print(f"needle_soup: {args.dest}: (1 - {args.alpha}) x {args.a} + {args.alpha} x {args.b}")
+    print(f"needle_soup: {args.dest}: (1 - {args.alpha}) x {args.a} + {args.alpha} x {args.b}"
+          + "".join(f"; {g}: {a}" for g, a in alpha_for))
     return 0
 
 
