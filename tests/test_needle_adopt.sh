@@ -8,7 +8,8 @@
 # adopt step gives the same table, and its soup step needle_soup.py's weights and needle_adopt.py's
 # table on them, and its probe step the copy probe's output; a corrupt answer store is named, not
 # read; a candidate with another tokenizer is refused; a set of needle_data's prompts is made as
-# its spec says; the demo gate keeps out a candidate the demo fails on.
+# its spec says; the demo gate keeps out a candidate the demo fails on; the soup step's
+# SOUP_ALPHA_FOR is needle_soup.py's --alpha-for.
 set -uo pipefail
 st=${ST_BIN:?}
 src=$(cd "${ST_SOURCE_DIR:?}" && pwd)
@@ -267,6 +268,18 @@ for i, e in enumerate(ex):
 print("\n".join("FAIL: " + x for x in bad) or "ok: python_set: six examples, the same twice, each as its spec asks")
 raise SystemExit(bool(bad))
 PY
+
+# SOUP_ALPHA_FOR: the soup step passes it to needle_soup.py --alpha-for (the same weights)
+mkdir -p "$work/tdir2" && cp -r "$work/tdir/release" "$work/tdir2/"
+env PATH="$work/py:$PATH" INIT="$release" NEEDLE_TRAIN_DIR="$work/tdir2" ST_BIN="$work/st" ADOPT_DEMO=0 ADOPT_WORK="$work/w3" \
+  ADOPT_SETS=e-composed48 ADOPT_FIRST=1 SOUP_ALPHA=0.75 SOUP_ALPHA_FOR='*.attn.indexer.*=0' \
+  "$src/tools/train_needle_gpu.sh" "$work/soup2.out" soup >"$work/soup2.log" 2>&1 || fail "train_needle_gpu.sh soup, SOUP_ALPHA_FOR: $(tail -3 "$work/soup2.log")"
+/usr/bin/python3 "$src/tools/needle_soup.py" "$release" "$work/tdir2/release" "$work/soup2-direct" --alpha 0.75 \
+  --alpha-for '*.attn.indexer.*=0' >/dev/null 2>&1 || fail "needle_soup.py --alpha-for on the same pair"
+cmp -s "$work/tdir2/soup/model.safetensors" "$work/soup2-direct/model.safetensors" \
+  && ! cmp -s "$work/soup2-direct/model.safetensors" "$work/soup-direct/model.safetensors" \
+  && echo "ok: train_needle_gpu.sh soup: SOUP_ALPHA_FOR gives needle_soup.py --alpha-for's weights" \
+  || fail "train_needle_gpu.sh soup with SOUP_ALPHA_FOR: not needle_soup.py --alpha-for's weights: $(tail -2 "$work/soup2.log")"
 
 # the demo gate (item 5 of the model's issue): its reading of the demo's figures at the item's bounds,
 # an adopted candidate that fails it kept out; on the engine, needle-v4 fails it where tools/demo.sh

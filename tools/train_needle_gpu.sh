@@ -63,7 +63,9 @@
 #                      gate (tools/demo.sh on the candidate: item 5 of the model's issue; ADOPT_DEMO=0
 #                      leaves it out)
 #     soup             this call's release mixed with INIT weight by weight (tools/needle_soup.py INIT
-#                      RELEASE, SOUP_ALPHA: the release's share, default 0.5) into DIR/soup and
+#                      RELEASE, SOUP_ALPHA: the release's share, default 0.5; SOUP_ALPHA_FOR=GLOB=ALPHA:
+#                      the tensors GLOB names at their own share, e.g. '*.attn.indexer.*=0', INIT's
+#                      indexers) into DIR/soup and
 #                      OUT/needle-soup.tgz, then adopted as the adopt step adopts the release, into
 #                      OUT/logs/adopt-soup.txt and adopt-soup-answers.txt: the fine-tune and its mix
 #                      with INIT judged in one call
@@ -240,7 +242,8 @@ PY
       step soup
       [ -f "$dir/release/config.json" ] || { echo "soup: no release in $dir (the release step first)"; break; }
       rm -rf "$dir/soup"
-      python3 tools/needle_soup.py "$init" "$dir/release" "$dir/soup" --alpha "${SOUP_ALPHA:-0.5}" 2>&1 | tail -1
+      python3 tools/needle_soup.py "$init" "$dir/release" "$dir/soup" --alpha "${SOUP_ALPHA:-0.5}" \
+        ${SOUP_ALPHA_FOR:+--alpha-for "$SOUP_ALPHA_FOR"} 2>&1 | tail -1
       [ -f "$dir/soup/config.json" ] || { echo "soup: tools/needle_soup.py made no soup"; break; }
       tar -C "$dir/soup" -czf "$out/needle-soup.tgz" .
       adopt_model "$dir/soup" adopt-soup ;;
