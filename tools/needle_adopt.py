@@ -197,9 +197,11 @@ def demo(st, model):
                 figures = json.load(f)
         # where it stopped: the last step's header and that step's flagged lines (bisect's "<-")
         steps = re.split(r"^== ", r.stdout, flags=re.M)
-        last = steps[-1].splitlines() if len(steps) > 1 else []
-        stopped = "; ".join([last[0].split(":")[0]] + ["layer " + " ".join(line.split()) for line in last if "<-" in line]) if last else ""
-        if not last and r.stderr:
+        last, stopped = (steps[-1].splitlines() if len(steps) > 1 else []), ""
+        if last:
+            flagged = ["layer " + " ".join(line.split()) for line in last if "<-" in line]
+            stopped = "; ".join([last[0].split(":")[0]] + flagged)
+        elif r.stderr:
             stopped = r.stderr.strip().splitlines()[-1]
         return demo_verdict(r.returncode, figures, stopped)
 
