@@ -116,7 +116,6 @@ def main(argv):
     if os.path.exists(args.dest):
         sys.exit(f"needle_soup: {args.dest} exists; give a new directory")
     check_pair(args.a, args.b)
-    conv = os.path.join(os.path.dirname(os.path.abspath(__file__)), "convert_release.py")
     with tempfile.TemporaryDirectory() as work:
         hf = {}
         for name, d in (("a", args.a), ("b", args.b)):
