@@ -74,6 +74,10 @@ def mix(hf_a, hf_b, out, alpha, alpha_for=()):
     ta, tb = cr.open_checkpoint(hf_a), cr.open_checkpoint(hf_b)
     if set(ta) != set(tb):
         sys.exit(f"needle_soup: the tensors differ: {sorted(set(ta) ^ set(tb))[:6]}")
+    unmatched = [glob for glob, _ in alpha_for if not any(fnmatch.fnmatchcase(n, glob) for n in ta)]
+    if unmatched:
+        sys.exit(f"needle_soup: --alpha-for {', '.join(unmatched)}: matches no tensor (names as transformers spells "
+                 "them, e.g. model.layers.5.attn.indexer.wq_b.weight)")
     entries = []
     for name in sorted(ta, key=cr.natural_key):
         x, y = ta[name], tb[name]
@@ -109,8 +113,8 @@ def main(argv):
         try:
             a = float(a)
         except ValueError:
-            a = -1.0
-        if not glob or not 0 <= a <= 1:
+            a = None
+        if not glob or a is None or not 0 <= a <= 1:
             ap.error(f"--alpha-for {spec}: want GLOB=ALPHA with ALPHA in [0, 1]")
         alpha_for.append((glob, a))
     if os.path.exists(args.dest):
@@ -123,10 +127,6 @@ def main(argv):
             if cr.main(["to-hf", d, hf[name], "--dtype", "float32"]):
                 sys.exit(f"needle_soup: {d}: could not be decoded")
         mixed = os.path.join(work, "mixed")
-        unmatched = [g for g, _ in alpha_for if not any(fnmatch.fnmatchcase(n, g) for n in cr.open_checkpoint(hf["a"]))]
-        if unmatched:
-            sys.exit(f"needle_soup: --alpha-for {', '.join(unmatched)}: matches no tensor (names as transformers spells "
-                     "them, e.g. model.layers.5.attn.indexer.wq_b.weight)")
         mix(hf["a"], hf["b"], mixed, args.alpha, alpha_for)
         tmp = args.dest + ".part"
         shutil.rmtree(tmp, ignore_errors=True)
