@@ -65,8 +65,8 @@
 #     soup             this call's release mixed with INIT weight by weight (tools/needle_soup.py INIT
 #                      RELEASE, SOUP_ALPHA: the release's share, default 0.5; SOUP_ALPHA_FOR=GLOB=ALPHA:
 #                      the tensors GLOB names at their own share, e.g. '*.attn.indexer.*=0', INIT's
-#                      indexers) into DIR/soup and
-#                      OUT/needle-soup.tgz, then adopted as the adopt step adopts the release, into
+#                      indexers) into DIR/soup and OUT/needle-soup.tgz, then adopted as the adopt
+#                      step adopts the release, into
 #                      OUT/logs/adopt-soup.txt and adopt-soup-answers.txt: the fine-tune and its mix
 #                      with INIT judged in one call
 #     probe            tools/needle_copy_probe.py on the adoption sets PROBE_SETS (default e-heldoutk48
